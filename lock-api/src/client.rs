@@ -1,0 +1,351 @@
+//! `LockClient`: the policy layer, written once for every backend.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    future::Future,
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::{
+    guard::{run_until_lost, Held},
+    DistributedLock, Error, IntoLockKey, LeaseHandle, LockGuard, LockKey, LockOptions, Result,
+    WaitPolicy,
+};
+
+pub(crate) struct ClientConfig {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: WaitPolicy,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) reentrant: bool,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) lock: Arc<dyn DistributedLock>,
+    pub(crate) config: ClientConfig,
+    held: Mutex<HashMap<LockKey, Weak<Held>>>,
+}
+
+impl ClientInner {
+    /// Removes a finished hold from the reentrancy map (if it is still the entry).
+    pub(crate) fn forget(&self, held: &Arc<Held>) {
+        let mut map = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&held.key)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(held)))
+        {
+            map.remove(&held.key);
+        }
+    }
+}
+
+/// Takes locks on one store and keeps them: renewal, loss signals, reentrancy,
+/// `max_hold`, tracing. Cheap to clone (clones share held-lock state).
+///
+/// A `LockClient` is **one holder identity**: a second `acquire` of a key it
+/// already holds fails at once with [`Error::AlreadyHeld`] (or re-enters, if
+/// built with [`reentrant(true)`](LockClientBuilder::reentrant)) instead of
+/// waiting on itself. Tasks that must exclude *each other* in one process
+/// should use separate clients (`LockClient::new(Arc::clone(&store))` is cheap).
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use fenced_api::{LockClient, MemoryLock};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fenced_api::Result<()> {
+/// let client = LockClient::builder(Arc::new(MemoryLock::new()))
+///     .ttl(Duration::from_secs(10))           // renewed every ttl/3 while held
+///     .max_hold(Duration::from_secs(300))     // circuit breaker for stuck jobs
+///     .build()?;
+///
+/// let guard = client.acquire("job:nightly-report").await?;
+/// let token = guard.token(); // send it with every write to the protected resource
+/// assert!(token.get() >= 1);
+/// guard.release().await?;
+///
+/// // Or scoped: the closure is cancelled if the lock is lost.
+/// let total = client
+///     .with_lock("job:nightly-report", |lease| async move { lease.token().get() + 1 })
+///     .await?;
+/// assert!(total > token.get());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<ClientInner>,
+}
+
+impl LockClient {
+    /// A client with default policy: 30 s TTL renewed every 10 s, wait
+    /// forever, no `max_hold`, not reentrant.
+    pub fn new(lock: Arc<dyn DistributedLock>) -> Self {
+        LockClient::builder(lock)
+            .build_valid()
+    }
+
+    /// Starts a builder.
+    pub fn builder(lock: Arc<dyn DistributedLock>) -> LockClientBuilder {
+        LockClientBuilder {
+            lock,
+            ttl: LockOptions::DEFAULT_TTL,
+            wait: WaitPolicy::Forever,
+            renew_interval: None,
+            watchdog: true,
+            max_hold: None,
+            reentrant: false,
+        }
+    }
+
+    /// The store behind this client.
+    pub fn lock(&self) -> &Arc<dyn DistributedLock> {
+        &self.inner.lock
+    }
+
+    /// Takes `key`, waiting as configured (see [`LockClientBuilder::wait`]).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidKey`] before any I/O.
+    /// * [`Error::AlreadyHeld`] at once if this client holds `key` and is not reentrant.
+    /// * [`Error::Timeout`] when the wait bound passes; [`Error::Backend`] when the store fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`DistributedLock::acquire`]: dropping the future stops waiting; a
+    /// grant racing with the drop is never renewed and expires after its TTL.
+    pub async fn acquire(&self, key: impl IntoLockKey) -> Result<LockGuard> {
+        self.acquire_with(key, self.inner.config.wait).await
+    }
+
+    /// Takes `key` waiting as `wait` says, overriding the configured policy.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with(&self, key: impl IntoLockKey, wait: WaitPolicy) -> Result<LockGuard> {
+        let key = key.into_lock_key()?;
+        match self.take(key.clone(), Some(wait)).await? {
+            Some(guard) => Ok(guard),
+            // `take` with a wait policy never reports plain contention.
+            None => Err(Error::Timeout {
+                key,
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Tries once; `Ok(None)` if someone else holds `key`.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), except that contention is `Ok(None)`.
+    pub async fn try_acquire(&self, key: impl IntoLockKey) -> Result<Option<LockGuard>> {
+        let key = key.into_lock_key()?;
+        self.take(key, None).await
+    }
+
+    /// Runs `work` while holding `key`, then releases it.
+    ///
+    /// `work` receives a [`LeaseHandle`] (fencing token, validity, loss
+    /// signal). If the lock is lost first, `work` is dropped — cancelled at
+    /// its next `.await` — and the result is [`Error::LeaseLost`].
+    ///
+    /// # Errors
+    ///
+    /// * The errors of [`acquire`](Self::acquire).
+    /// * [`Error::LeaseLost`] if the lock was lost while `work` ran, or if
+    ///   the final release found it gone (the work's results were then not
+    ///   protected to the end: rely on the fencing token for correctness).
+    pub async fn with_lock<F, Fut, T>(&self, key: impl IntoLockKey, work: F) -> Result<T>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire(key).await?;
+        let handle = guard.handle().clone();
+        match run_until_lost(&handle, work(handle.clone())).await {
+            Ok(out) => {
+                guard.release().await?;
+                Ok(out)
+            }
+            Err(lost) => {
+                // Best effort: the lock may still be current on the store.
+                let _ = guard.release().await;
+                Err(lost)
+            }
+        }
+    }
+
+    async fn take(&self, key: LockKey, wait: Option<WaitPolicy>) -> Result<Option<LockGuard>> {
+        let cfg = &self.inner.config;
+        if let Some(held) = self.current(&key) {
+            if !cfg.reentrant {
+                return Err(Error::AlreadyHeld { key });
+            }
+            if held.enter() {
+                tracing::debug!(key = %key, "lock re-entered");
+                return Ok(Some(LockGuard::new(held)));
+            }
+        }
+        let backend = self.inner.lock.capabilities().backend_name();
+        let span = tracing::debug_span!("fenced.acquire", key = %key, backend);
+        let started = Instant::now();
+        let mut opts = LockOptions::builder().ttl(cfg.ttl);
+        if let Some(w) = wait {
+            opts = opts.wait(w);
+        }
+        let opts = opts.build()?;
+        let lease = async {
+            match wait {
+                None => self.inner.lock.try_acquire(&key, &opts).await,
+                Some(_) => self.inner.lock.acquire(&key, &opts).await.map(Some),
+            }
+        }
+        .instrument(span)
+        .await?;
+        let Some(lease) = lease else {
+            return Ok(None);
+        };
+        tracing::debug!(key = %key, token = %lease.token, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquired");
+        let held = Held::new(Arc::clone(&self.inner), lease, started);
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Arc::downgrade(&held));
+        tokio::spawn(Arc::clone(&held).watchdog());
+        Ok(Some(LockGuard::new(held)))
+    }
+
+    /// The live, not-lost hold of `key` by this client, if any.
+    fn current(&self, key: &LockKey) -> Option<Arc<Held>> {
+        let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key)
+            .and_then(Weak::upgrade)
+            .filter(|h| !h.is_lost())
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cfg = &self.inner.config;
+        f.debug_struct("LockClient")
+            .field("lock", &self.inner.lock)
+            .field("ttl", &cfg.ttl)
+            .field("wait", &cfg.wait)
+            .field("renew_interval", &cfg.renew_interval)
+            .field("max_hold", &cfg.max_hold)
+            .field("reentrant", &cfg.reentrant)
+            .finish()
+    }
+}
+
+/// Builder for [`LockClient`]; [`build`](Self::build) validates the policy.
+#[must_use]
+pub struct LockClientBuilder {
+    lock: Arc<dyn DistributedLock>,
+    ttl: Duration,
+    wait: WaitPolicy,
+    renew_interval: Option<Duration>,
+    watchdog: bool,
+    max_hold: Option<Duration>,
+    reentrant: bool,
+}
+
+impl LockClientBuilder {
+    /// Lease TTL (default 30 s). A crashed holder's lock lives this long.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Wait policy of [`LockClient::acquire`] (default [`WaitPolicy::Forever`]).
+    pub fn wait(mut self, wait: WaitPolicy) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Renewal interval (default ttl/3). Must be shorter than the TTL.
+    pub fn renew_interval(mut self, every: Duration) -> Self {
+        self.renew_interval = Some(every);
+        self
+    }
+
+    /// Turns the watchdog off (default on): the lock is then reported lost at
+    /// its deadline unless the caller extends it through the store.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Circuit breaker: stop renewing after this long, log an error and report
+    /// the lock lost ([`LossReason::MaxHoldExceeded`](crate::LossReason::MaxHoldExceeded)).
+    /// A job stuck under a lock then cannot block the key forever.
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.max_hold = Some(max);
+        self
+    }
+
+    /// Whether this client may re-enter keys it holds (default false:
+    /// re-acquiring fails at once with [`Error::AlreadyHeld`]).
+    pub fn reentrant(mut self, yes: bool) -> Self {
+        self.reentrant = yes;
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a TTL out of bounds, a renewal interval
+    /// that is zero or not shorter than the TTL, or a zero `max_hold`.
+    pub fn build(self) -> Result<LockClient> {
+        LockOptions::validate_ttl(self.ttl)?;
+        if let Some(every) = self.renew_interval {
+            if every.is_zero() || every >= self.ttl {
+                return Err(Error::invalid_options(format!(
+                    "the renewal interval {every:?} must be above zero and shorter than the ttl {:?} (ttl/3 is the default)",
+                    self.ttl
+                )));
+            }
+        }
+        if self.max_hold.is_some_and(|m| m.is_zero()) {
+            return Err(Error::invalid_options("max_hold is zero"));
+        }
+        Ok(self.build_valid())
+    }
+
+    fn build_valid(self) -> LockClient {
+        let renew_interval = self
+            .watchdog
+            .then(|| self.renew_interval.unwrap_or(self.ttl / 3));
+        LockClient {
+            inner: Arc::new(ClientInner {
+                lock: self.lock,
+                config: ClientConfig {
+                    ttl: self.ttl,
+                    wait: self.wait,
+                    renew_interval,
+                    max_hold: self.max_hold,
+                    reentrant: self.reentrant,
+                },
+                held: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClientBuilder")
+            .field("lock", &self.lock)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}

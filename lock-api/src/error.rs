@@ -1,0 +1,201 @@
+//! The one semantic error type shared by every backend.
+
+use std::time::Duration;
+
+use crate::{FencingToken, LockKey};
+
+/// Boxed source error carried by [`Error::Backend`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used throughout fenced.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when taking, keeping or giving back a lock.
+///
+/// The variants are *semantic*: the same situation yields the same variant on
+/// every backend, so callers (and the conformance suite) can match on them
+/// without knowing which store is behind the trait. Contention is **not** an
+/// error: [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire)
+/// returns `Ok(None)` when the key is held by someone else.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The wait bound of an `acquire` elapsed while another holder kept the key.
+    #[error("timed out after {waited:?} waiting for lock `{key}`")]
+    Timeout {
+        /// The contended key.
+        key: LockKey,
+        /// How long the caller actually waited.
+        waited: Duration,
+    },
+
+    /// The lease is no longer valid: it expired, was force-released, or the
+    /// key now belongs to another holder. The caller must stop acting on it.
+    #[error("lease on `{key}` (token {token}) was lost: {reason}")]
+    LeaseLost {
+        /// The key the lease was for.
+        key: LockKey,
+        /// The fencing token of the lost lease.
+        token: FencingToken,
+        /// Why the lease is considered lost.
+        reason: String,
+    },
+
+    /// The caller already holds this key and is not configured for reentrancy.
+    ///
+    /// Returned immediately, instead of letting the caller wait on itself.
+    #[error("lock `{key}` is already held by this holder; enable reentrancy or release it first")]
+    AlreadyHeld {
+        /// The key that is already held.
+        key: LockKey,
+    },
+
+    /// The key failed validation (see [`LockKey`]). Nothing was sent to the store.
+    #[error("invalid lock key: {reason}")]
+    InvalidKey {
+        /// What is wrong with the key.
+        reason: String,
+    },
+
+    /// The lock options failed validation (TTL, wait bound, owner, renewal interval).
+    /// Nothing was sent to the store.
+    #[error("invalid lock options: {reason}")]
+    InvalidOptions {
+        /// What is wrong with the options.
+        reason: String,
+    },
+
+    /// The backend configuration (URL, table name, namespace, …) is invalid.
+    #[error("invalid configuration: {reason}")]
+    Config {
+        /// What is wrong with the configuration, and how to fix it.
+        reason: String,
+    },
+
+    /// The backend cannot do what was asked (see [`Capabilities`](crate::Capabilities)).
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported {
+        /// The backend's name, e.g. `"redis"`.
+        backend: &'static str,
+        /// The missing capability or operation.
+        what: String,
+    },
+
+    /// The store failed or could not be reached.
+    #[error("{backend} backend error: {source}")]
+    Backend {
+        /// The backend's name, e.g. `"mysql"`.
+        backend: &'static str,
+        /// Whether retrying the same operation may succeed (connection refused,
+        /// timeout, deadlock victim…), as opposed to a permanent failure
+        /// (missing table, permission denied).
+        retryable: bool,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Whether retrying the operation later may succeed.
+    ///
+    /// True for [`Error::Timeout`] and for retryable [`Error::Backend`] errors;
+    /// false for everything that will fail the same way again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Backend { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidOptions`].
+    pub fn invalid_options(reason: impl Into<String>) -> Self {
+        Error::InvalidOptions {
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Config`].
+    pub fn config(reason: impl Into<String>) -> Self {
+        Error::Config {
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Backend`].
+    pub fn backend(
+        backend: &'static str,
+        retryable: bool,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            retryable,
+            source: source.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::LeaseLost`].
+    pub fn lease_lost(key: &LockKey, token: FencingToken, reason: impl Into<String>) -> Self {
+        Error::LeaseLost {
+            key: key.clone(),
+            token,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_good_error<E: std::error::Error + Send + Sync + 'static>() {}
+
+    #[test]
+    fn error_is_send_sync_static() {
+        assert_good_error::<Error>();
+    }
+
+    #[test]
+    fn retryability() {
+        let key = LockKey::new("k").unwrap();
+        assert!(Error::Timeout {
+            key: key.clone(),
+            waited: Duration::from_secs(1)
+        }
+        .is_retryable());
+        assert!(Error::backend("memory", true, "refused").is_retryable());
+        assert!(!Error::backend("memory", false, "no table").is_retryable());
+        assert!(!Error::AlreadyHeld { key }.is_retryable());
+        assert!(!Error::invalid_options("ttl").is_retryable());
+    }
+
+    #[test]
+    fn messages_are_lowercase() {
+        let key = LockKey::new("k").unwrap();
+        let errors = [
+            Error::Timeout {
+                key: key.clone(),
+                waited: Duration::from_millis(5),
+            },
+            Error::lease_lost(&key, FencingToken::new(3), "expired"),
+            Error::AlreadyHeld { key },
+            Error::InvalidKey {
+                reason: "empty".into(),
+            },
+            Error::invalid_options("ttl is zero"),
+            Error::config("bad url"),
+            Error::Unsupported {
+                backend: "memory",
+                what: "durability".into(),
+            },
+            Error::backend("memory", true, "boom"),
+        ];
+        for e in errors {
+            let msg = e.to_string();
+            let first = msg.chars().next().unwrap();
+            assert!(!first.is_uppercase(), "{msg}");
+        }
+    }
+}

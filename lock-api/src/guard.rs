@@ -1,0 +1,400 @@
+//! `LockGuard`: a held lock with its watchdog and loss signal.
+
+use std::{
+    fmt,
+    sync::{Arc, Mutex, OnceLock},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    client::ClientInner, Error, FencingToken, Lease, LockKey, ReleaseOutcome, Result,
+};
+
+/// Why a guard considers its lock lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The local deadline (TTL counted from the last successful request's send
+    /// time) passed without a successful renewal: the store may have expired it.
+    DeadlinePassed,
+    /// The store refused a renewal: the lease expired there, was
+    /// force-released, or the key belongs to someone else.
+    RenewalRefused,
+    /// The hold exceeded the client's `max_hold`; renewal stopped on purpose.
+    MaxHoldExceeded,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LossReason::DeadlinePassed => "the lease deadline passed without a successful renewal",
+            LossReason::RenewalRefused => "the store refused the renewal (expired, force-released or taken over)",
+            LossReason::MaxHoldExceeded => "the hold exceeded max_hold and renewal was stopped",
+        })
+    }
+}
+
+/// State shared by the guards (several when reentrant) and the watchdog of one hold.
+pub(crate) struct Held {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) key: LockKey,
+    lease: Mutex<Lease>,
+    count: Mutex<u32>,
+    lost: CancellationToken,
+    loss: OnceLock<LossReason>,
+    stop: CancellationToken,
+    acquired_at: Instant,
+}
+
+impl Held {
+    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease, acquired_at: Instant) -> Arc<Self> {
+        Arc::new(Held {
+            client,
+            key: lease.key.clone(),
+            lease: Mutex::new(lease),
+            count: Mutex::new(1),
+            lost: CancellationToken::new(),
+            loss: OnceLock::new(),
+            stop: CancellationToken::new(),
+            acquired_at,
+        })
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_lease(&self, lease: Lease) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+
+    /// Adds a reentrant hold; fails if the hold is already over.
+    pub(crate) fn enter(&self) -> bool {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        if *c == 0 {
+            return false;
+        }
+        *c += 1;
+        true
+    }
+
+    /// Drops one hold; true when it was the last.
+    fn exit(&self) -> bool {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        *c = c.saturating_sub(1);
+        *c == 0
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    fn mark_lost(&self, reason: LossReason) {
+        if self.loss.set(reason).is_ok() {
+            let lease = self.lease();
+            match reason {
+                LossReason::MaxHoldExceeded => tracing::error!(
+                    key = %self.key, token = %lease.token,
+                    held_ms = self.acquired_at.elapsed().as_millis() as u64,
+                    "lock held longer than max_hold; renewal stopped and the lock reported lost"
+                ),
+                _ => tracing::warn!(key = %self.key, token = %lease.token, %reason, "lock lost"),
+            }
+        }
+        self.lost.cancel();
+    }
+
+    fn loss_error(&self) -> Error {
+        let reason = self.loss.get().copied().unwrap_or(LossReason::RenewalRefused);
+        Error::lease_lost(&self.key, self.lease().token, reason.to_string())
+    }
+
+    /// Renews at `interval`, gives up at the lease deadline or `max_hold`.
+    /// Runs until the hold ends (`stop`) or the lock is lost.
+    pub(crate) async fn watchdog(self: Arc<Self>) {
+        let cfg = &self.client.config;
+        let Some(interval) = cfg.renew_interval else {
+            return self.watch_deadline_only().await;
+        };
+        let max_hold_at = cfg.max_hold.map(|m| self.acquired_at + m);
+        let mut next = Instant::now() + interval;
+        loop {
+            let deadline = self.lease().deadline;
+            tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    return self.mark_lost(LossReason::DeadlinePassed);
+                }
+                _ = sleep_until_opt(max_hold_at) => {
+                    return self.mark_lost(LossReason::MaxHoldExceeded);
+                }
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            let lease = self.lease();
+            let renewal = tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    return self.mark_lost(LossReason::DeadlinePassed);
+                }
+                r = self.client.lock.extend(&lease, cfg.ttl) => r,
+            };
+            match renewal {
+                Ok(renewed) => {
+                    tracing::debug!(key = %self.key, token = %renewed.token, valid_ms = renewed.remaining().as_millis() as u64, "lock renewed");
+                    self.set_lease(renewed);
+                    next = Instant::now() + interval;
+                }
+                Err(Error::LeaseLost { .. }) => {
+                    return self.mark_lost(LossReason::RenewalRefused);
+                }
+                Err(e) => {
+                    // The lease may still be current: retry soon, but never
+                    // past the deadline (the select above catches that).
+                    let retry = (interval / 4).max(Duration::from_millis(5));
+                    tracing::warn!(key = %self.key, error = %e, retry_ms = retry.as_millis() as u64, "lock renewal failed; retrying");
+                    next = Instant::now() + retry;
+                }
+            }
+        }
+    }
+
+    async fn watch_deadline_only(&self) {
+        let deadline = self.lease().deadline;
+        tokio::select! {
+            _ = self.stop.cancelled() => {}
+            _ = tokio::time::sleep_until(deadline) => self.mark_lost(LossReason::DeadlinePassed),
+        }
+    }
+
+    /// Ends the hold: stops the watchdog and forgets it in the client.
+    fn finish(self: &Arc<Self>) {
+        self.stop.cancel();
+        self.client.forget(self);
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A cloneable view of a held lock: token, validity and the loss signal.
+///
+/// Handed to the closure of [`LockClient::with_lock`](crate::LockClient::with_lock)
+/// and available from [`LockGuard::handle`]; it does not keep the lock held.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    held: Arc<Held>,
+}
+
+impl LeaseHandle {
+    /// The locked key.
+    pub fn key(&self) -> &LockKey {
+        &self.held.key
+    }
+
+    /// The fencing token: pass it to the protected resource with every write.
+    pub fn token(&self) -> FencingToken {
+        self.held.lease().token
+    }
+
+    /// The current lease (its deadline moves forward with each renewal).
+    pub fn lease(&self) -> Lease {
+        self.held.lease()
+    }
+
+    /// How long the lock is certainly still held: time to the local deadline,
+    /// or zero once lost. Check it before a side effect that must not run
+    /// without the lock, e.g. `if h.valid_for() > Duration::from_secs(2)`.
+    pub fn valid_for(&self) -> Duration {
+        if self.held.is_lost() {
+            Duration::ZERO
+        } else {
+            self.held.lease().remaining()
+        }
+    }
+
+    /// Whether the lock has been reported lost.
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+
+    /// Resolves when the lock is lost, with the reason. Never resolves if the
+    /// lock is released normally.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping it changes nothing.
+    pub async fn lost(&self) -> LossReason {
+        self.held.lost.cancelled().await;
+        self.held
+            .loss
+            .get()
+            .copied()
+            .unwrap_or(LossReason::RenewalRefused)
+    }
+
+    /// A token cancelled when the lock is lost, for APIs that take one.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.held.lost.child_token()
+    }
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lease = self.held.lease();
+        f.debug_struct("LeaseHandle")
+            .field("key", &lease.key)
+            .field("token", &lease.token)
+            .field("lost", &self.held.is_lost())
+            .finish()
+    }
+}
+
+/// A held lock. Renewed in the background while it lives.
+///
+/// Prefer [`release`](LockGuard::release)`.await`: it reports whether the lock
+/// was still held at the end. Dropping the guard instead *spawns* the release
+/// on the current tokio runtime — it is not immediate, and without a runtime
+/// (e.g. during shutdown) the lock simply expires after its TTL.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    handle: LeaseHandle,
+    done: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(held: Arc<Held>) -> Self {
+        LockGuard {
+            handle: LeaseHandle { held },
+            done: false,
+        }
+    }
+
+    /// A cloneable view (token, validity, loss signal) that outlives borrows of the guard.
+    pub fn handle(&self) -> &LeaseHandle {
+        &self.handle
+    }
+
+    /// The locked key.
+    pub fn key(&self) -> &LockKey {
+        self.handle.key()
+    }
+
+    /// The fencing token of this hold.
+    pub fn token(&self) -> FencingToken {
+        self.handle.token()
+    }
+
+    /// See [`LeaseHandle::valid_for`].
+    pub fn valid_for(&self) -> Duration {
+        self.handle.valid_for()
+    }
+
+    /// See [`LeaseHandle::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.handle.is_lost()
+    }
+
+    /// See [`LeaseHandle::lost`].
+    pub async fn lost(&self) -> LossReason {
+        self.handle.lost().await
+    }
+
+    /// Releases the lock now (or one reentrant hold of it).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LeaseLost`] if the store no longer had this lease: someone
+    ///   else may have held the key while this guard believed it held it.
+    /// * [`Error::Backend`] if the store failed; the lock expires after its TTL.
+    pub async fn release(mut self) -> Result<()> {
+        self.done = true;
+        let held = Arc::clone(&self.handle.held);
+        if !held.exit() {
+            return Ok(());
+        }
+        held.finish();
+        let lease = held.lease();
+        match held.client.lock.release(&lease).await? {
+            ReleaseOutcome::Released | ReleaseOutcome::StillHeld { .. } => {
+                tracing::debug!(key = %lease.key, token = %lease.token, held_ms = held.acquired_at.elapsed().as_millis() as u64, "lock released");
+                Ok(())
+            }
+            ReleaseOutcome::NotHeld => {
+                if held.loss.get().is_none() {
+                    held.mark_lost(LossReason::RenewalRefused);
+                }
+                Err(held.loss_error())
+            }
+        }
+    }
+
+    /// Stops renewing and forgets the guard without releasing: the lock
+    /// expires after its TTL, unless released later with the returned lease
+    /// through [`DistributedLock::release`](crate::DistributedLock::release).
+    pub fn leak(mut self) -> Lease {
+        self.done = true;
+        let held = Arc::clone(&self.handle.held);
+        if held.exit() {
+            held.finish();
+        }
+        held.lease()
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let held = Arc::clone(&self.handle.held);
+        if !held.exit() {
+            return;
+        }
+        held.finish();
+        let lease = held.lease();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let lock = Arc::clone(&held.client.lock);
+                rt.spawn(async move {
+                    match lock.release(&lease).await {
+                        Ok(_) => tracing::debug!(key = %lease.key, token = %lease.token, "lock released on drop"),
+                        Err(e) => tracing::warn!(key = %lease.key, error = %e, "release on drop failed; the lock expires after its ttl"),
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                key = %lease.key,
+                "lock guard dropped outside a tokio runtime; the lock expires after its ttl"
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+/// Runs `work` while `handle`'s lock is held; `Err(LeaseLost)` if lost first.
+pub(crate) async fn run_until_lost<Fut: std::future::Future>(
+    handle: &LeaseHandle,
+    work: Fut,
+) -> std::result::Result<Fut::Output, Error> {
+    tokio::select! {
+        biased;
+        _ = handle.lost() => Err(handle.held.loss_error()),
+        out = work => Ok(out),
+    }
+}

@@ -1,0 +1,86 @@
+//! The contract of [fenced](https://docs.rs/fenced): one async trait for
+//! distributed locks with fencing tokens, the types around it, the policy
+//! layer ([`LockClient`]) and the in-memory reference backend ([`MemoryLock`]).
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use fenced_api::{LockClient, MemoryLock};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> fenced_api::Result<()> {
+//! let store = Arc::new(MemoryLock::new()); // or fenced::connect("redis://…")
+//! let node_a = LockClient::builder(store.clone()).ttl(Duration::from_secs(10)).build()?;
+//! let node_b = LockClient::new(store);
+//!
+//! let guard = node_a.acquire("order:1001").await?;
+//! // While A holds the key, B is refused at once.
+//! assert!(node_b.try_acquire("order:1001").await?.is_none());
+//! // The fencing token goes with every write to the protected resource,
+//! // which rejects tokens lower than the highest it has seen.
+//! let first = guard.token();
+//! guard.release().await?;
+//!
+//! let guard = node_b.acquire("order:1001").await?;
+//! assert!(guard.token() > first);
+//! # guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layers
+//!
+//! * [`DistributedLock`] — the per-store primitive (`try_acquire`, `acquire`,
+//!   `extend`, `release`, `inspect`, `force_release`, `capabilities`); small
+//!   and object-safe. Its `# Contract` section is what every backend is
+//!   tested against by the `fenced-conformance` suite.
+//! * [`LockClient`] / [`LockGuard`] — policy written once: watchdog renewal
+//!   every ttl/3 driven by monotonic deadlines, `max_hold` circuit breaker,
+//!   per-client reentrancy, the loss signal ([`LockGuard::lost`],
+//!   [`LeaseHandle::lost_token`]) and [`LockClient::with_lock`].
+//! * [`wait`] — the shared waiting helper for stores with no native wait.
+//!
+//! # Time
+//!
+//! Lock expiry is decided by the **store's** clock. The client only keeps a
+//! local, monotonic deadline per lease (TTL counted from when the request was
+//! sent), so it gives up *before* the store could grant the key to someone
+//! else — even after the process was paused. Wall-clock jumps on the client
+//! change nothing.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod capabilities;
+mod client;
+mod error;
+mod guard;
+mod key;
+mod lease;
+mod lock;
+mod memory;
+mod options;
+pub mod wait;
+
+pub use async_trait::async_trait;
+pub use capabilities::Capabilities;
+pub use client::{LockClient, LockClientBuilder};
+pub use error::{BoxError, Error, Result};
+pub use guard::{LeaseHandle, LockGuard, LossReason};
+pub use key::{IntoLockKey, LockKey};
+pub use lease::{FencingToken, Lease, LockInfo, ReleaseOutcome};
+pub use lock::DistributedLock;
+pub use memory::MemoryLock;
+pub use options::{LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
+
+/// Compile-time checks that the public types can cross threads and tasks.
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn ok<T: Send + Sync + 'static>() {}
+    ok::<Error>();
+    ok::<LockKey>();
+    ok::<Lease>();
+    ok::<LockOptions>();
+    ok::<LockClient>();
+    ok::<LockGuard>();
+    ok::<LeaseHandle>();
+    ok::<MemoryLock>();
+    ok::<std::sync::Arc<dyn DistributedLock>>();
+}

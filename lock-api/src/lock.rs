@@ -1,0 +1,168 @@
+//! The `DistributedLock` trait: the per-store primitive, no policy.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+
+use crate::{Capabilities, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, Result};
+
+/// A store that can grant leases on keys, with fencing tokens.
+///
+/// This is the small, object-safe primitive every backend implements
+/// (`Arc<dyn DistributedLock>` is how applications hold one). Policy —
+/// renewal, reentrancy per client, loss signals, `max_hold` — lives once in
+/// [`LockClient`](crate::LockClient), which most code should use instead of
+/// calling these methods directly.
+///
+/// ```
+/// use std::time::Duration;
+/// use fenced_api::{DistributedLock, LockKey, LockOptions, MemoryLock, ReleaseOutcome};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fenced_api::Result<()> {
+/// let store = MemoryLock::new();
+/// let key = LockKey::new("order:1001")?;
+/// let opts = LockOptions::builder().ttl(Duration::from_secs(10)).build()?;
+///
+/// let lease = store.try_acquire(&key, &opts).await?.expect("free key");
+/// assert!(lease.token.get() >= 1);
+/// // A second holder is refused at once: contention is `None`, not an error.
+/// assert!(store.try_acquire(&key, &opts).await?.is_none());
+/// assert_eq!(store.release(&lease).await?, ReleaseOutcome::Released);
+/// # Ok(()) }
+/// ```
+///
+/// # Contract
+///
+/// Every implementation must pass the `fenced-conformance` suite, which checks:
+///
+/// * **Exclusion.** At most one *current* lease per key. A lease is current
+///   from the grant until it is released, force-released, or its TTL passes
+///   **on the store's clock** — never the client's.
+/// * **Fencing.** Each grant of a key carries a token strictly greater than
+///   every earlier grant of that key: after release, expiry, a crash mid-
+///   transaction and (if [`Capabilities::is_durable`]) a store restart.
+///   Re-entering (same owner, reentrant options) keeps the token.
+/// * **Owner checks.** `extend` and `release` act only when the lease's owner
+///   *and* token match the current holder; otherwise they change nothing.
+/// * **Validation before I/O.** Keys and options are validated types; `extend`
+///   validates its TTL with [`LockOptions::validate_ttl`] before sending anything.
+/// * **Namespaces.** Two instances configured with different namespaces
+///   (table, key prefix…) never see each other's locks.
+/// * **No hangs.** An unreachable store yields a retryable [`Error::Backend`](crate::Error::Backend)
+///   within the backend's connect / operation timeout.
+///
+/// # Cancel safety
+///
+/// Dropping any returned future must never leave a lock that outlives its
+/// TTL. A grant that raced with the drop may exist until its TTL passes; it is
+/// never renewed. Backends with a native wait remove the waiter from the
+/// store's queue when the future is dropped.
+#[async_trait]
+pub trait DistributedLock: Send + Sync + std::fmt::Debug {
+    /// Tries once to take `key`; `Ok(None)` if someone else holds it.
+    ///
+    /// One round trip, no sleeping, ignores the wait policy in `opts`.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::AlreadyHeld`](crate::Error::AlreadyHeld) if `opts` names an
+    ///   owner that already holds the key and `opts` is not reentrant.
+    /// * [`Error::Backend`](crate::Error::Backend) when the store fails.
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>>;
+
+    /// Takes `key`, waiting as `opts.wait()` allows.
+    ///
+    /// Backends without a native wait use [`wait::acquire_polling`](crate::wait::acquire_polling):
+    /// backoff with jitter, woken early by releases in the same process.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Timeout`](crate::Error::Timeout) when the wait bound passes
+    ///   (immediately for [`WaitPolicy::NoWait`](crate::WaitPolicy::NoWait)).
+    /// * The errors of [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops waiting; the waiter leaves the queue. A grant
+    /// that completed concurrently with the drop is not renewed and expires
+    /// after its TTL.
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease>;
+
+    /// Pushes the expiry of a current lease to `ttl` from now (store clock).
+    ///
+    /// Returns the lease with its new TTL and local deadline.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease is no
+    ///   longer current; nothing is changed.
+    /// * [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a TTL out of bounds.
+    /// * [`Error::Backend`](crate::Error::Backend) when the store fails; the
+    ///   lease may still be current.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
+
+    /// Gives the lease back.
+    ///
+    /// Returns [`ReleaseOutcome::NotHeld`] (and changes nothing) when the
+    /// lease is no longer current, so releasing twice is harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`](crate::Error::Backend) when the store fails; the lock
+    /// then expires after its TTL at the latest.
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome>;
+
+    /// Who holds `key` right now, with token and remaining TTL; `None` when free.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`](crate::Error::Backend) when the store fails.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>>;
+
+    /// Administrative: frees `key` whoever holds it. Returns whether a current
+    /// lock was removed. The evicted holder learns it at its next renewal.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`](crate::Error::Backend) when the store fails.
+    async fn force_release(&self, key: &LockKey) -> Result<bool>;
+
+    /// What this backend can promise.
+    fn capabilities(&self) -> Capabilities;
+}
+
+/// Forwards every trait method through a smart pointer, so `Arc<dyn
+/// DistributedLock>`, `Box<…>` and `Arc<ConcreteLock>` are locks too.
+/// `missing_trait_methods` keeps the forwarding complete when the trait grows.
+macro_rules! forward_impl {
+    ($($ptr:ident),*) => {$(
+        #[deny(clippy::missing_trait_methods)]
+        #[async_trait]
+        impl<T: DistributedLock + ?Sized> DistributedLock for $ptr<T> {
+            async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+                (**self).try_acquire(key, opts).await
+            }
+            async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+                (**self).acquire(key, opts).await
+            }
+            async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+                (**self).extend(lease, ttl).await
+            }
+            async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+                (**self).release(lease).await
+            }
+            async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+                (**self).inspect(key).await
+            }
+            async fn force_release(&self, key: &LockKey) -> Result<bool> {
+                (**self).force_release(key).await
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+        }
+    )*};
+}
+
+forward_impl!(Arc, Box);

@@ -1,0 +1,319 @@
+//! Per-acquisition options: TTL, wait policy, owner, reentrancy.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use crate::{Error, Result};
+
+/// How long `acquire` may wait for a held key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitPolicy {
+    /// Try once and fail with [`Error::Timeout`] (waited 0) if the key is held.
+    NoWait,
+    /// Wait up to this long, then fail with [`Error::Timeout`].
+    ///
+    /// Bounds too large to add to a clock reading are treated as [`WaitPolicy::Forever`].
+    Timeout(Duration),
+    /// Wait until the lock is granted. Still cancellable: drop the future.
+    #[default]
+    Forever,
+}
+
+/// The identity of a lock holder: the value stores compare on release and extend.
+///
+/// Generated (a random UUID v4) for every acquisition unless given explicitly.
+/// Give one explicitly only for cross-process reentrancy or to make
+/// [`inspect`](crate::DistributedLock::inspect) output readable; it must then be
+/// unique per logical holder, or two holders would pass each other's owner check.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    /// Longest owner accepted, in bytes.
+    pub const MAX_LEN: usize = 128;
+
+    /// Validates an explicit owner.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] if it is empty, longer than [`Owner::MAX_LEN`]
+    /// bytes or contains control characters.
+    pub fn new(owner: impl AsRef<str>) -> Result<Self> {
+        let owner = owner.as_ref();
+        if owner.is_empty() {
+            return Err(Error::invalid_options("the owner is empty"));
+        }
+        if owner.len() > Self::MAX_LEN {
+            return Err(Error::invalid_options(format!(
+                "the owner is {} bytes long; the maximum is {}",
+                owner.len(),
+                Self::MAX_LEN
+            )));
+        }
+        if owner.chars().any(char::is_control) {
+            return Err(Error::invalid_options(
+                "the owner contains control characters",
+            ));
+        }
+        Ok(Owner(Arc::from(owner)))
+    }
+
+    /// A fresh random owner (UUID v4, 122 random bits).
+    pub fn random() -> Self {
+        Owner(Arc::from(uuid::Uuid::new_v4().to_string()))
+    }
+
+    /// The owner as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+/// Options for one acquisition. Always valid: build them with
+/// [`LockOptions::builder`], which checks every bound before any I/O.
+///
+/// ```
+/// use std::time::Duration;
+/// use fenced_api::{LockOptions, WaitPolicy};
+///
+/// let opts = LockOptions::builder()
+///     .ttl(Duration::from_secs(10))
+///     .wait(WaitPolicy::Timeout(Duration::from_secs(3)))
+///     .build()?;
+/// assert_eq!(opts.ttl(), Duration::from_secs(10));
+///
+/// // A TTL of zero is rejected before reaching any store.
+/// assert!(LockOptions::builder().ttl(Duration::ZERO).build().is_err());
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: WaitPolicy,
+    owner: Option<Owner>,
+    reentrant: bool,
+}
+
+impl LockOptions {
+    /// TTL used when none is given: 30 s (with the default watchdog, renewed every 10 s).
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+    /// Shortest TTL accepted: 10 ms. Anything shorter is below a network round trip.
+    /// Backends with a coarser clock round up and report the effective TTL in the lease.
+    pub const MIN_TTL: Duration = Duration::from_millis(10);
+    /// Longest TTL accepted: 24 h. Longer "locks" are configuration, not leases;
+    /// and huge values overflow stores (Redis has expired keys at once on
+    /// overflowing `PX`, `DATE_ADD` overflows to `NULL`).
+    pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// Default options: 30 s TTL, wait forever, generated owner, not reentrant.
+    pub fn new() -> Self {
+        LockOptions {
+            ttl: Self::DEFAULT_TTL,
+            wait: WaitPolicy::Forever,
+            owner: None,
+            reentrant: false,
+        }
+    }
+
+    /// Starts a builder from the defaults.
+    pub fn builder() -> LockOptionsBuilder {
+        LockOptionsBuilder {
+            ttl: Self::DEFAULT_TTL,
+            wait: WaitPolicy::Forever,
+            owner: None,
+            reentrant: false,
+        }
+    }
+
+    /// Starts a builder from these options, to change some of them.
+    pub fn to_builder(&self) -> LockOptionsBuilder {
+        LockOptionsBuilder {
+            ttl: self.ttl,
+            wait: self.wait,
+            owner: self.owner.as_ref().map(|o| o.as_str().to_owned()),
+            reentrant: self.reentrant,
+        }
+    }
+
+    /// How long the lock lives without renewal, measured on the store's clock.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait policy honoured by `acquire` (ignored by `try_acquire`).
+    pub fn wait(&self) -> WaitPolicy {
+        self.wait
+    }
+
+    /// The explicit owner, if one was given.
+    pub fn owner(&self) -> Option<&Owner> {
+        self.owner.as_ref()
+    }
+
+    /// Whether the same owner may re-enter a key it holds (counted).
+    pub fn is_reentrant(&self) -> bool {
+        self.reentrant
+    }
+
+    /// The owner to use for an acquisition: the explicit one, or a fresh random one.
+    pub fn owner_or_random(&self) -> Owner {
+        self.owner.clone().unwrap_or_else(Owner::random)
+    }
+
+    /// Checks a TTL against [`LockOptions::MIN_TTL`]..=[`LockOptions::MAX_TTL`].
+    /// Backends call it on `extend` before any I/O.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] naming the bound that was crossed.
+    pub fn validate_ttl(ttl: Duration) -> Result<Duration> {
+        if ttl.is_zero() {
+            return Err(Error::invalid_options(
+                "the ttl is zero; a lock needs a lifetime (e.g. 30s)",
+            ));
+        }
+        if ttl < Self::MIN_TTL {
+            return Err(Error::invalid_options(format!(
+                "the ttl {ttl:?} is below the minimum {:?}",
+                Self::MIN_TTL
+            )));
+        }
+        if ttl > Self::MAX_TTL {
+            return Err(Error::invalid_options(format!(
+                "the ttl {ttl:?} is above the maximum {:?}; hold long jobs with a shorter ttl and renewal",
+                Self::MAX_TTL
+            )));
+        }
+        Ok(ttl)
+    }
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builder for [`LockOptions`]; [`build`](LockOptionsBuilder::build) validates.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LockOptionsBuilder {
+    ttl: Duration,
+    wait: WaitPolicy,
+    owner: Option<String>,
+    reentrant: bool,
+}
+
+impl LockOptionsBuilder {
+    /// Lease lifetime without renewal (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Wait policy for `acquire` (default [`WaitPolicy::Forever`]).
+    pub fn wait(mut self, wait: WaitPolicy) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Shorthand for `wait(WaitPolicy::Timeout(d))`.
+    pub fn wait_timeout(self, d: Duration) -> Self {
+        self.wait(WaitPolicy::Timeout(d))
+    }
+
+    /// An explicit owner identity (default: random per acquisition).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Whether the same owner may re-enter a key it already holds (default false:
+    /// re-acquiring fails at once with [`Error::AlreadyHeld`]).
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a TTL outside the bounds or an invalid owner.
+    pub fn build(self) -> Result<LockOptions> {
+        let ttl = LockOptions::validate_ttl(self.ttl)?;
+        let owner = self.owner.map(Owner::new).transpose()?;
+        Ok(LockOptions {
+            ttl,
+            wait: self.wait,
+            owner,
+            reentrant: self.reentrant,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let o = LockOptions::default();
+        assert_eq!(o.ttl(), LockOptions::DEFAULT_TTL);
+        assert_eq!(o.wait(), WaitPolicy::Forever);
+        assert!(o.owner().is_none());
+        assert!(!o.is_reentrant());
+        assert_eq!(LockOptions::builder().build().unwrap(), o);
+    }
+
+    #[test]
+    fn ttl_bounds() {
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(9),
+            LockOptions::MAX_TTL + Duration::from_nanos(1),
+            Duration::MAX,
+        ] {
+            let err = LockOptions::builder().ttl(bad).build().unwrap_err();
+            assert!(matches!(err, Error::InvalidOptions { .. }), "{bad:?}: {err}");
+        }
+        for good in [LockOptions::MIN_TTL, Duration::from_secs(1), LockOptions::MAX_TTL] {
+            assert_eq!(LockOptions::builder().ttl(good).build().unwrap().ttl(), good);
+        }
+    }
+
+    #[test]
+    fn owner_rules() {
+        assert!(LockOptions::builder().owner("").build().is_err());
+        assert!(LockOptions::builder().owner("x".repeat(129)).build().is_err());
+        assert!(LockOptions::builder().owner("a\nb").build().is_err());
+        let o = LockOptions::builder().owner("node-1").build().unwrap();
+        assert_eq!(o.owner().unwrap().as_str(), "node-1");
+        assert_eq!(o.owner_or_random().as_str(), "node-1");
+        let r = LockOptions::default();
+        assert_ne!(r.owner_or_random(), r.owner_or_random());
+    }
+
+    #[test]
+    fn to_builder_round_trips() {
+        let o = LockOptions::builder()
+            .ttl(Duration::from_secs(5))
+            .wait_timeout(Duration::from_secs(1))
+            .owner("me")
+            .reentrant(true)
+            .build()
+            .unwrap();
+        assert_eq!(o.to_builder().build().unwrap(), o);
+    }
+}

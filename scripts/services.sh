@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Bring up the backing services the fenced test suite talks to, all on 127.0.0.1:
+#
+#   MariaDB  :3306  (root over TCP with an empty password, database `test`)
+#   Redis    :6379
+#   etcd     :2379  (client) / :2380 (peer)
+#
+# and make sure `protoc` exists (the etcd-client crate needs it at build time).
+#
+# Idempotent: a service that already answers is left alone. Otherwise it is
+# installed with apt if its binaries are missing, started, and waited for (at
+# most WAIT_SECS). Works on a box where everything already runs and on a fresh
+# Debian 12 box with nothing installed. There is no systemd as PID 1 on the
+# machines this runs on, so daemons are started directly rather than via
+# systemctl. Must run as root.
+set -euo pipefail
+
+WAIT_SECS=60                          # how long to wait for a service to answer
+APT_LOG=/var/log/fenced-ci-apt.log    # apt output goes here to keep our output short
+ETCD_DATA_DIR=/var/lib/fenced-etcd    # our own data dir, separate from the package's
+ETCD_LOG=/var/log/fenced-etcd.log
+REDIS_LOG=/var/log/redis/ci.log
+MARIADB_LOG=/var/log/mysql/fenced-ci.log   # mariadbd's stdout/stderr
+
+APT_UPDATED=0   # run `apt-get update` at most once, and only if we install something
+WAITED=0        # set by wait_for: seconds it took a service to answer
+
+die() {
+    printf 'services.sh: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# Print the last lines of a log file to stderr (used just before dying).
+show_log() {
+    if [ -r "$1" ]; then
+        printf -- '--- last lines of %s ---\n' "$1" >&2
+        tail -n 20 "$1" >&2 || true
+    fi
+}
+
+apt_install() {
+    [ "$(id -u)" = 0 ] || die "need root to apt-get install $*"
+    if [ "$APT_UPDATED" = 0 ]; then
+        apt-get update >>"$APT_LOG" 2>&1 || { show_log "$APT_LOG"; die "apt-get update failed"; }
+        APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >>"$APT_LOG" 2>&1 \
+        || { show_log "$APT_LOG"; die "apt-get install $* failed"; }
+}
+
+# --- health probes ---------------------------------------------------------
+# These use bash's /dev/tcp so they work before any client tools are installed.
+
+# Something accepts TCP connections on 127.0.0.1:$1.
+port_open() {
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+}
+
+# MariaDB only opens its port once it is ready to serve, so a connect is enough;
+# the SQL-level check happens in mariadb_ensure_access.
+mariadb_answers() { port_open 3306; }
+
+# Redis replies +PONG to an inline PING.
+redis_answers() {
+    local reply
+    reply=$(timeout 2 bash -c \
+        'exec 3<>/dev/tcp/127.0.0.1/6379 && printf "PING\r\n" >&3 && head -c 5 <&3' \
+        2>/dev/null) || return 1
+    [ "$reply" = "+PONG" ]
+}
+
+# etcd's /health endpoint returns {"health":"true",...} once it has a leader.
+etcd_answers() {
+    local reply
+    reply=$(timeout 3 bash -c \
+        'exec 3<>/dev/tcp/127.0.0.1/2379 &&
+         printf "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" >&3 && cat <&3' \
+        2>/dev/null) || return 1
+    [[ $reply == *'"health":"true"'* ]]
+}
+
+# True if process $1 exists and is not a zombie (a dead child of ours stays a
+# zombie until reaped, and `kill -0` succeeds on zombies).
+alive() {
+    local state
+    state=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) && [ "$state" != Z ]
+}
+
+# wait_for NAME PROBE LOGFILE [PID]
+# Poll PROBE once a second until it succeeds; die after WAIT_SECS, or as soon as
+# PID (if given) exits. Sets WAITED to the number of seconds it took.
+wait_for() {
+    local name=$1 probe=$2 logfile=$3 pid=${4:-} start=$SECONDS
+    until "$probe"; do
+        if [ -n "$pid" ] && ! alive "$pid"; then
+            show_log "$logfile"
+            die "$name exited during startup; see $logfile"
+        fi
+        if ((SECONDS - start >= WAIT_SECS)); then
+            show_log "$logfile"
+            die "$name did not answer on 127.0.0.1 within ${WAIT_SECS}s; see $logfile"
+        fi
+        sleep 1
+    done
+    WAITED=$((SECONDS - start))
+}
+
+# report NAME PART...: print "NAME: PART, PART, ..." (one line per service).
+report() {
+    local name=$1 line=$2 part
+    shift 2
+    for part in "$@"; do line+=", $part"; done
+    printf '%s: %s\n' "$name" "$line"
+}
+
+# --- MariaDB ---------------------------------------------------------------
+
+# The tests connect as root over TCP with an empty password to database `test`.
+# Debian's root@localhost uses unix_socket auth, which does not work over TCP, so
+# fix that up (via the unix socket, as OS root) unless it already works.
+mariadb_tcp_ok() {
+    mariadb --connect-timeout=5 -h127.0.0.1 -P3306 -uroot -e 'SELECT 1' test >/dev/null 2>&1
+}
+
+mariadb_ensure_access() {
+    if ! have mariadb; then
+        did+=("no mariadb client, skipped root/test check")
+        return
+    fi
+    if mariadb_tcp_ok; then
+        did+=("root@127.0.0.1 and database test OK")
+        return
+    fi
+    # A TCP connection from 127.0.0.1 may be matched against root@localhost
+    # (when name resolution is on) or root@127.0.0.1, so make both accept an
+    # empty password. root@localhost keeps unix_socket as an alternative.
+    mariadb -uroot <<'SQL' || die "mariadb: could not fix root access via the unix socket (is OS root allowed in as root@localhost?)"
+CREATE DATABASE IF NOT EXISTS test;
+ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket;
+CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED VIA mysql_native_password USING PASSWORD('');
+ALTER USER 'root'@'127.0.0.1' IDENTIFIED VIA mysql_native_password USING PASSWORD('');
+GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+FLUSH PRIVILEGES;
+SQL
+    mariadb_tcp_ok || die "mariadb: root still cannot log in over TCP to database test"
+    did+=("configured root@127.0.0.1 (empty password) and database test")
+}
+
+setup_mariadb() {
+    local did=()
+    if mariadb_answers; then
+        did+=("already running")
+    else
+        if [ ! -x /usr/sbin/mariadbd ] || ! have mariadb; then
+            apt_install mariadb-server mariadb-client
+            did+=("installed mariadb-server")
+        fi
+        # Where policy-rc.d does not block it, the package's postinst starts the
+        # server through its init script (which waits until it is up).
+        if mariadb_answers; then
+            did+=("started by the package")
+        else
+            # The package normally initialises the data dir; do it if it didn't.
+            if [ ! -d /var/lib/mysql/mysql ]; then
+                mariadb-install-db --user=mysql --datadir=/var/lib/mysql >>"$MARIADB_LOG" 2>&1 \
+                    || { show_log "$MARIADB_LOG"; die "mariadb-install-db failed"; }
+                did+=("initialised /var/lib/mysql")
+            fi
+            # Normally created by the init script / tmpfiles; /run is a tmpfs.
+            install -d -o mysql -g mysql -m 0755 /run/mysqld
+            mkdir -p "$(dirname "$MARIADB_LOG")"
+            # --user/--bind-address/--port on the command line override my.cnf,
+            # so this does not depend on how the config files look.
+            start-stop-daemon --start --oknodo --background --output "$MARIADB_LOG" \
+                --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1 --port=3306
+            wait_for mariadb mariadb_answers "$MARIADB_LOG"
+            did+=("started, answering after ${WAITED}s")
+        fi
+    fi
+    mariadb_ensure_access
+    report mariadb "${did[@]}"
+}
+
+# --- Redis -----------------------------------------------------------------
+
+setup_redis() {
+    local did=()
+    if redis_answers; then
+        report redis "already running"
+        return
+    fi
+    if ! have redis-server || ! have redis-cli; then
+        apt_install redis-server redis-tools
+        did+=("installed redis-server")
+    fi
+    if redis_answers; then
+        did+=("started by the package")
+    else
+        mkdir -p /var/lib/redis "$(dirname "$REDIS_LOG")"
+        # No persistence: the tests only need a scratch instance.
+        redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 \
+            --save "" --appendonly no --dir /var/lib/redis --logfile "$REDIS_LOG"
+        wait_for redis redis_answers "$REDIS_LOG"
+        did+=("started, answering after ${WAITED}s")
+    fi
+    report redis "${did[@]}"
+}
+
+# --- etcd ------------------------------------------------------------------
+
+setup_etcd() {
+    local did=() pid
+    if etcd_answers; then
+        report etcd "already running"
+        return
+    fi
+    if [ ! -x /usr/bin/etcd ] || ! have etcdctl; then
+        apt_install etcd-server etcd-client
+        did+=("installed etcd-server")
+    fi
+    if etcd_answers; then
+        did+=("started by the package")
+    else
+        mkdir -p "$ETCD_DATA_DIR"
+        chmod 700 "$ETCD_DATA_DIR"   # etcd warns about looser permissions
+        # Single-member cluster on loopback only. setsid + nohup detach it from
+        # this script's session/process group so it outlives the script (and a CI
+        # runner killing our process group).
+        setsid nohup /usr/bin/etcd \
+            --name fenced-ci \
+            --data-dir "$ETCD_DATA_DIR" \
+            --listen-client-urls http://127.0.0.1:2379 \
+            --advertise-client-urls http://127.0.0.1:2379 \
+            --listen-peer-urls http://127.0.0.1:2380 \
+            --initial-advertise-peer-urls http://127.0.0.1:2380 \
+            --initial-cluster fenced-ci=http://127.0.0.1:2380 \
+            --logger zap \
+            >>"$ETCD_LOG" 2>&1 </dev/null &
+        pid=$!
+        wait_for etcd etcd_answers "$ETCD_LOG" "$pid"
+        did+=("started (pid $pid), healthy after ${WAITED}s")
+    fi
+    report etcd "${did[@]}"
+}
+
+# --- protoc ----------------------------------------------------------------
+
+setup_protoc() {
+    if have protoc; then
+        echo "protoc: already installed ($(protoc --version))"
+    else
+        apt_install protobuf-compiler
+        echo "protoc: installed protobuf-compiler ($(protoc --version))"
+    fi
+}
+
+setup_mariadb
+setup_redis
+setup_etcd
+setup_protoc

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Full local/CI check for the fenced workspace: bring up the backing services
+# (MariaDB, Redis, etcd; see scripts/services.sh), then format check, clippy,
+# tests and docs. Any failing step stops the run (set -e).
+set -euo pipefail
+
+# Run from the repository root, wherever we were called from.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# rustup installs cargo into ~/.cargo/bin, which non-login shells (CI runners,
+# sudo) often do not have on PATH.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+# Escape codes only clutter CI logs.
+if [ "${CI:-}" = true ]; then
+    export CARGO_TERM_COLOR=never
+fi
+
+banner() {
+    printf '\n==> %s\n' "$*"
+}
+
+banner "services (MariaDB, Redis, etcd)"
+bash scripts/services.sh
+
+banner "cargo fmt --check"
+cargo fmt --all -- --check
+
+banner "cargo clippy"
+cargo clippy --workspace --all-targets -j 2 -- -D warnings
+
+banner "cargo test"
+cargo test --workspace -j 2
+
+banner "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -j 2
+
+banner "all checks passed"
