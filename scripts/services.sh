@@ -12,7 +12,7 @@
 # most WAIT_SECS). Works on a box where everything already runs and on a fresh
 # Debian 12 box with nothing installed. There is no systemd as PID 1 on the
 # machines this runs on, so daemons are started directly rather than via
-# systemctl. Must run as root.
+# systemctl. Needs root only when it has to install or start something.
 set -euo pipefail
 
 WAIT_SECS=60                          # how long to wait for a service to answer

@@ -1,0 +1,164 @@
+//! C1–C3, C11, C17, C20: the plain acquire / release cycle.
+
+use std::time::Duration;
+
+use fenced_api::{DistributedLock, Error, LockOptions, ReleaseOutcome, WaitPolicy};
+use tokio::time::Instant;
+
+use super::{fresh_key, ttl_opts};
+use crate::{
+    check::{ensure, fail, some, CaseResult, Outcome},
+    Harness,
+};
+
+/// C1: a free key is granted with a token ≥ 1 and a lease that describes it.
+pub async fn free_key_grants_token(h: &dyn Harness) -> CaseResult {
+    let lock = h.client().await?;
+    let key = fresh_key("c01");
+    let opts = ttl_opts(h.base_ttl() * 4)?;
+    let sent = Instant::now();
+    let lease = some(lock.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    ensure!(lease.token.get() >= 1, "token {} is below 1", lease.token);
+    ensure!(lease.key == key, "lease names {:?}, expected {:?}", lease.key, key);
+    ensure!(lease.ttl >= opts.ttl(), "effective ttl {:?} is below the requested {:?}", lease.ttl, opts.ttl());
+    ensure!(
+        lease.deadline <= sent + lease.ttl + Duration::from_millis(1) && lease.deadline > Instant::now(),
+        "the lease deadline must be ttl after the request was sent"
+    );
+    ensure!(lock.release(&lease).await? == ReleaseOutcome::Released, "release of a fresh lease");
+    Ok(Outcome::Passed)
+}
+
+/// C2: a held key is refused at once — `None`, not an error, not a wait.
+pub async fn held_key_refused_at_once(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let key = fresh_key("c02");
+    let opts = ttl_opts(h.base_ttl() * 10)?;
+    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let start = Instant::now();
+    let second = b.try_acquire(&key, &opts).await?;
+    let took = start.elapsed();
+    ensure!(second.is_none(), "a second holder got {second:?} while the key was held");
+    // Generous: catches a sleep-and-retry loop hiding in try_acquire, not slowness.
+    ensure!(took < Duration::from_secs(2), "try_acquire on a held key took {took:?}");
+    a.release(&lease).await?;
+    Ok(Outcome::Passed)
+}
+
+/// C2/C9: `acquire` with `NoWait` on a held key fails with `Timeout` at once.
+pub async fn nowait_acquire_times_out_at_once(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let key = fresh_key("c02n");
+    let opts = ttl_opts(h.base_ttl() * 10)?;
+    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let nowait = opts.to_builder().wait(WaitPolicy::NoWait).build()?;
+    let start = Instant::now();
+    match b.acquire(&key, &nowait).await {
+        Err(Error::Timeout { .. }) => {}
+        other => fail!("NoWait acquire on a held key returned {other:?}, expected Timeout"),
+    }
+    ensure!(start.elapsed() < Duration::from_secs(2), "NoWait took {:?}", start.elapsed());
+    a.release(&lease).await?;
+    Ok(Outcome::Passed)
+}
+
+/// C3: release frees the key; the next acquire succeeds immediately.
+pub async fn release_frees_key(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let key = fresh_key("c03");
+    let opts = ttl_opts(h.base_ttl() * 10)?;
+    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    ensure!(a.release(&lease).await? == ReleaseOutcome::Released, "release by the holder");
+    ensure!(b.inspect(&key).await?.is_none(), "inspect shows a released key as held");
+    let next = b.try_acquire(&key, &opts).await?;
+    ensure!(next.is_some(), "the key was not free right after release");
+    if let Some(l) = next {
+        b.release(&l).await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// C3/C4: releasing twice is harmless: the second release is `NotHeld`.
+pub async fn double_release_is_not_held(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let key = fresh_key("c03d");
+    let opts = ttl_opts(h.base_ttl() * 10)?;
+    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    a.release(&lease).await?;
+    let other = some(b.try_acquire(&key, &opts).await?, "the key after release")?;
+    let again = a.release(&lease).await?;
+    ensure!(again == ReleaseOutcome::NotHeld, "second release returned {again:?}");
+    ensure!(
+        b.inspect(&key).await?.is_some_and(|i| i.token == other.token),
+        "a repeated release disturbed the next holder"
+    );
+    b.release(&other).await?;
+    Ok(Outcome::Passed)
+}
+
+/// C11: different keys never block each other, including near-identical ones.
+pub async fn different_keys_independent(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let base = fresh_key("c11");
+    let opts = ttl_opts(h.base_ttl() * 10)?;
+    let first = some(a.try_acquire(&base, &opts).await?, "the first key")?;
+    let mut held = vec![];
+    for suffix in ["/child", "x", "/", "2"] {
+        let k = fenced_api::LockKey::new(format!("{base}{suffix}"))?;
+        let l = b.try_acquire(&k, &opts).await?;
+        ensure!(l.is_some(), "`{k}` was blocked by `{base}`");
+        held.extend(l);
+    }
+    for l in held {
+        b.release(&l).await?;
+    }
+    a.release(&first).await?;
+    Ok(Outcome::Passed)
+}
+
+/// C17: inspect shows holder, token and remaining TTL; `None` when free.
+pub async fn inspect_shows_holder(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let key = fresh_key("c17");
+    ensure!(b.inspect(&key).await?.is_none(), "inspect of a never-used key is not None");
+    let ttl = h.base_ttl() * 10;
+    let opts = LockOptions::builder().ttl(ttl).owner(format!("inspector-{}", key.as_str())).build()?;
+    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let info = some(b.inspect(&key).await?, "inspect of a held key")?;
+    ensure!(info.key == key, "inspect key {:?}", info.key);
+    ensure!(info.owner == lease.owner, "inspect owner {:?}, holder {:?}", info.owner, lease.owner);
+    ensure!(info.token == lease.token, "inspect token {}, holder {}", info.token, lease.token);
+    ensure!(info.hold_count == 1, "hold count {}", info.hold_count);
+    ensure!(
+        info.remaining_ttl > Duration::ZERO && info.remaining_ttl <= lease.ttl,
+        "remaining ttl {:?} outside (0, {:?}]",
+        info.remaining_ttl,
+        lease.ttl
+    );
+    a.release(&lease).await?;
+    ensure!(b.inspect(&key).await?.is_none(), "inspect after release is not None");
+    Ok(Outcome::Passed)
+}
+
+/// C20: two namespaces on one store never see each other's locks.
+pub async fn namespaces_isolate(h: &dyn Harness) -> CaseResult {
+    let ns1 = h.client_in_namespace("app-one").await?;
+    let ns2 = h.client_in_namespace("app-two").await?;
+    let ns1_again = h.client_in_namespace("app-one").await?;
+    let key = fresh_key("c20");
+    let opts = ttl_opts(h.base_ttl() * 10)?;
+    let l1 = some(ns1.try_acquire(&key, &opts).await?, "a lease in namespace one")?;
+    let l2 = ns2.try_acquire(&key, &opts).await?;
+    ensure!(l2.is_some(), "namespace two was blocked by namespace one");
+    ensure!(
+        ns1_again.try_acquire(&key, &opts).await?.is_none(),
+        "a second client of namespace one did not see its lock"
+    );
+    ensure!(ns2.force_release(&key).await?, "force release in namespace two");
+    ensure!(
+        ns1_again.inspect(&key).await?.is_some_and(|i| i.token == l1.token),
+        "force release in namespace two touched namespace one"
+    );
+    ns1.release(&l1).await?;
+    Ok(Outcome::Passed)
+}

@@ -1,0 +1,115 @@
+//! C13 and C14: the `LockClient` watchdog, `max_hold`, and loss signals.
+
+use std::time::Duration;
+
+use fenced_api::{DistributedLock, Error, LockClient, LossReason};
+use tokio::time::Instant;
+
+use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
+use crate::{
+    check::{ensure, fail, CaseResult, Failure, Outcome},
+    Harness,
+};
+
+/// C13: the watchdog renews a held lock past several TTLs; contenders fail.
+pub async fn watchdog_renews_past_ttl(h: &dyn Harness) -> CaseResult {
+    let key = fresh_key("c13");
+    let ttl = h.base_ttl();
+    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
+    let other = h.client().await?;
+    let guard = client.acquire(&key).await?;
+    let until = Instant::now() + ttl * 3;
+    let opts = ttl_opts(ttl)?;
+    while Instant::now() < until {
+        ensure!(!guard.is_lost(), "the guard reported loss while renewing");
+        ensure!(other.try_acquire(&key, &opts).await?.is_none(), "a contender got a renewed lock");
+        tokio::time::sleep(ttl / 4).await;
+    }
+    ensure!(guard.valid_for() > Duration::ZERO, "valid_for is zero on a renewed lock");
+    guard.release().await?;
+    Ok(Outcome::Passed)
+}
+
+/// C13: at `max_hold` renewal stops, the guard reports loss, and the key
+/// becomes free after the TTL.
+pub async fn max_hold_stops_renewal(h: &dyn Harness) -> CaseResult {
+    let key = fresh_key("c13m");
+    let ttl = h.base_ttl();
+    let max_hold = ttl * 2;
+    let client = LockClient::builder(h.client().await?)
+        .ttl(ttl)
+        .max_hold(max_hold)
+        .build()?;
+    let other = h.client().await?;
+    let guard = client.acquire(&key).await?;
+    let start = Instant::now();
+    let reason = tokio::time::timeout(max_hold + ttl * 2, guard.lost())
+        .await
+        .map_err(|_| Failure(format!("no loss reported {:?} after max_hold", ttl * 2)))?;
+    ensure!(reason == LossReason::MaxHoldExceeded, "loss reason {reason:?}");
+    ensure!(start.elapsed() + Duration::from_millis(50) >= max_hold, "loss reported before max_hold");
+    ensure!(guard.valid_for() == Duration::ZERO, "valid_for after loss is not zero");
+    let (lease, _) = acquire_within(&other, &key, &ttl_opts(ttl)?, expiry_slack(ttl)).await?;
+    ensure!(lease.token > guard.token(), "token after max_hold {} ≤ {}", lease.token, guard.token());
+    other.release(&lease).await?;
+    Ok(Outcome::Passed)
+}
+
+/// C14: a force-release is noticed at the next renewal: `lost()` resolves
+/// and `release` reports `LeaseLost`.
+pub async fn loss_signalled_after_force_release(h: &dyn Harness) -> CaseResult {
+    let key = fresh_key("c14");
+    let ttl = h.base_ttl() * 2;
+    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
+    let admin = h.client().await?;
+    let guard = client.acquire(&key).await?;
+    let token = guard.handle().lost_token();
+    ensure!(admin.force_release(&key).await?, "force_release removed nothing");
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .map_err(|_| Failure("lost() did not resolve after a force release".into()))?;
+    ensure!(
+        matches!(reason, LossReason::RenewalRefused | LossReason::DeadlinePassed),
+        "loss reason {reason:?}"
+    );
+    ensure!(token.is_cancelled(), "the lost CancellationToken was not cancelled");
+    match guard.release().await {
+        Err(Error::LeaseLost { .. }) => {}
+        other => fail!("release of a lost guard returned {other:?}, expected LeaseLost"),
+    }
+    Ok(Outcome::Passed)
+}
+
+/// C14: `with_lock` cancels the work when the lock is lost and returns `LeaseLost`.
+pub async fn with_lock_cancels_work_on_loss(h: &dyn Harness) -> CaseResult {
+    let key = fresh_key("c14w");
+    let ttl = h.base_ttl() * 2;
+    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
+    let admin = h.client().await?;
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let work = {
+        let key = key.clone();
+        async move {
+            client
+                .with_lock(&key, |_lease| async move {
+                    let _ = started_tx.send(());
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    "finished"
+                })
+                .await
+        }
+    };
+    let task = tokio::spawn(work);
+    started_rx
+        .await
+        .map_err(|_| Failure("with_lock never started the work".into()))?;
+    ensure!(admin.force_release(&key).await?, "force_release removed nothing");
+    let res = tokio::time::timeout(ttl * 3, task)
+        .await
+        .map_err(|_| Failure("with_lock kept running after the lock was lost".into()))?
+        .map_err(|e| Failure(format!("with_lock task panicked: {e}")))?;
+    match res {
+        Err(Error::LeaseLost { .. }) => Ok(Outcome::Passed),
+        other => fail!("with_lock returned {other:?}, expected LeaseLost"),
+    }
+}

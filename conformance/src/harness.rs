@@ -1,0 +1,50 @@
+//! What a backend supplies to run the suite.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{DistributedLock, Result};
+
+/// Hands the suite independent clients of one store.
+///
+/// Implement it once per backend (per MySQL strategy) and pass it to
+/// [`conformance_tests!`](crate::conformance_tests) or [`run_all`](crate::run_all).
+///
+/// Every call to [`client`](Harness::client) must return a **new, independent**
+/// client — its own connection or pool — so contention cases really cross
+/// connections and backend instances, as separate nodes would. All clients of
+/// one harness share a namespace unique to the run (a fresh uuid table suffix
+/// or key prefix), so parallel runs against a shared server never meet.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A new, independent client in this run's namespace.
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>>;
+
+    /// A new client on the same store in another namespace derived from
+    /// `suffix` (distinct suffixes, distinct namespaces). Used by the C20 case.
+    async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>>;
+
+    /// A client configured for a store that does not answer (closed port,
+    /// blackholed address), or `None` when the backend cannot be unreachable
+    /// (in-process stores). Used by the C19 case.
+    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
+        None
+    }
+
+    /// The bound within which operations on an unreachable store must fail.
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(5)
+    }
+
+    /// Restarts the store, keeping its data, or `None` when the harness cannot.
+    /// Used by the durability case (C7 across restarts).
+    async fn restart_store(&self) -> Option<Result<()>> {
+        None
+    }
+
+    /// The TTL the timing cases build on. Longer than the store's minimum and
+    /// comfortably above a round trip; expiry cases wait about 2–3 of these.
+    fn base_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
