@@ -236,10 +236,7 @@ mod tests {
             rec(1, Op::Acquire, Phase::Ok, Some(2), 25),
             rec(1, Op::Release, Phase::Invoke, Some(2), 30),
         ];
-        assert_eq!(
-            check_exclusive(&h).unwrap(),
-            Summary { holds: 2, keys: 1 }
-        );
+        assert_eq!(check_exclusive(&h).unwrap(), Summary { holds: 2, keys: 1 });
     }
 
     #[test]
@@ -272,7 +269,9 @@ mod tests {
             rec(1, Op::Acquire, Phase::Ok, Some(5), 25),
             rec(1, Op::Release, Phase::Invoke, Some(5), 30),
         ];
-        assert!(check_exclusive(&h).unwrap_err().contains("did not increase"));
+        assert!(check_exclusive(&h)
+            .unwrap_err()
+            .contains("did not increase"));
     }
 
     #[test]

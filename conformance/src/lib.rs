@@ -183,7 +183,9 @@ impl Case {
     pub async fn run(&self, harness: &dyn Harness) -> CaseResult {
         match tokio::time::timeout(CASE_TIMEOUT, (self.run)(harness)).await {
             Ok(result) => result,
-            Err(_) => Err(Failure(format!("the case hung for more than {CASE_TIMEOUT:?}"))),
+            Err(_) => Err(Failure(format!(
+                "the case hung for more than {CASE_TIMEOUT:?}"
+            ))),
         }
     }
 }

@@ -152,10 +152,18 @@ mod tests {
         have.require(&Capabilities::none()).unwrap();
         have.require(&Capabilities::none().fencing(true)).unwrap();
         let err = have
-            .require(&Capabilities::none().durable(true).fencing(true).reentrant(true))
+            .require(
+                &Capabilities::none()
+                    .durable(true)
+                    .fencing(true)
+                    .reentrant(true),
+            )
             .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("durable") && msg.contains("reentrant"), "{msg}");
+        assert!(
+            msg.contains("durable") && msg.contains("reentrant"),
+            "{msg}"
+        );
         assert!(!msg.contains("fencing"), "{msg}");
         assert!(msg.contains("the x backend"), "{msg}");
     }

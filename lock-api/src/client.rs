@@ -85,8 +85,7 @@ impl LockClient {
     /// A client with default policy: 30 s TTL renewed every 10 s, wait
     /// forever, no `max_hold`, not reentrant.
     pub fn new(lock: Arc<dyn DistributedLock>) -> Self {
-        LockClient::builder(lock)
-            .build_valid()
+        LockClient::builder(lock).build_valid()
     }
 
     /// Starts a builder.

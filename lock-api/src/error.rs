@@ -124,11 +124,7 @@ impl Error {
     }
 
     /// Shorthand for [`Error::Backend`].
-    pub fn backend(
-        backend: &'static str,
-        retryable: bool,
-        source: impl Into<BoxError>,
-    ) -> Self {
+    pub fn backend(backend: &'static str, retryable: bool, source: impl Into<BoxError>) -> Self {
         Error::Backend {
             backend,
             retryable,

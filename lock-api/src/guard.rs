@@ -9,9 +9,7 @@ use std::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    client::ClientInner, Error, FencingToken, Lease, LockKey, ReleaseOutcome, Result,
-};
+use crate::{client::ClientInner, Error, FencingToken, Lease, LockKey, ReleaseOutcome, Result};
 
 /// Why a guard considers its lock lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +29,9 @@ impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             LossReason::DeadlinePassed => "the lease deadline passed without a successful renewal",
-            LossReason::RenewalRefused => "the store refused the renewal (expired, force-released or taken over)",
+            LossReason::RenewalRefused => {
+                "the store refused the renewal (expired, force-released or taken over)"
+            }
             LossReason::MaxHoldExceeded => "the hold exceeded max_hold and renewal was stopped",
         })
     }
@@ -108,7 +108,11 @@ impl Held {
     }
 
     fn loss_error(&self) -> Error {
-        let reason = self.loss.get().copied().unwrap_or(LossReason::RenewalRefused);
+        let reason = self
+            .loss
+            .get()
+            .copied()
+            .unwrap_or(LossReason::RenewalRefused);
         Error::lease_lost(&self.key, self.lease().token, reason.to_string())
     }
 

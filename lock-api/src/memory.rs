@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use tokio::{sync::Notify, time::Instant};
 
 use crate::{
-    lease::deadline_after, wait::wait_deadline, Capabilities, DistributedLock, Error,
-    FencingToken, Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
+    lease::deadline_after, wait::wait_deadline, Capabilities, DistributedLock, Error, FencingToken,
+    Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
 };
 
 const BACKEND: &str = "memory";
@@ -106,9 +106,9 @@ impl Entry {
     }
 
     fn current(&self, lease: &Lease, now: Instant) -> bool {
-        self.holder.as_ref().is_some_and(|h| {
-            h.owner == lease.owner && h.token == lease.token && h.expires_at > now
-        })
+        self.holder
+            .as_ref()
+            .is_some_and(|h| h.owner == lease.owner && h.token == lease.token && h.expires_at > now)
     }
 }
 
@@ -462,7 +462,11 @@ mod tests {
         let m = MemoryLock::new();
         let l = m.try_acquire(&key("k"), &ttl(1000)).await.unwrap().unwrap();
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert!(m.try_acquire(&key("k"), &ttl(1000)).await.unwrap().is_none());
+        assert!(m
+            .try_acquire(&key("k"), &ttl(1000))
+            .await
+            .unwrap()
+            .is_none());
         tokio::time::advance(Duration::from_millis(1)).await;
         let l2 = m.try_acquire(&key("k"), &ttl(1000)).await.unwrap().unwrap();
         assert!(l2.token > l.token);
@@ -512,8 +516,21 @@ mod tests {
         let m = MemoryLock::new();
         m.set_available(false);
         let e = m.try_acquire(&key("k"), &ttl(1000)).await.unwrap_err();
-        assert!(matches!(e, Error::Backend { retryable: true, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Backend {
+                    retryable: true,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         m.set_available(true);
-        assert!(m.try_acquire(&key("k"), &ttl(1000)).await.unwrap().is_some());
+        assert!(m
+            .try_acquire(&key("k"), &ttl(1000))
+            .await
+            .unwrap()
+            .is_some());
     }
 }

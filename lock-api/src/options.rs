@@ -286,17 +286,30 @@ mod tests {
             Duration::MAX,
         ] {
             let err = LockOptions::builder().ttl(bad).build().unwrap_err();
-            assert!(matches!(err, Error::InvalidOptions { .. }), "{bad:?}: {err}");
+            assert!(
+                matches!(err, Error::InvalidOptions { .. }),
+                "{bad:?}: {err}"
+            );
         }
-        for good in [LockOptions::MIN_TTL, Duration::from_secs(1), LockOptions::MAX_TTL] {
-            assert_eq!(LockOptions::builder().ttl(good).build().unwrap().ttl(), good);
+        for good in [
+            LockOptions::MIN_TTL,
+            Duration::from_secs(1),
+            LockOptions::MAX_TTL,
+        ] {
+            assert_eq!(
+                LockOptions::builder().ttl(good).build().unwrap().ttl(),
+                good
+            );
         }
     }
 
     #[test]
     fn owner_rules() {
         assert!(LockOptions::builder().owner("").build().is_err());
-        assert!(LockOptions::builder().owner("x".repeat(129)).build().is_err());
+        assert!(LockOptions::builder()
+            .owner("x".repeat(129))
+            .build()
+            .is_err());
         assert!(LockOptions::builder().owner("a\nb").build().is_err());
         let o = LockOptions::builder().owner("node-1").build().unwrap();
         assert_eq!(o.owner().unwrap().as_str(), "node-1");

@@ -192,6 +192,8 @@ mod tests {
         tokio::pin!(n);
         n.as_mut().enable();
         notify_released("s1", &k);
-        tokio::time::timeout(Duration::from_secs(1), n).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), n)
+            .await
+            .unwrap();
     }
 }

@@ -17,15 +17,32 @@ pub async fn free_key_grants_token(h: &dyn Harness) -> CaseResult {
     let key = fresh_key("c01");
     let opts = ttl_opts(h.base_ttl() * 4)?;
     let sent = Instant::now();
-    let lease = some(lock.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let lease = some(
+        lock.try_acquire(&key, &opts).await?,
+        "a lease on a free key",
+    )?;
     ensure!(lease.token.get() >= 1, "token {} is below 1", lease.token);
-    ensure!(lease.key == key, "lease names {:?}, expected {:?}", lease.key, key);
-    ensure!(lease.ttl >= opts.ttl(), "effective ttl {:?} is below the requested {:?}", lease.ttl, opts.ttl());
     ensure!(
-        lease.deadline <= sent + lease.ttl + Duration::from_millis(1) && lease.deadline > Instant::now(),
+        lease.key == key,
+        "lease names {:?}, expected {:?}",
+        lease.key,
+        key
+    );
+    ensure!(
+        lease.ttl >= opts.ttl(),
+        "effective ttl {:?} is below the requested {:?}",
+        lease.ttl,
+        opts.ttl()
+    );
+    ensure!(
+        lease.deadline <= sent + lease.ttl + Duration::from_millis(1)
+            && lease.deadline > Instant::now(),
         "the lease deadline must be ttl after the request was sent"
     );
-    ensure!(lock.release(&lease).await? == ReleaseOutcome::Released, "release of a fresh lease");
+    ensure!(
+        lock.release(&lease).await? == ReleaseOutcome::Released,
+        "release of a fresh lease"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -38,9 +55,15 @@ pub async fn held_key_refused_at_once(h: &dyn Harness) -> CaseResult {
     let start = Instant::now();
     let second = b.try_acquire(&key, &opts).await?;
     let took = start.elapsed();
-    ensure!(second.is_none(), "a second holder got {second:?} while the key was held");
+    ensure!(
+        second.is_none(),
+        "a second holder got {second:?} while the key was held"
+    );
     // Generous: catches a sleep-and-retry loop hiding in try_acquire, not slowness.
-    ensure!(took < Duration::from_secs(2), "try_acquire on a held key took {took:?}");
+    ensure!(
+        took < Duration::from_secs(2),
+        "try_acquire on a held key took {took:?}"
+    );
     a.release(&lease).await?;
     Ok(Outcome::Passed)
 }
@@ -57,7 +80,11 @@ pub async fn nowait_acquire_times_out_at_once(h: &dyn Harness) -> CaseResult {
         Err(Error::Timeout { .. }) => {}
         other => fail!("NoWait acquire on a held key returned {other:?}, expected Timeout"),
     }
-    ensure!(start.elapsed() < Duration::from_secs(2), "NoWait took {:?}", start.elapsed());
+    ensure!(
+        start.elapsed() < Duration::from_secs(2),
+        "NoWait took {:?}",
+        start.elapsed()
+    );
     a.release(&lease).await?;
     Ok(Outcome::Passed)
 }
@@ -68,8 +95,14 @@ pub async fn release_frees_key(h: &dyn Harness) -> CaseResult {
     let key = fresh_key("c03");
     let opts = ttl_opts(h.base_ttl() * 10)?;
     let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
-    ensure!(a.release(&lease).await? == ReleaseOutcome::Released, "release by the holder");
-    ensure!(b.inspect(&key).await?.is_none(), "inspect shows a released key as held");
+    ensure!(
+        a.release(&lease).await? == ReleaseOutcome::Released,
+        "release by the holder"
+    );
+    ensure!(
+        b.inspect(&key).await?.is_none(),
+        "inspect shows a released key as held"
+    );
     let next = b.try_acquire(&key, &opts).await?;
     ensure!(next.is_some(), "the key was not free right after release");
     if let Some(l) = next {
@@ -87,9 +120,14 @@ pub async fn double_release_is_not_held(h: &dyn Harness) -> CaseResult {
     a.release(&lease).await?;
     let other = some(b.try_acquire(&key, &opts).await?, "the key after release")?;
     let again = a.release(&lease).await?;
-    ensure!(again == ReleaseOutcome::NotHeld, "second release returned {again:?}");
     ensure!(
-        b.inspect(&key).await?.is_some_and(|i| i.token == other.token),
+        again == ReleaseOutcome::NotHeld,
+        "second release returned {again:?}"
+    );
+    ensure!(
+        b.inspect(&key)
+            .await?
+            .is_some_and(|i| i.token == other.token),
         "a repeated release disturbed the next holder"
     );
     b.release(&other).await?;
@@ -120,14 +158,30 @@ pub async fn different_keys_independent(h: &dyn Harness) -> CaseResult {
 pub async fn inspect_shows_holder(h: &dyn Harness) -> CaseResult {
     let (a, b) = (h.client().await?, h.client().await?);
     let key = fresh_key("c17");
-    ensure!(b.inspect(&key).await?.is_none(), "inspect of a never-used key is not None");
+    ensure!(
+        b.inspect(&key).await?.is_none(),
+        "inspect of a never-used key is not None"
+    );
     let ttl = h.base_ttl() * 10;
-    let opts = LockOptions::builder().ttl(ttl).owner(format!("inspector-{}", key.as_str())).build()?;
+    let opts = LockOptions::builder()
+        .ttl(ttl)
+        .owner(format!("inspector-{}", key.as_str()))
+        .build()?;
     let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
     let info = some(b.inspect(&key).await?, "inspect of a held key")?;
     ensure!(info.key == key, "inspect key {:?}", info.key);
-    ensure!(info.owner == lease.owner, "inspect owner {:?}, holder {:?}", info.owner, lease.owner);
-    ensure!(info.token == lease.token, "inspect token {}, holder {}", info.token, lease.token);
+    ensure!(
+        info.owner == lease.owner,
+        "inspect owner {:?}, holder {:?}",
+        info.owner,
+        lease.owner
+    );
+    ensure!(
+        info.token == lease.token,
+        "inspect token {}, holder {}",
+        info.token,
+        lease.token
+    );
     ensure!(info.hold_count == 1, "hold count {}", info.hold_count);
     ensure!(
         info.remaining_ttl > Duration::ZERO && info.remaining_ttl <= lease.ttl,
@@ -136,7 +190,10 @@ pub async fn inspect_shows_holder(h: &dyn Harness) -> CaseResult {
         lease.ttl
     );
     a.release(&lease).await?;
-    ensure!(b.inspect(&key).await?.is_none(), "inspect after release is not None");
+    ensure!(
+        b.inspect(&key).await?.is_none(),
+        "inspect after release is not None"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -147,16 +204,25 @@ pub async fn namespaces_isolate(h: &dyn Harness) -> CaseResult {
     let ns1_again = h.client_in_namespace("app-one").await?;
     let key = fresh_key("c20");
     let opts = ttl_opts(h.base_ttl() * 10)?;
-    let l1 = some(ns1.try_acquire(&key, &opts).await?, "a lease in namespace one")?;
+    let l1 = some(
+        ns1.try_acquire(&key, &opts).await?,
+        "a lease in namespace one",
+    )?;
     let l2 = ns2.try_acquire(&key, &opts).await?;
     ensure!(l2.is_some(), "namespace two was blocked by namespace one");
     ensure!(
         ns1_again.try_acquire(&key, &opts).await?.is_none(),
         "a second client of namespace one did not see its lock"
     );
-    ensure!(ns2.force_release(&key).await?, "force release in namespace two");
     ensure!(
-        ns1_again.inspect(&key).await?.is_some_and(|i| i.token == l1.token),
+        ns2.force_release(&key).await?,
+        "force release in namespace two"
+    );
+    ensure!(
+        ns1_again
+            .inspect(&key)
+            .await?
+            .is_some_and(|i| i.token == l1.token),
         "force release in namespace two touched namespace one"
     );
     ns1.release(&l1).await?;

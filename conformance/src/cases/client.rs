@@ -22,10 +22,16 @@ pub async fn watchdog_renews_past_ttl(h: &dyn Harness) -> CaseResult {
     let opts = ttl_opts(ttl)?;
     while Instant::now() < until {
         ensure!(!guard.is_lost(), "the guard reported loss while renewing");
-        ensure!(other.try_acquire(&key, &opts).await?.is_none(), "a contender got a renewed lock");
+        ensure!(
+            other.try_acquire(&key, &opts).await?.is_none(),
+            "a contender got a renewed lock"
+        );
         tokio::time::sleep(ttl / 4).await;
     }
-    ensure!(guard.valid_for() > Duration::ZERO, "valid_for is zero on a renewed lock");
+    ensure!(
+        guard.valid_for() > Duration::ZERO,
+        "valid_for is zero on a renewed lock"
+    );
     guard.release().await?;
     Ok(Outcome::Passed)
 }
@@ -46,11 +52,25 @@ pub async fn max_hold_stops_renewal(h: &dyn Harness) -> CaseResult {
     let reason = tokio::time::timeout(max_hold + ttl * 2, guard.lost())
         .await
         .map_err(|_| Failure(format!("no loss reported {:?} after max_hold", ttl * 2)))?;
-    ensure!(reason == LossReason::MaxHoldExceeded, "loss reason {reason:?}");
-    ensure!(start.elapsed() + Duration::from_millis(50) >= max_hold, "loss reported before max_hold");
-    ensure!(guard.valid_for() == Duration::ZERO, "valid_for after loss is not zero");
+    ensure!(
+        reason == LossReason::MaxHoldExceeded,
+        "loss reason {reason:?}"
+    );
+    ensure!(
+        start.elapsed() + Duration::from_millis(50) >= max_hold,
+        "loss reported before max_hold"
+    );
+    ensure!(
+        guard.valid_for() == Duration::ZERO,
+        "valid_for after loss is not zero"
+    );
     let (lease, _) = acquire_within(&other, &key, &ttl_opts(ttl)?, expiry_slack(ttl)).await?;
-    ensure!(lease.token > guard.token(), "token after max_hold {} ≤ {}", lease.token, guard.token());
+    ensure!(
+        lease.token > guard.token(),
+        "token after max_hold {} ≤ {}",
+        lease.token,
+        guard.token()
+    );
     other.release(&lease).await?;
     Ok(Outcome::Passed)
 }
@@ -64,15 +84,24 @@ pub async fn loss_signalled_after_force_release(h: &dyn Harness) -> CaseResult {
     let admin = h.client().await?;
     let guard = client.acquire(&key).await?;
     let token = guard.handle().lost_token();
-    ensure!(admin.force_release(&key).await?, "force_release removed nothing");
+    ensure!(
+        admin.force_release(&key).await?,
+        "force_release removed nothing"
+    );
     let reason = tokio::time::timeout(ttl * 2, guard.lost())
         .await
         .map_err(|_| Failure("lost() did not resolve after a force release".into()))?;
     ensure!(
-        matches!(reason, LossReason::RenewalRefused | LossReason::DeadlinePassed),
+        matches!(
+            reason,
+            LossReason::RenewalRefused | LossReason::DeadlinePassed
+        ),
         "loss reason {reason:?}"
     );
-    ensure!(token.is_cancelled(), "the lost CancellationToken was not cancelled");
+    ensure!(
+        token.is_cancelled(),
+        "the lost CancellationToken was not cancelled"
+    );
     match guard.release().await {
         Err(Error::LeaseLost { .. }) => {}
         other => fail!("release of a lost guard returned {other:?}, expected LeaseLost"),
@@ -103,7 +132,10 @@ pub async fn with_lock_cancels_work_on_loss(h: &dyn Harness) -> CaseResult {
     started_rx
         .await
         .map_err(|_| Failure("with_lock never started the work".into()))?;
-    ensure!(admin.force_release(&key).await?, "force_release removed nothing");
+    ensure!(
+        admin.force_release(&key).await?,
+        "force_release removed nothing"
+    );
     let res = tokio::time::timeout(ttl * 3, task)
         .await
         .map_err(|_| Failure("with_lock kept running after the lock was lost".into()))?

@@ -20,7 +20,12 @@ pub async fn expiry_frees_key(h: &dyn Harness) -> CaseResult {
     let opts = ttl_opts(h.base_ttl())?;
     let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
     let (taken, after) = acquire_within(&b, &key, &opts, expiry_slack(lease.ttl)).await?;
-    ensure!(taken.token > lease.token, "token after expiry {} ≤ {}", taken.token, lease.token);
+    ensure!(
+        taken.token > lease.token,
+        "token after expiry {} ≤ {}",
+        taken.token,
+        lease.token
+    );
     // The grant must not come long before the TTL (the store honours it).
     ensure!(
         after + Duration::from_millis(100) >= lease.ttl / 2,
@@ -47,7 +52,11 @@ pub async fn held_until_ttl(h: &dyn Harness) -> CaseResult {
         tokio::time::sleep(lease.ttl / 8).await;
     }
     let info = some(b.inspect(&key).await?, "the still-valid lock")?;
-    ensure!(info.token == lease.token, "inspect shows token {}", info.token);
+    ensure!(
+        info.token == lease.token,
+        "inspect shows token {}",
+        info.token
+    );
     a.release(&lease).await?;
     Ok(Outcome::Passed)
 }
@@ -66,9 +75,15 @@ pub async fn extend_keeps_lock(h: &dyn Harness) -> CaseResult {
         tokio::time::sleep(lease.ttl / 3).await;
         lease = a.extend(&lease, ttl).await?;
         ensure!(lease.token == first_token, "extend changed the token");
-        ensure!(b.try_acquire(&key, &opts).await?.is_none(), "a contender got an extended lock");
+        ensure!(
+            b.try_acquire(&key, &opts).await?.is_none(),
+            "a contender got an extended lock"
+        );
     }
-    ensure!(a.release(&lease).await? == ReleaseOutcome::Released, "release after extending");
+    ensure!(
+        a.release(&lease).await? == ReleaseOutcome::Released,
+        "release after extending"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -85,7 +100,12 @@ pub async fn dropped_guard_frees_key(h: &dyn Harness) -> CaseResult {
     let opts = ttl_opts(ttl)?;
     // Well under the 10×base TTL: proves the spawned release, not expiry.
     let (lease, _) = acquire_within(&other, &key, &opts, h.base_ttl() * 5).await?;
-    ensure!(lease.token > token, "token after drop {} ≤ {}", lease.token, token);
+    ensure!(
+        lease.token > token,
+        "token after drop {} ≤ {}",
+        lease.token,
+        token
+    );
     other.release(&lease).await?;
     Ok(Outcome::Passed)
 }
@@ -99,7 +119,10 @@ pub async fn cancelled_acquire_leaves_no_lock(h: &dyn Harness) -> CaseResult {
     let held = some(a.try_acquire(&key, &long).await?, "a lease on a free key")?;
     let waiter_opts = ttl_opts(h.base_ttl())?;
     let waited = tokio::time::timeout(h.base_ttl() / 2, b.acquire(&key, &waiter_opts)).await;
-    ensure!(waited.is_err(), "the waiter finished ({waited:?}) while the key was held");
+    ensure!(
+        waited.is_err(),
+        "the waiter finished ({waited:?}) while the key was held"
+    );
     a.release(&held).await?;
     let (lease, _) = acquire_within(&c, &key, &long, expiry_slack(waiter_opts.ttl())).await?;
     c.release(&lease).await?;
@@ -112,7 +135,10 @@ pub async fn cancellation_storm_leaves_no_lock(h: &dyn Harness) -> CaseResult {
     let key = fresh_key("c16s");
     let holder = h.client().await?;
     let long = ttl_opts(h.base_ttl() * 20)?;
-    let held = some(holder.try_acquire(&key, &long).await?, "a lease on a free key")?;
+    let held = some(
+        holder.try_acquire(&key, &long).await?,
+        "a lease on a free key",
+    )?;
     let waiter_opts = ttl_opts(h.base_ttl())?;
     let mut tasks = Vec::new();
     for i in 0..12u32 {

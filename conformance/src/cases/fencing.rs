@@ -25,7 +25,12 @@ pub async fn tokens_increase_after_release(h: &dyn Harness) -> CaseResult {
     for round in 0..6 {
         let lock = h.client().await?;
         let lease = some(lock.try_acquire(&key, &opts).await?, "a released key")?;
-        ensure!(lease.token > last, "round {round}: token {} after {}", lease.token, last);
+        ensure!(
+            lease.token > last,
+            "round {round}: token {} after {}",
+            lease.token,
+            last
+        );
         last = lease.token;
         lock.release(&lease).await?;
     }
@@ -39,9 +44,19 @@ pub async fn tokens_increase_after_expiry(h: &dyn Harness) -> CaseResult {
     let opts = ttl_opts(h.base_ttl())?;
     let first = some(a.try_acquire(&key, &opts).await?, "a free key")?;
     let (second, _) = acquire_within(&b, &key, &opts, expiry_slack(first.ttl)).await?;
-    ensure!(second.token > first.token, "token {} after expired {}", second.token, first.token);
+    ensure!(
+        second.token > first.token,
+        "token {} after expired {}",
+        second.token,
+        first.token
+    );
     let (third, _) = acquire_within(&a, &key, &opts, expiry_slack(second.ttl)).await?;
-    ensure!(third.token > second.token, "token {} after expired {}", third.token, second.token);
+    ensure!(
+        third.token > second.token,
+        "token {} after expired {}",
+        third.token,
+        second.token
+    );
     a.release(&third).await?;
     Ok(Outcome::Passed)
 }
@@ -52,10 +67,24 @@ pub async fn tokens_increase_after_force_release(h: &dyn Harness) -> CaseResult 
     let key = fresh_key("c07f");
     let opts = ttl_opts(h.base_ttl() * 10)?;
     let first = some(a.try_acquire(&key, &opts).await?, "a free key")?;
-    ensure!(admin.force_release(&key).await?, "force_release reported nothing removed");
-    ensure!(!admin.force_release(&key).await?, "a second force_release removed something");
-    let second = some(admin.try_acquire(&key, &opts).await?, "a force-released key")?;
-    ensure!(second.token > first.token, "token {} after force-released {}", second.token, first.token);
+    ensure!(
+        admin.force_release(&key).await?,
+        "force_release reported nothing removed"
+    );
+    ensure!(
+        !admin.force_release(&key).await?,
+        "a second force_release removed something"
+    );
+    let second = some(
+        admin.try_acquire(&key, &opts).await?,
+        "a force-released key",
+    )?;
+    ensure!(
+        second.token > first.token,
+        "token {} after force-released {}",
+        second.token,
+        first.token
+    );
     admin.release(&second).await?;
     Ok(Outcome::Passed)
 }
@@ -64,21 +93,33 @@ pub async fn tokens_increase_after_force_release(h: &dyn Harness) -> CaseResult 
 pub async fn tokens_increase_after_restart(h: &dyn Harness) -> CaseResult {
     let a = h.client().await?;
     if !a.capabilities().is_durable() {
-        return Ok(Outcome::Skipped("the backend declares no durability across restarts".into()));
+        return Ok(Outcome::Skipped(
+            "the backend declares no durability across restarts".into(),
+        ));
     }
     let key = fresh_key("c07d");
     let opts = ttl_opts(h.base_ttl() * 30)?;
     let before = some(a.try_acquire(&key, &opts).await?, "a free key")?;
     let Some(restarted) = h.restart_store().await else {
-        fail!("the backend declares durability, but its harness cannot restart the store to prove it");
+        fail!(
+            "the backend declares durability, but its harness cannot restart the store to prove it"
+        );
     };
     restarted?;
     let b = h.client().await?;
     let info = some(b.inspect(&key).await?, "the lock held before the restart")?;
-    ensure!(info.token == before.token, "the held lock changed across the restart: {info:?}");
+    ensure!(
+        info.token == before.token,
+        "the held lock changed across the restart: {info:?}"
+    );
     ensure!(b.force_release(&key).await?, "force release after restart");
     let after = some(b.try_acquire(&key, &opts).await?, "the key after restart")?;
-    ensure!(after.token > before.token, "token {} after restart ≤ {}", after.token, before.token);
+    ensure!(
+        after.token > before.token,
+        "token {} after restart ≤ {}",
+        after.token,
+        before.token
+    );
     b.release(&after).await?;
     Ok(Outcome::Passed)
 }
@@ -115,7 +156,9 @@ pub async fn mutual_exclusion_under_contention(h: &dyn Harness) -> CaseResult {
                 history.record(client, Op::Release, Phase::Invoke, &key, Some(lease.token));
                 let outcome = lock.release(&lease).await.map_err(Failure::from)?;
                 if outcome != fenced_api::ReleaseOutcome::Released {
-                    return Err(Failure(format!("client {client} released with {outcome:?}")));
+                    return Err(Failure(format!(
+                        "client {client} released with {outcome:?}"
+                    )));
                 }
                 done.fetch_add(1, Ordering::SeqCst);
             }
@@ -123,13 +166,25 @@ pub async fn mutual_exclusion_under_contention(h: &dyn Harness) -> CaseResult {
         }));
     }
     for t in tasks {
-        t.await.map_err(|e| Failure(format!("client task panicked: {e}")))??;
+        t.await
+            .map_err(|e| Failure(format!("client task panicked: {e}")))??;
     }
     let max = max_inside.load(Ordering::SeqCst);
-    ensure!(max == 1, "{max} clients were inside the critical section at once");
+    ensure!(
+        max == 1,
+        "{max} clients were inside the critical section at once"
+    );
     let total = done.load(Ordering::SeqCst);
-    ensure!(total == CLIENTS * ROUNDS, "{total} of {} rounds completed", CLIENTS * ROUNDS);
+    ensure!(
+        total == CLIENTS * ROUNDS,
+        "{total} of {} rounds completed",
+        CLIENTS * ROUNDS
+    );
     let summary = check_exclusive(&history.records()).map_err(Failure)?;
-    ensure!(summary.holds == CLIENTS * ROUNDS, "history holds {} holds", summary.holds);
+    ensure!(
+        summary.holds == CLIENTS * ROUNDS,
+        "history holds {} holds",
+        summary.holds
+    );
     Ok(Outcome::Passed)
 }

@@ -15,17 +15,17 @@ use crate::{
 fn awkward_suffixes() -> Vec<&'static str> {
     vec![
         "plain",
-        "Plain",              // case: no case-insensitive collation
-        "plain ",             // trailing space: no PAD SPACE comparison
+        "Plain",  // case: no case-insensitive collation
+        "plain ", // trailing space: no PAD SPACE comparison
         " plain",
         "it's \"quoted\"",
         "100%",
         "100_",
-        "1000",               // what `100%` / `100_` would match as LIKE patterns
+        "1000", // what `100%` / `100_` would match as LIKE patterns
         r"back\slash",
         r"back\\slash",
-        "\u{e9}",             // é, NFC
-        "e\u{301}",           // é, NFD
+        "\u{e9}",   // é, NFC
+        "e\u{301}", // é, NFD
         "鍵-ключ-🔒",
         "`; DROP TABLE locks;--",
         "a/b",
@@ -43,15 +43,36 @@ pub async fn awkward_keys_distinct_and_exact(h: &dyn Harness) -> CaseResult {
     for suffix in awkward_suffixes() {
         let key = LockKey::new(format!("{base}/{suffix}"))?;
         let lease = a.try_acquire(&key, &opts).await?;
-        let lease = some(lease, &format!("a lease on `{key}`, distinct from the keys before it"))?;
+        let lease = some(
+            lease,
+            &format!("a lease on `{key}`, distinct from the keys before it"),
+        )?;
         let info = some(b.inspect(&key).await?, &format!("inspect of `{key}`"))?;
-        ensure!(info.key.as_bytes() == key.as_bytes(), "inspect returned key {:?} for {:?}", info.key, key);
-        ensure!(info.token == lease.token, "inspect of `{key}` shows token {}", info.token);
+        ensure!(
+            info.key.as_bytes() == key.as_bytes(),
+            "inspect returned key {:?} for {:?}",
+            info.key,
+            key
+        );
+        ensure!(
+            info.token == lease.token,
+            "inspect of `{key}` shows token {}",
+            info.token
+        );
         leases.push(lease);
     }
-    let longest = LockKey::new(format!("{base}/{}", "x".repeat(LockKey::MAX_LEN - base.as_bytes().len() - 1)))?;
-    ensure!(longest.as_bytes().len() == LockKey::MAX_LEN, "suite error: key length");
-    leases.push(some(a.try_acquire(&longest, &opts).await?, "a lease on a 255-byte key")?);
+    let longest = LockKey::new(format!(
+        "{base}/{}",
+        "x".repeat(LockKey::MAX_LEN - base.as_bytes().len() - 1)
+    ))?;
+    ensure!(
+        longest.as_bytes().len() == LockKey::MAX_LEN,
+        "suite error: key length"
+    );
+    leases.push(some(
+        a.try_acquire(&longest, &opts).await?,
+        "a lease on a 255-byte key",
+    )?);
     for lease in &leases {
         ensure!(
             b.try_acquire(&lease.key, &opts).await?.is_none(),
@@ -68,7 +89,12 @@ pub async fn awkward_keys_distinct_and_exact(h: &dyn Harness) -> CaseResult {
 /// C18: invalid keys and options are rejected with clear errors before any
 /// I/O, and an invalid `extend` changes nothing.
 pub async fn bad_input_rejected_and_changes_nothing(h: &dyn Harness) -> CaseResult {
-    for bad in [String::new(), "x".repeat(256), "nul\0byte".into(), "new\nline".into()] {
+    for bad in [
+        String::new(),
+        "x".repeat(256),
+        "nul\0byte".into(),
+        "new\nline".into(),
+    ] {
         match LockKey::new(&bad) {
             Err(Error::InvalidKey { .. }) => {}
             other => fail!("LockKey::new({bad:?}) returned {other:?}"),
@@ -91,8 +117,14 @@ pub async fn bad_input_rejected_and_changes_nothing(h: &dyn Harness) -> CaseResu
             other => fail!("extend with ttl {ttl:?} returned {other:?}, expected InvalidOptions"),
         }
     }
-    let after = some(a.inspect(&key).await?, "the held lock after invalid extends")?;
-    ensure!(after.token == before.token, "an invalid extend changed the token");
+    let after = some(
+        a.inspect(&key).await?,
+        "the held lock after invalid extends",
+    )?;
+    ensure!(
+        after.token == before.token,
+        "an invalid extend changed the token"
+    );
     ensure!(
         after.remaining_ttl <= before.remaining_ttl + Duration::from_millis(50),
         "an invalid extend changed the expiry ({:?} → {:?})",
@@ -118,10 +150,16 @@ pub async fn wildcards_are_literal(h: &dyn Harness) -> CaseResult {
         ensure!(l.is_some(), "`{k}` was blocked by a wildcard-looking key");
         if let Some(l) = l {
             ensure!(b.force_release(&k).await?, "force release of `{k}`");
-            ensure!(b.release(&l).await? == fenced_api::ReleaseOutcome::NotHeld, "released twice");
+            ensure!(
+                b.release(&l).await? == fenced_api::ReleaseOutcome::NotHeld,
+                "released twice"
+            );
         }
     }
-    ensure!(b.inspect(&pct).await?.is_some() && b.inspect(&under).await?.is_some(), "force release hit a wildcard key");
+    ensure!(
+        b.inspect(&pct).await?.is_some() && b.inspect(&under).await?.is_some(),
+        "force release hit a wildcard key"
+    );
     a.release(&l1).await?;
     a.release(&l2).await?;
     Ok(Outcome::Passed)
@@ -134,26 +172,52 @@ pub async fn unreachable_store_fails_fast(h: &dyn Harness) -> CaseResult {
     let start = Instant::now();
     let Some(made) = tokio::time::timeout(bound, h.unreachable_client())
         .await
-        .map_err(|_| Failure(format!("creating a client for an unreachable store hung past {bound:?}")))?
+        .map_err(|_| {
+            Failure(format!(
+                "creating a client for an unreachable store hung past {bound:?}"
+            ))
+        })?
     else {
-        return Ok(Outcome::Skipped("the store cannot be unreachable (in-process)".into()));
+        return Ok(Outcome::Skipped(
+            "the store cannot be unreachable (in-process)".into(),
+        ));
     };
     let lock = match made {
         Ok(lock) => lock,
         Err(e) => {
-            ensure!(matches!(e, Error::Backend { retryable: true, .. }), "connecting gave {e:?}, expected a retryable Backend error");
+            ensure!(
+                matches!(
+                    e,
+                    Error::Backend {
+                        retryable: true,
+                        ..
+                    }
+                ),
+                "connecting gave {e:?}, expected a retryable Backend error"
+            );
             return Ok(Outcome::Passed);
         }
     };
     let key = fresh_key("c19");
-    let opts = ttl_opts(h.base_ttl())?.to_builder().wait_timeout(Duration::from_secs(3600)).build()?;
+    let opts = ttl_opts(h.base_ttl())?
+        .to_builder()
+        .wait_timeout(Duration::from_secs(3600))
+        .build()?;
     let res = tokio::time::timeout(bound, lock.acquire(&key, &opts))
         .await
-        .map_err(|_| Failure(format!("acquire on an unreachable store hung past {bound:?}")))?;
+        .map_err(|_| {
+            Failure(format!(
+                "acquire on an unreachable store hung past {bound:?}"
+            ))
+        })?;
     match res {
         Err(Error::Backend { retryable: true, .. }) => {}
         other => fail!("acquire on an unreachable store returned {other:?}, expected a retryable Backend error"),
     }
-    ensure!(start.elapsed() <= bound, "failing took {:?}", start.elapsed());
+    ensure!(
+        start.elapsed() <= bound,
+        "failing took {:?}",
+        start.elapsed()
+    );
     Ok(Outcome::Passed)
 }

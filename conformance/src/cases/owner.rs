@@ -22,20 +22,31 @@ pub async fn stale_lease_never_touches_new_holder(h: &dyn Harness) -> CaseResult
     let stale = some(a.try_acquire(&key, &short).await?, "a lease on a free key")?;
     let long = ttl_opts(h.base_ttl() * 20)?;
     let (current, _) = acquire_within(&b, &key, &long, expiry_slack(stale.ttl)).await?;
-    ensure!(current.token > stale.token, "takeover token {} ≤ stale token {}", current.token, stale.token);
+    ensure!(
+        current.token > stale.token,
+        "takeover token {} ≤ stale token {}",
+        current.token,
+        stale.token
+    );
 
     match a.extend(&stale, h.base_ttl() * 20).await {
         Err(Error::LeaseLost { .. }) => {}
         other => fail!("extend with a stale lease returned {other:?}, expected LeaseLost"),
     }
     let rel = a.release(&stale).await?;
-    ensure!(rel == ReleaseOutcome::NotHeld, "release with a stale lease returned {rel:?}");
+    ensure!(
+        rel == ReleaseOutcome::NotHeld,
+        "release with a stale lease returned {rel:?}"
+    );
     ensure!(
         c.try_acquire(&key, &long).await?.is_none(),
         "a stale release freed the new holder's lock"
     );
     let info = some(c.inspect(&key).await?, "the new holder's lock")?;
-    ensure!(info.token == current.token && info.owner == current.owner, "the new holder changed: {info:?}");
+    ensure!(
+        info.token == current.token && info.owner == current.owner,
+        "the new holder changed: {info:?}"
+    );
     b.release(&current).await?;
     Ok(Outcome::Passed)
 }
@@ -48,7 +59,13 @@ pub async fn forged_lease_rejected(h: &dyn Harness) -> CaseResult {
     let opts = ttl_opts(h.base_ttl() * 20)?;
     let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
     let forgeries = [
-        Lease::new(key.clone(), Owner::random(), lease.token, lease.ttl, Instant::now()),
+        Lease::new(
+            key.clone(),
+            Owner::random(),
+            lease.token,
+            lease.ttl,
+            Instant::now(),
+        ),
         Lease::new(
             key.clone(),
             lease.owner.clone(),
@@ -66,15 +83,24 @@ pub async fn forged_lease_rejected(h: &dyn Harness) -> CaseResult {
     ];
     for forged in &forgeries {
         let rel = b.release(forged).await?;
-        ensure!(rel == ReleaseOutcome::NotHeld, "release with forged {forged:?} returned {rel:?}");
+        ensure!(
+            rel == ReleaseOutcome::NotHeld,
+            "release with forged {forged:?} returned {rel:?}"
+        );
         match b.extend(forged, h.base_ttl() * 20).await {
             Err(Error::LeaseLost { .. }) => {}
             other => fail!("extend with forged {forged:?} returned {other:?}"),
         }
     }
     let info = some(b.inspect(&key).await?, "the holder's lock")?;
-    ensure!(info.token == lease.token && info.owner == lease.owner, "holder changed: {info:?}");
-    ensure!(a.release(&lease).await? == ReleaseOutcome::Released, "the real holder's release");
+    ensure!(
+        info.token == lease.token && info.owner == lease.owner,
+        "holder changed: {info:?}"
+    );
+    ensure!(
+        a.release(&lease).await? == ReleaseOutcome::Released,
+        "the real holder's release"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -82,8 +108,17 @@ pub async fn forged_lease_rejected(h: &dyn Harness) -> CaseResult {
 pub async fn release_of_free_key_is_not_held(h: &dyn Harness) -> CaseResult {
     let a = h.client().await?;
     let key = fresh_key("c04n");
-    let ghost = Lease::new(key.clone(), Owner::random(), FencingToken::new(1), Duration::from_secs(5), Instant::now());
-    ensure!(a.release(&ghost).await? == ReleaseOutcome::NotHeld, "release of a never-held key");
+    let ghost = Lease::new(
+        key.clone(),
+        Owner::random(),
+        FencingToken::new(1),
+        Duration::from_secs(5),
+        Instant::now(),
+    );
+    ensure!(
+        a.release(&ghost).await? == ReleaseOutcome::NotHeld,
+        "release of a never-held key"
+    );
     match a.extend(&ghost, Duration::from_secs(5)).await {
         Err(Error::LeaseLost { .. }) => {}
         other => fail!("extend of a never-held key returned {other:?}"),
@@ -97,7 +132,9 @@ pub async fn release_of_free_key_is_not_held(h: &dyn Harness) -> CaseResult {
 pub async fn reentrant_owner_counts(h: &dyn Harness) -> CaseResult {
     let (a, b) = (h.client().await?, h.client().await?);
     if !a.capabilities().is_reentrant() {
-        return Ok(Outcome::Skipped("the backend declares no owner reentrancy".into()));
+        return Ok(Outcome::Skipped(
+            "the backend declares no owner reentrancy".into(),
+        ));
     }
     let key = fresh_key("c12r");
     let opts = LockOptions::builder()
@@ -107,18 +144,38 @@ pub async fn reentrant_owner_counts(h: &dyn Harness) -> CaseResult {
         .build()?;
     let first = some(a.try_acquire(&key, &opts).await?, "the first entry")?;
     let second = some(a.acquire(&key, &opts).await.map(Some)?, "the second entry")?;
-    ensure!(second.token == first.token, "re-entry changed the token {} → {}", first.token, second.token);
-    let info = some(b.inspect(&key).await?, "the held lock")?;
-    ensure!(info.hold_count == 2, "hold count after re-entry is {}", info.hold_count);
-    let r1 = a.release(&second).await?;
-    ensure!(r1 == ReleaseOutcome::StillHeld { remaining: 1 }, "first release returned {r1:?}");
     ensure!(
-        b.try_acquire(&key, &ttl_opts(h.base_ttl())?).await?.is_none(),
+        second.token == first.token,
+        "re-entry changed the token {} → {}",
+        first.token,
+        second.token
+    );
+    let info = some(b.inspect(&key).await?, "the held lock")?;
+    ensure!(
+        info.hold_count == 2,
+        "hold count after re-entry is {}",
+        info.hold_count
+    );
+    let r1 = a.release(&second).await?;
+    ensure!(
+        r1 == ReleaseOutcome::StillHeld { remaining: 1 },
+        "first release returned {r1:?}"
+    );
+    ensure!(
+        b.try_acquire(&key, &ttl_opts(h.base_ttl())?)
+            .await?
+            .is_none(),
         "the key was free after one of two releases"
     );
     let r2 = a.release(&first).await?;
-    ensure!(r2 == ReleaseOutcome::Released, "last release returned {r2:?}");
-    ensure!(b.inspect(&key).await?.is_none(), "the key is still held after the last release");
+    ensure!(
+        r2 == ReleaseOutcome::Released,
+        "last release returned {r2:?}"
+    );
+    ensure!(
+        b.inspect(&key).await?.is_none(),
+        "the key is still held after the last release"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -142,8 +199,15 @@ pub async fn non_reentrant_owner_already_held(h: &dyn Harness) -> CaseResult {
         Err(Error::AlreadyHeld { .. }) => {}
         other => fail!("acquire by the holding owner returned {other:?}, expected AlreadyHeld"),
     }
-    ensure!(start.elapsed() < h.base_ttl() * 5, "AlreadyHeld came only after {:?}", start.elapsed());
-    ensure!(a.release(&lease).await? == ReleaseOutcome::Released, "the holder's release");
+    ensure!(
+        start.elapsed() < h.base_ttl() * 5,
+        "AlreadyHeld came only after {:?}",
+        start.elapsed()
+    );
+    ensure!(
+        a.release(&lease).await? == ReleaseOutcome::Released,
+        "the holder's release"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -152,19 +216,33 @@ pub async fn non_reentrant_owner_already_held(h: &dyn Harness) -> CaseResult {
 pub async fn client_reentrancy(h: &dyn Harness) -> CaseResult {
     let key = fresh_key("c12c");
     let ttl = h.base_ttl() * 10;
-    let reentrant = LockClient::builder(h.client().await?).ttl(ttl).reentrant(true).build()?;
+    let reentrant = LockClient::builder(h.client().await?)
+        .ttl(ttl)
+        .reentrant(true)
+        .build()?;
     let plain = LockClient::builder(h.client().await?).ttl(ttl).build()?;
     let g1 = reentrant.acquire(&key).await?;
     let g2 = reentrant.acquire(&key).await?;
     ensure!(g1.token() == g2.token(), "re-entry changed the token");
-    ensure!(plain.try_acquire(&key).await?.is_none(), "another client got a held key");
+    ensure!(
+        plain.try_acquire(&key).await?.is_none(),
+        "another client got a held key"
+    );
     g2.release().await?;
-    ensure!(plain.try_acquire(&key).await?.is_none(), "the key was free after one of two releases");
+    ensure!(
+        plain.try_acquire(&key).await?.is_none(),
+        "the key was free after one of two releases"
+    );
     g1.release().await?;
-    let g3 = some(plain.try_acquire(&key).await?, "the key after both releases")?;
+    let g3 = some(
+        plain.try_acquire(&key).await?,
+        "the key after both releases",
+    )?;
     match plain.try_acquire(&key).await {
         Err(Error::AlreadyHeld { .. }) => {}
-        other => fail!("a non-reentrant client re-acquiring returned {other:?}, expected AlreadyHeld"),
+        other => {
+            fail!("a non-reentrant client re-acquiring returned {other:?}, expected AlreadyHeld")
+        }
     }
     g3.release().await?;
     Ok(Outcome::Passed)

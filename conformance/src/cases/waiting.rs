@@ -33,14 +33,27 @@ pub async fn waiter_gets_lock_on_release(h: &dyn Harness) -> CaseResult {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    ensure!(!waiter.is_finished(), "the waiter finished while the key was held");
+    ensure!(
+        !waiter.is_finished(),
+        "the waiter finished while the key was held"
+    );
     let released_at = Instant::now();
     a.release(&lease).await?;
-    let (got, at, b) = waiter.await.map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+    let (got, at, b) = waiter
+        .await
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
     let got = got?;
     let gap = at.saturating_duration_since(released_at);
-    ensure!(got.token > lease.token, "hand-off token {} ≤ {}", got.token, lease.token);
-    ensure!(gap < HANDOFF_BOUND, "the waiter got the key {gap:?} after the release");
+    ensure!(
+        got.token > lease.token,
+        "hand-off token {} ≤ {}",
+        got.token,
+        lease.token
+    );
+    ensure!(
+        gap < HANDOFF_BOUND,
+        "the waiter got the key {gap:?} after the release"
+    );
     b.release(&got).await?;
     Ok(Outcome::Passed)
 }
@@ -57,7 +70,12 @@ pub async fn waiter_gets_lock_on_expiry(h: &dyn Harness) -> CaseResult {
         .build()?;
     let start = Instant::now();
     let got = b.acquire(&key, &wait).await?;
-    ensure!(got.token > crashed.token, "token {} ≤ crashed holder's {}", got.token, crashed.token);
+    ensure!(
+        got.token > crashed.token,
+        "token {} ≤ crashed holder's {}",
+        got.token,
+        crashed.token
+    );
     ensure!(
         start.elapsed() <= expiry_slack(crashed.ttl),
         "the waiter got the key only {:?} later (ttl {:?})",
@@ -81,14 +99,25 @@ pub async fn acquire_times_out_near_bound(h: &dyn Harness) -> CaseResult {
     let took = start.elapsed();
     match res {
         Err(Error::Timeout { waited, .. }) => {
-            ensure!(waited >= bound.mul_f32(0.9), "reported wait {waited:?} below the bound {bound:?}");
+            ensure!(
+                waited >= bound.mul_f32(0.9),
+                "reported wait {waited:?} below the bound {bound:?}"
+            );
         }
         other => fail!("acquire on a held key returned {other:?}, expected Timeout"),
     }
-    ensure!(took + Duration::from_millis(20) >= bound, "gave up after {took:?}, before the bound {bound:?}");
-    ensure!(took < bound + Duration::from_millis(1500), "gave up only after {took:?} (bound {bound:?})");
     ensure!(
-        a.inspect(&key).await?.is_some_and(|i| i.token == lease.token),
+        took + Duration::from_millis(20) >= bound,
+        "gave up after {took:?}, before the bound {bound:?}"
+    );
+    ensure!(
+        took < bound + Duration::from_millis(1500),
+        "gave up only after {took:?} (bound {bound:?})"
+    );
+    ensure!(
+        a.inspect(&key)
+            .await?
+            .is_some_and(|i| i.token == lease.token),
         "the timed-out waiter disturbed the holder"
     );
     a.release(&lease).await?;
