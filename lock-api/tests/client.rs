@@ -1,0 +1,288 @@
+//! `LockClient` / `LockGuard` policy on the in-memory store, with tokio's
+//! clock paused so renewal, deadlines and `max_hold` are checked exactly.
+
+use std::{sync::Arc, time::Duration};
+
+use fenced_api::{
+    DistributedLock, Error, LockClient, LockKey, LockOptions, LossReason, MemoryLock, WaitPolicy,
+};
+use tokio::time::{advance, sleep, Instant};
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn key(k: &str) -> LockKey {
+    LockKey::new(k).unwrap()
+}
+
+fn client(store: &MemoryLock) -> LockClient {
+    LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .build()
+        .unwrap()
+}
+
+fn opts() -> LockOptions {
+    LockOptions::builder().ttl(TTL).build().unwrap()
+}
+
+/// Lets spawned tasks (watchdog, release on drop) run.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn watchdog_keeps_lock_for_many_ttls() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    sleep(TTL * 10).await;
+    assert!(!guard.is_lost());
+    assert!(store
+        .try_acquire(&key("k"), &opts())
+        .await
+        .unwrap()
+        .is_none());
+    // Renewed every ttl/3, so at least two thirds of the TTL are always left.
+    assert!(
+        guard.valid_for() >= TTL * 2 / 3 - Duration::from_millis(1),
+        "{:?}",
+        guard.valid_for()
+    );
+    guard.release().await.unwrap();
+    assert!(store.inspect(&key("k")).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn outage_longer_than_ttl_reports_loss_at_the_deadline() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    let deadline = guard.handle().lease().deadline;
+    store.set_available(false);
+    let reason = guard.lost().await;
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    // Reported no later than the deadline of the last successful request —
+    // i.e. before the store could have handed the key to anyone else.
+    assert!(
+        Instant::now() <= deadline,
+        "lost at {:?}, deadline {:?}",
+        Instant::now(),
+        deadline
+    );
+    assert_eq!(guard.valid_for(), Duration::ZERO);
+    store.set_available(true);
+    sleep(TTL).await;
+    let other = client(&store).acquire("k").await.unwrap();
+    assert!(other.token() > guard.token());
+    assert!(matches!(
+        guard.release().await,
+        Err(Error::LeaseLost { .. })
+    ));
+    other.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_outage_is_ridden_out_by_retries() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    sleep(TTL / 3 - Duration::from_millis(10)).await;
+    store.set_available(false);
+    // Shorter than ttl − interval: a retry succeeds before the deadline.
+    sleep(TTL / 3).await;
+    store.set_available(true);
+    sleep(TTL * 3).await;
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_renewal_and_reports_loss_on_time() {
+    let store = MemoryLock::new();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .max_hold(TTL * 2)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let guard = c.acquire("k").await.unwrap();
+    assert_eq!(guard.lost().await, LossReason::MaxHoldExceeded);
+    assert_eq!(start.elapsed(), TTL * 2);
+    // Not renewed any more: the store frees the key within one TTL.
+    sleep(TTL).await;
+    assert!(store
+        .try_acquire(&key("k"), &opts())
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_watchdog_the_lock_is_lost_at_its_deadline() {
+    let store = MemoryLock::new();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .watchdog(false)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let guard = c.acquire("k").await.unwrap();
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(start.elapsed(), TTL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn force_release_is_noticed_at_the_next_renewal() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    let start = Instant::now();
+    assert!(store.force_release(&key("k")).await.unwrap());
+    assert_eq!(guard.lost().await, LossReason::RenewalRefused);
+    assert!(start.elapsed() <= TTL / 3);
+    assert!(guard.handle().lost_token().is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_guard_releases_promptly() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    drop(guard);
+    settle().await;
+    assert!(store.inspect(&key("k")).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaked_guard_is_neither_released_nor_renewed() {
+    let store = MemoryLock::new();
+    let lease = client(&store).acquire("k").await.unwrap().leak();
+    settle().await;
+    assert_eq!(
+        store.inspect(&key("k")).await.unwrap().unwrap().token,
+        lease.token
+    );
+    advance(TTL).await;
+    settle().await;
+    assert!(store.inspect(&key("k")).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentrant_client_counts_holds() {
+    let store = MemoryLock::new();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .reentrant(true)
+        .build()
+        .unwrap();
+    let g1 = c.acquire("k").await.unwrap();
+    let g2 = c.acquire("k").await.unwrap();
+    let g3 = c.try_acquire("k").await.unwrap().unwrap();
+    assert_eq!(g1.token(), g3.token());
+    drop(g2);
+    g1.release().await.unwrap();
+    settle().await;
+    assert!(
+        store.inspect(&key("k")).await.unwrap().is_some(),
+        "one hold is left"
+    );
+    sleep(TTL * 2).await;
+    assert!(!g3.is_lost(), "the remaining hold is still renewed");
+    g3.release().await.unwrap();
+    assert!(store.inspect(&key("k")).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_reentrant_client_fails_fast_and_a_lost_hold_does_not_block() {
+    let store = MemoryLock::new();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .wait(WaitPolicy::Forever)
+        .build()
+        .unwrap();
+    let g = c.acquire("k").await.unwrap();
+    assert!(matches!(
+        c.acquire("k").await,
+        Err(Error::AlreadyHeld { .. })
+    ));
+    store.force_release(&key("k")).await.unwrap();
+    g.lost().await;
+    // The hold is lost, so this client may take the key again.
+    let again = c.acquire("k").await.unwrap();
+    assert!(again.token() > g.token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lock_returns_the_value_and_releases() {
+    let store = MemoryLock::new();
+    let c = client(&store);
+    let v = c
+        .with_lock("k", |lease| async move {
+            sleep(TTL * 2).await; // longer than the TTL: renewed meanwhile
+            lease.token().get() * 10
+        })
+        .await
+        .unwrap();
+    assert!(v >= 10);
+    assert!(store.inspect(&key("k")).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_waits_and_times_out_as_configured() {
+    let store = MemoryLock::new();
+    let holder = client(&store).acquire("k").await.unwrap();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .wait(WaitPolicy::Timeout(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    match c.acquire("k").await {
+        Err(Error::Timeout { waited, .. }) => assert_eq!(waited, Duration::from_secs(2)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert!(c.try_acquire("k").await.unwrap().is_none());
+    holder.release().await.unwrap();
+    assert!(c.acquire_with("k", WaitPolicy::NoWait).await.is_ok());
+}
+
+#[test]
+fn builder_rejects_bad_policy() {
+    let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+    let bad = [
+        LockClient::builder(lock.clone()).ttl(Duration::ZERO),
+        LockClient::builder(lock.clone()).ttl(Duration::MAX),
+        LockClient::builder(lock.clone()).renew_interval(Duration::ZERO),
+        LockClient::builder(lock.clone())
+            .ttl(TTL)
+            .renew_interval(TTL),
+        LockClient::builder(lock.clone()).max_hold(Duration::ZERO),
+    ];
+    for b in bad {
+        let dbg = format!("{b:?}");
+        assert!(
+            matches!(b.build(), Err(Error::InvalidOptions { .. })),
+            "{dbg} was accepted"
+        );
+    }
+    assert!(LockClient::builder(lock)
+        .ttl(TTL)
+        .renew_interval(TTL / 2)
+        .build()
+        .is_ok());
+}
+
+#[tokio::test]
+async fn invalid_keys_fail_before_io() {
+    let store = MemoryLock::new();
+    store.set_available(false); // any I/O would fail with Backend instead
+    let c = client(&store);
+    for bad in ["", "a\nb"] {
+        assert!(matches!(
+            c.acquire(bad).await,
+            Err(Error::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            c.try_acquire(bad).await,
+            Err(Error::InvalidKey { .. })
+        ));
+    }
+}
