@@ -2,6 +2,8 @@
 //! `MemoryLock` ("mutants") must be caught by the cases that guard against
 //! their bug, while the healthy cases keep passing on them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;

@@ -1,6 +1,8 @@
 //! `LockClient` / `LockGuard` policy on the in-memory store, with tokio's
 //! clock paused so renewal, deadlines and `max_hold` are checked exactly.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{sync::Arc, time::Duration};
 
 use fenced_api::{

@@ -2,6 +2,8 @@
 //! time advance by 3 clients on 2 keys, checked step by step against a small
 //! reference model, on `MemoryLock` with tokio's clock paused.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{collections::HashMap, time::Duration};
 
 use fenced_api::{DistributedLock, Error, Lease, LockKey, LockOptions, MemoryLock, ReleaseOutcome};
