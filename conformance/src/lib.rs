@@ -37,6 +37,7 @@ mod check;
 mod harness;
 pub mod history;
 mod memory;
+pub mod services;
 
 pub use check::{CaseResult, Failure, Outcome};
 pub use harness::Harness;

@@ -1,0 +1,111 @@
+//! A five-minute tour of fenced on the embedded in-memory store: acquire,
+//! contention, fencing tokens rejecting a paused ex-holder, and loss signals.
+//!
+//! Run: `cargo run -p fenced-examples --example tour`
+#![allow(clippy::print_stdout)]
+
+use std::{sync::Arc, time::Duration};
+
+use fenced::{DistributedLock, Error, LockClient, LockKey, LockOptions, MemoryLock, WaitPolicy};
+use fenced_examples::FencedResource;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
+
+    // One store, two "nodes". Swap MemoryLock for a server backend via its URL
+    // and nothing below changes.
+    let store: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+    let node_a = LockClient::builder(store.clone())
+        .ttl(Duration::from_secs(3))
+        .build()?;
+    let node_b = LockClient::builder(store.clone())
+        .ttl(Duration::from_secs(3))
+        .wait(WaitPolicy::Timeout(Duration::from_millis(200)))
+        .build()?;
+    let orders = FencedResource::default();
+
+    println!("1. acquire");
+    let guard = node_a.acquire("orders:1001").await?;
+    println!(
+        "   node A holds orders:1001 with fencing token {}",
+        guard.token()
+    );
+    orders.write(guard.token(), "A: reserve stock")?;
+
+    println!("2. contention is not an error");
+    let other = node_b.try_acquire("orders:1001").await?;
+    println!(
+        "   node B try_acquire -> {}",
+        if other.is_none() {
+            "None (held)"
+        } else {
+            "Some"
+        }
+    );
+    match node_b.acquire("orders:1001").await {
+        Err(e @ Error::Timeout { .. }) => println!("   node B acquire -> {e}"),
+        other => println!("   node B acquire -> unexpected {other:?}"),
+    }
+
+    println!("3. the watchdog renews while A works past its 3 s TTL");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    println!(
+        "   after 3.5 s: lost = {}, valid for {:?}",
+        guard.is_lost(),
+        guard.valid_for()
+    );
+    guard.release().await?;
+    println!("   released");
+
+    println!("4. fencing: a paused ex-holder cannot corrupt the resource");
+    let key = LockKey::new("orders:1001")?;
+    let short = LockOptions::builder()
+        .ttl(Duration::from_millis(300))
+        .build()?;
+    let stale = store
+        .try_acquire(&key, &short)
+        .await?
+        .ok_or("the key should be free")?;
+    println!(
+        "   node A takes token {} (ttl 300 ms), then pauses for 500 ms (GC, SIGSTOP…)",
+        stale.token
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fresh = node_b.acquire("orders:1001").await?;
+    println!(
+        "   meanwhile the lease expired and node B took token {}",
+        fresh.token()
+    );
+    orders.write(fresh.token(), "B: ship order")?;
+    match orders.write(stale.token, "A: cancel order") {
+        Ok(()) => println!("   A's stale write was accepted (this must not happen)"),
+        Err(e) => println!("   A wakes up and writes: {e}"),
+    }
+    println!(
+        "   A's late release -> {:?} (B's lock untouched)",
+        store.release(&stale).await?
+    );
+
+    println!("5. loss signals: work is cancelled when the lock goes away");
+    let admin = store.clone();
+    let result = node_b
+        .with_lock("report:nightly", |lease| async move {
+            // Simulate an operator force-releasing the key while we work.
+            let key = lease.key().clone();
+            tokio::spawn(async move { admin.force_release(&key).await });
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            "finished"
+        })
+        .await;
+    match result {
+        Err(e @ Error::LeaseLost { .. }) => println!("   with_lock -> {e}"),
+        other => println!("   with_lock -> unexpected {other:?}"),
+    }
+    fresh.release().await?;
+
+    println!("accepted writes: {:?}", orders.values());
+    Ok(())
+}
