@@ -159,8 +159,10 @@ impl LockClient {
     ///
     /// * The errors of [`acquire`](Self::acquire).
     /// * [`Error::LeaseLost`] if the lock was lost while `work` ran, or if
-    ///   the final release found it gone (the work's results were then not
-    ///   protected to the end: rely on the fencing token for correctness).
+    ///   the final release found it gone (the work was then not protected to
+    ///   the end: rely on the fencing token for correctness). A release that
+    ///   fails for another reason (store unreachable) is logged and the
+    ///   work's result returned: the lock then expires after its TTL.
     pub async fn with_lock<F, Fut, T>(&self, key: impl IntoLockKey, work: F) -> Result<T>
     where
         F: FnOnce(LeaseHandle) -> Fut,
@@ -169,10 +171,16 @@ impl LockClient {
         let guard = self.acquire(key).await?;
         let handle = guard.handle().clone();
         match run_until_lost(&handle, work(handle.clone())).await {
-            Ok(out) => {
-                guard.release().await?;
-                Ok(out)
-            }
+            Ok(out) => match guard.release().await {
+                Ok(()) => Ok(out),
+                Err(lost @ Error::LeaseLost { .. }) => Err(lost),
+                // The work finished while the lock was held; a failed release
+                // only means the lock lingers until its TTL.
+                Err(e) => {
+                    tracing::warn!(key = %handle.key(), error = %e, "release after with_lock failed; the lock expires after its ttl");
+                    Ok(out)
+                }
+            },
             Err(lost) => {
                 // Best effort: the lock may still be current on the store.
                 let _ = guard.release().await;

@@ -56,10 +56,16 @@ pub fn wait_deadline(policy: WaitPolicy, start: Instant) -> Option<Instant> {
     }
 }
 
-type Registry = Mutex<HashMap<(String, LockKey), Weak<Notify>>>;
+/// Wake-up channels by (scope, key); entries whose waiters are all gone are
+/// pruned when the map has doubled since the last prune (amortised O(1)).
+#[derive(Default)]
+struct Registry {
+    channels: HashMap<(String, LockKey), Weak<Notify>>,
+    prune_at: usize,
+}
 
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
 }
 
@@ -69,15 +75,17 @@ fn registry() -> &'static Registry {
 /// instances that share a store must use the same scope so that a release by
 /// one wakes the waiters of another.
 fn subscribe(scope: &str, key: &LockKey) -> Arc<Notify> {
-    let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     let id = (scope.to_owned(), key.clone());
-    if let Some(n) = map.get(&id).and_then(Weak::upgrade) {
+    if let Some(n) = reg.channels.get(&id).and_then(Weak::upgrade) {
         return n;
     }
-    // Dead entries are pruned lazily whenever the map would grow.
-    map.retain(|_, w| w.strong_count() > 0);
+    if reg.channels.len() >= reg.prune_at {
+        reg.channels.retain(|_, w| w.strong_count() > 0);
+        reg.prune_at = (reg.channels.len() * 2).max(64);
+    }
     let n = Arc::new(Notify::new());
-    map.insert(id, Arc::downgrade(&n));
+    reg.channels.insert(id, Arc::downgrade(&n));
     n
 }
 
@@ -85,8 +93,9 @@ fn subscribe(scope: &str, key: &LockKey) -> Arc<Notify> {
 ///
 /// Backends call it after a successful release or force-release.
 pub fn notify_released(scope: &str, key: &LockKey) {
-    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(n) = map
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = reg
+        .channels
         .get(&(scope.to_owned(), key.clone()))
         .and_then(Weak::upgrade)
     {
