@@ -36,9 +36,17 @@ pub trait Harness: Send + Sync {
         Duration::from_secs(5)
     }
 
-    /// Restarts the store, keeping its data, or `None` when the harness cannot.
-    /// Used by the durability case (C7 across restarts).
+    /// Restarts the store, keeping its data, or `None` when the harness cannot
+    /// (a shared server must never be restarted under other running tests).
     async fn restart_store(&self) -> Option<Result<()>> {
+        None
+    }
+
+    /// For the durability case (C7 across restarts): a harness on a private
+    /// store — its own server process — whose [`restart_store`](Harness::restart_store)
+    /// works. `None` when the harness cannot provide one; a backend that
+    /// declares itself durable then fails that case.
+    async fn private_store(&self) -> Option<Result<Box<dyn Harness>>> {
         None
     }
 

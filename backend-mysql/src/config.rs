@@ -1,0 +1,347 @@
+//! Configuration: from a URL or the builder, validated before connecting.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use fenced_api::{Error, Result};
+use sqlx::mysql::MySqlConnectOptions;
+
+/// How the lock is taken. See the crate documentation for when to choose which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// INSERT a row per held key, DELETE it on release; the row id is the token.
+    #[default]
+    UniqueKey,
+    /// `SELECT … FOR UPDATE` on a pre-existing row inside an open transaction.
+    RowLock,
+    /// One permanent row per key, taken with a conditional UPDATE; the version is the token.
+    Optimistic,
+}
+
+impl Strategy {
+    /// The name used in URLs (`?strategy=…`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::UniqueKey => "unique_key",
+            Strategy::RowLock => "row_lock",
+            Strategy::Optimistic => "optimistic",
+        }
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "unique_key" => Ok(Strategy::UniqueKey),
+            "row_lock" => Ok(Strategy::RowLock),
+            "optimistic" => Ok(Strategy::Optimistic),
+            other => Err(Error::config(format!(
+                "unknown mysql strategy `{other}`; use unique_key, row_lock or optimistic"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validated base table name: `[A-Za-z_][A-Za-z0-9_]*`, at most
+/// [`TableName::MAX_LEN`] characters, so that derived names
+/// (`<base>_rows`, `<base>_migrations`…) stay within MySQL's 64-character limit.
+/// Always used backtick-quoted, so reserved words are fine.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName(String);
+
+impl TableName {
+    /// Longest base name accepted.
+    pub const MAX_LEN: usize = 48;
+
+    /// Validates a base table name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the rule that was broken.
+    pub fn new(name: &str) -> Result<Self> {
+        let mut chars = name.chars();
+        let valid_start = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        if !valid_start || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(Error::config(format!(
+                "invalid table name {name:?}: use ASCII letters, digits and `_`, not starting with a digit"
+            )));
+        }
+        if name.len() > Self::MAX_LEN {
+            return Err(Error::config(format!(
+                "table name {name:?} is {} characters long; the maximum is {}",
+                name.len(),
+                Self::MAX_LEN
+            )));
+        }
+        Ok(TableName(name.to_owned()))
+    }
+
+    /// The base name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The backtick-quoted physical table `<base><suffix>`.
+    pub(crate) fn quoted(&self, suffix: &str) -> String {
+        format!("`{}{}`", self.0, suffix)
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything needed to connect; built from a URL or [`MySqlLockBuilder`](crate::MySqlLockBuilder).
+#[derive(Clone)]
+pub struct MySqlConfig {
+    pub(crate) connect: MySqlConnectOptions,
+    /// The URL with the password replaced, for messages and scopes.
+    pub(crate) display_url: String,
+    pub(crate) strategy: Strategy,
+    pub(crate) table: TableName,
+    pub(crate) max_connections: u32,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl fmt::Debug for MySqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the password: only the redacted URL.
+        f.debug_struct("MySqlConfig")
+            .field("url", &self.display_url)
+            .field("strategy", &self.strategy)
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+/// Default base table name.
+pub const DEFAULT_TABLE: &str = "fenced_locks";
+/// Default pool size of the lock's own pool.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+/// Default bound on connecting (and on waiting for a pooled connection).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl MySqlConfig {
+    /// Parses `mysql://user:pass@host:port/db?strategy=…&table=…&max_connections=…&connect_timeout=…`.
+    ///
+    /// `strategy` (default `unique_key`), `table` (default `fenced_locks`),
+    /// `max_connections` (default 10) and `connect_timeout` (`500ms`, `5s`;
+    /// default 5 s) are fenced's; every other query parameter is passed to
+    /// sqlx (e.g. `ssl-mode`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL or parameter; nothing is connected.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b, q),
+            None => (url, ""),
+        };
+        let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
+        if !matches!(scheme, "mysql" | "mariadb") {
+            return Err(Error::config(format!(
+                "expected a mysql:// or mariadb:// url, got `{}`",
+                redact(url)
+            )));
+        }
+        let mut strategy = Strategy::default();
+        let mut table = TableName::new(DEFAULT_TABLE)?;
+        let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+        let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
+        let mut passthrough = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "strategy" => strategy = v.parse()?,
+                "table" => table = TableName::new(v)?,
+                "max_connections" => max_connections = parse_pool_size(v)?,
+                "connect_timeout" => connect_timeout = parse_duration(v)?,
+                _ => passthrough.push(pair),
+            }
+        }
+        let sqlx_url = format!(
+            "mysql://{}{}{}",
+            base.split_once("://").map(|(_, r)| r).unwrap_or_default(),
+            if passthrough.is_empty() { "" } else { "?" },
+            passthrough.join("&")
+        );
+        let connect = MySqlConnectOptions::from_str(&sqlx_url)
+            .map_err(|e| Error::config(format!("invalid mysql url `{}`: {e}", redact(url))))?;
+        Ok(MySqlConfig {
+            connect,
+            display_url: redact(base),
+            strategy,
+            table,
+            max_connections,
+            connect_timeout,
+        })
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// The base table name.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+}
+
+fn parse_pool_size(v: &str) -> Result<u32> {
+    match v.parse::<u32>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(n),
+        _ => Err(Error::config(format!(
+            "max_connections must be a number from 1 to 1000, got `{v}`"
+        ))),
+    }
+}
+
+/// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
+pub(crate) fn parse_duration(v: &str) -> Result<Duration> {
+    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(bad()),
+    };
+    if d.is_zero() || d > Duration::from_secs(3600) {
+        return Err(Error::config(format!(
+            "duration `{v}` must be above zero and at most 1h"
+        )));
+    }
+    Ok(d)
+}
+
+/// Replaces the password of a URL with `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_table() {
+        let cases: [(&str, Strategy, &str, u32, Duration); 5] = [
+            (
+                "mysql://root@127.0.0.1:3306/test",
+                Strategy::UniqueKey,
+                "fenced_locks",
+                10,
+                Duration::from_secs(5),
+            ),
+            (
+                "mysql://root@h/db?strategy=row_lock",
+                Strategy::RowLock,
+                "fenced_locks",
+                10,
+                Duration::from_secs(5),
+            ),
+            (
+                "mariadb://u:p@h/db?strategy=optimistic&table=jobs_lock",
+                Strategy::Optimistic,
+                "jobs_lock",
+                10,
+                Duration::from_secs(5),
+            ),
+            (
+                "mysql://h/db?max_connections=3&connect_timeout=250ms",
+                Strategy::UniqueKey,
+                "fenced_locks",
+                3,
+                Duration::from_millis(250),
+            ),
+            (
+                "mysql://h/db?ssl-mode=disabled&table=t",
+                Strategy::UniqueKey,
+                "t",
+                10,
+                Duration::from_secs(5),
+            ),
+        ];
+        for (url, strategy, table, pool, timeout) in cases {
+            let c = MySqlConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.strategy, strategy, "{url}");
+            assert_eq!(c.table.as_str(), table, "{url}");
+            assert_eq!(c.max_connections, pool, "{url}");
+            assert_eq!(c.connect_timeout, timeout, "{url}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for url in [
+            "postgres://h/db",
+            "mysql://h/db?strategy=mutex",
+            "mysql://h/db?table=locks;DROP",
+            "mysql://h/db?table=`x`",
+            "mysql://h/db?table=1abc",
+            "mysql://h/db?table=",
+            "mysql://h/db?max_connections=0",
+            "mysql://h/db?connect_timeout=forever",
+            "mysql://h/db?connect_timeout=0s",
+        ] {
+            match MySqlConfig::from_url(url) {
+                Err(Error::Config { .. }) => {}
+                other => panic!("{url}: expected a config error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn table_names() {
+        for ok in ["locks", "_x", "Locks_2", "select", &"a".repeat(48)] {
+            assert!(TableName::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "9x", "a-b", "a.b", "a b", "`a`", "é", &"a".repeat(49)] {
+            assert!(TableName::new(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            TableName::new("select").unwrap().quoted("_rows"),
+            "`select_rows`"
+        );
+    }
+
+    #[test]
+    fn passwords_never_shown() {
+        let c = MySqlConfig::from_url("mysql://root:hunter2@h:3306/db?strategy=row_lock").unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+        assert!(dbg.contains("root:***@h:3306/db"), "{dbg}");
+        let err = MySqlConfig::from_url("mysql://root:hunter2@h/db?strategy=nope").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"));
+        let err = MySqlConfig::from_url("pg://root:hunter2@h/db").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,91 @@
+//! The one place where sqlx errors become fenced errors.
+
+use fenced_api::Error;
+use sqlx::error::ErrorKind;
+
+pub(crate) const BACKEND: &str = "mysql";
+
+/// MySQL/MariaDB error numbers we act on.
+pub(crate) mod code {
+    /// ER_DUP_ENTRY: the key is held (unique_key) — contention, not an error.
+    pub(crate) const DUP_ENTRY: u16 = 1062;
+    /// ER_LOCK_WAIT_TIMEOUT (also MariaDB's answer to `NOWAIT`).
+    pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    /// ER_LOCK_DEADLOCK: this statement was the deadlock victim.
+    pub(crate) const DEADLOCK: u16 = 1213;
+    /// ER_NO_SUCH_TABLE.
+    pub(crate) const NO_SUCH_TABLE: u16 = 1146;
+    /// ER_LOCK_NOWAIT (MySQL 8's answer to `NOWAIT`).
+    pub(crate) const LOCK_NOWAIT: u16 = 3572;
+    /// ER_OPTION_PREVENTS_STATEMENT (`--read-only`).
+    pub(crate) const READ_ONLY: u16 = 1290;
+    /// Server shutdown, connection killed, server gone, lost connection, too many connections.
+    pub(crate) const TRANSIENT: [u16; 6] = [1053, 1927, 2006, 2013, 1040, 1317];
+}
+
+/// The server's error number, if `e` came from the server.
+pub(crate) fn number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
+}
+
+/// Duplicate key: somebody holds the key.
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.kind() == ErrorKind::UniqueViolation)
+        || number(e) == Some(code::DUP_ENTRY)
+}
+
+/// Lock wait timeout, `NOWAIT` refusal or deadlock victim: not acquired —
+/// never to be read as success.
+pub(crate) fn is_lock_conflict(e: &sqlx::Error) -> bool {
+    matches!(
+        number(e),
+        Some(code::LOCK_WAIT_TIMEOUT | code::LOCK_NOWAIT | code::DEADLOCK)
+    )
+}
+
+/// Maps any other sqlx error to `Error::Backend`, or `Error::Config` where
+/// the fix is configuration (missing table, read-only server).
+pub(crate) fn map(e: sqlx::Error) -> Error {
+    match number(&e) {
+        Some(code::NO_SUCH_TABLE) => {
+            return Error::config(format!(
+                "the lock table does not exist ({e}); create it once with `MySqlLock::migrate()` \
+                 (or `fenced migrate --url …`)"
+            ))
+        }
+        Some(code::READ_ONLY) => {
+            return Error::config(format!(
+                "the server is read-only ({e}); locks must live on the primary, never on a replica"
+            ))
+        }
+        _ => {}
+    }
+    let retryable = match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) => number(&e).is_some_and(|n| {
+            code::TRANSIENT.contains(&n) || matches!(n, code::LOCK_WAIT_TIMEOUT | code::DEADLOCK)
+        }),
+        _ => false,
+    };
+    Error::backend(BACKEND, retryable, e)
+}
+
+/// `?`-friendly conversion for query results.
+pub(crate) trait SqlResultExt<T> {
+    fn db(self) -> fenced_api::Result<T>;
+}
+
+impl<T> SqlResultExt<T> for Result<T, sqlx::Error> {
+    fn db(self) -> fenced_api::Result<T> {
+        self.map_err(map)
+    }
+}

@@ -1,0 +1,387 @@
+//! MySQL / MariaDB backend of [fenced](https://docs.rs/fenced): three lock
+//! strategies behind one [`DistributedLock`], tested on MariaDB 10.11 and
+//! written in SQL that also runs on MySQL 8.0 (no MariaDB-only syntax).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fenced_api::{LockClient, LockKey};
+//! use fenced_mysql::MySqlLock;
+//!
+//! # async fn run() -> fenced_api::Result<()> {
+//! let url = "mysql://app:secret@db.internal:3306/app?strategy=unique_key&table=fenced_locks";
+//! MySqlLock::migrate(url).await?;                 // once, at deploy time
+//! let store = MySqlLock::connect(url).await?;     // checks schema and refuses replicas
+//! let client = LockClient::builder(std::sync::Arc::new(store))
+//!     .ttl(Duration::from_secs(30))
+//!     .build()?;
+//! let guard = client.acquire("order:1001").await?;
+//! // … UPDATE orders SET …, fence = ? WHERE id = 1001 AND fence <= ?  (guard.token())
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Choosing a strategy
+//!
+//! | | `unique_key` (default) | `row_lock` | `optimistic` |
+//! |---|---|---|---|
+//! | acquire | autocommit `INSERT`; duplicate key = held | `SELECT … FOR UPDATE` in an open transaction | conditional `UPDATE` of the key's row |
+//! | release | `DELETE` (owner + id checked) | `ROLLBACK` / `COMMIT` | `UPDATE` clearing the holder |
+//! | fencing token | the row's `AUTO_INCREMENT` id | a per-key counter bumped in autocommit | the row's `version` |
+//! | expiry of a dead holder | `expire_time` on the DB clock; taken over at the next acquire | the connection's `wait_timeout` (whole seconds) closes it and InnoDB rolls back | `expire_time` on the DB clock |
+//! | waiting | polling with backoff, woken at once by releases in the same process | InnoDB's lock queue (native, immediate hand-off) | polling with backoff, like `unique_key` |
+//! | survives a DB restart | yes (rows and ids are durable) | no: the transaction rolls back (the token counter survives) | yes |
+//! | connections | one per operation, returned at once | **one per held lock and per waiter** for the whole hold | one per operation |
+//! | table growth | one row per *held* key; expired rows removed by takeover or the reaper | one row per key ever locked (or N shards, or fixed ids) | one row per key ever locked |
+//! | business writes in the same transaction | no | yes: [`MySqlLock::lock_in_transaction`] | no |
+//!
+//! * **unique_key** fits most jobs: cheap holds, durable, no connection held
+//!   while you work. Its cost is a write per acquire *and* per release.
+//! * **row_lock** fits "do these writes under the lock and commit them with
+//!   the release" — the seeds' same-transaction advice — and hot keys whose
+//!   waiters should be handed the lock the moment it is freed. Size the pool
+//!   (`max_connections`) for held locks + waiters: this crate uses its own
+//!   pool, so waiting never starves the application's pool. Its TTL is whole
+//!   seconds (minimum 1 s).
+//! * **optimistic** fits a fixed, known set of keys that are locked over and
+//!   over: one round trip per acquire, no row churn, no reaper.
+//!
+//! Measured figures are in `BENCHMARKS.md` (written by `fenced bench`).
+//!
+//! # Pitfalls handled (from the source articles)
+//!
+//! * owner tokens: release and extend check owner **and** token, so a slow
+//!   ex-holder never deletes the next holder's lock;
+//! * database clock: every expiry is `UTC_TIMESTAMP(6)` on the server, never
+//!   the client's clock or session time zone;
+//! * renewal and `max_hold`: by [`LockClient`](fenced_api::LockClient) for every strategy;
+//! * reentrancy: opt-in, counted (`reentrant_count`);
+//! * gap locks: `row_lock` never locks a missing row;
+//! * pool exhaustion: the lock has its own pool; `try_acquire` never waits;
+//! * replicas: connecting to a read-only server is refused;
+//! * table growth: `unique_key` takes over expired rows inline and has a
+//!   batched reaper ([`MySqlLock::spawn_reaper`]) guarded by a lock of its own.
+//!
+//! Requires MariaDB ≥ 10.3 or MySQL ≥ 8.0 (`NOWAIT`, persistent auto-increment
+//! from MariaDB 10.2.4 / MySQL 8.0). Not for Galera or async-replicated
+//! failover setups: a failover can lose locks (use etcd for that).
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod config;
+mod error;
+mod reaper;
+mod schema;
+mod strategy;
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result,
+};
+use sqlx::mysql::MySqlPoolOptions;
+
+pub use config::{
+    MySqlConfig, Strategy, TableName, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TABLE,
+};
+pub use reaper::{ReaperHandle, TableStats};
+pub use schema::SCHEMA_VERSION;
+pub use sqlx;
+pub use strategy::row_lock::{RowLockTransaction, RowMode};
+
+use strategy::{optimistic::Optimistic, row_lock::RowLock, unique_key::UniqueKey};
+
+/// Builds a prepared-statement string from SQL whose only dynamic parts are
+/// validated, backtick-quoted table names (see [`TableName`]).
+macro_rules! sql {
+    ($($fmt:tt)*) => {
+        sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(format!($($fmt)*))))
+    };
+}
+pub(crate) use sql;
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
+
+/// A lock store on MySQL / MariaDB. Cheap to clone (shares the pool).
+#[derive(Clone)]
+pub struct MySqlLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: MySqlConfig,
+    engine: Engine,
+}
+
+enum Engine {
+    UniqueKey(UniqueKey),
+    RowLock(RowLock),
+    Optimistic(Optimistic),
+}
+
+impl fmt::Debug for MySqlLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlLock")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// Builds a [`MySqlLock`]: from a URL, then adjusted.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MySqlLockBuilder {
+    config: MySqlConfig,
+    table: Option<String>,
+    rows: RowMode,
+}
+
+impl MySqlLockBuilder {
+    /// Starts from a URL (see [`MySqlConfig::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(MySqlLockBuilder {
+            config: MySqlConfig::from_url(url)?,
+            table: None,
+            rows: RowMode::default(),
+        })
+    }
+
+    /// The strategy (default from the URL, else `unique_key`).
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.config.strategy = strategy;
+        self
+    }
+
+    /// The base table name — the namespace: two names never see each other's locks.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = Some(name.into());
+        self
+    }
+
+    /// Size of the lock's own connection pool (default 10).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.config.max_connections = n;
+        self
+    }
+
+    /// Bound on connecting and on waiting for a pooled connection (default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
+
+    /// Which rows `row_lock` locks (default one per key).
+    pub fn row_mode(mut self, rows: RowMode) -> Self {
+        self.rows = rows;
+        self
+    }
+
+    fn validated(mut self) -> Result<Self> {
+        if let Some(t) = self.table.take() {
+            self.config.table = TableName::new(&t)?;
+        }
+        if !(1..=1000).contains(&self.config.max_connections) {
+            return Err(Error::config("max_connections must be from 1 to 1000"));
+        }
+        if let RowMode::Shards(0) = self.rows {
+            return Err(Error::config("row_lock shards must be at least 1"));
+        }
+        Ok(self)
+    }
+
+    async fn pool(&self) -> Result<sqlx::MySqlPool> {
+        let cfg = &self.config;
+        let connect = MySqlPoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(cfg.connect_timeout)
+            .connect_with(cfg.connect.clone());
+        match tokio::time::timeout(cfg.connect_timeout, connect).await {
+            Ok(pool) => pool.map_err(error::map),
+            Err(_) => Err(Error::backend(
+                error::BACKEND,
+                true,
+                format!(
+                    "no connection to {} within {:?}",
+                    cfg.display_url, cfg.connect_timeout
+                ),
+            )),
+        }
+    }
+
+    /// Creates or upgrades the schema for the table name. Idempotent; run it
+    /// once at deploy time (or from several nodes: it is safe).
+    /// Returns the schema versions applied by this call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for bad settings or a read-only server,
+    /// [`Error::Backend`] when the server fails.
+    pub async fn migrate(self) -> Result<Vec<u32>> {
+        let b = self.validated()?;
+        let pool = b.pool().await?;
+        let applied = schema::migrate(&pool, &b.config.table).await;
+        pool.close().await;
+        applied
+    }
+
+    /// Connects, refuses a read-only server, and checks the schema.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Config`] when the tables are missing or old (the message
+    ///   names `MySqlLock::migrate`), or the server is read-only.
+    /// * [`Error::Backend`] (retryable) when the server cannot be reached
+    ///   within the connect timeout.
+    pub async fn connect(self) -> Result<MySqlLock> {
+        let b = self.validated()?;
+        let pool = b.pool().await?;
+        schema::check(&pool, &b.config.table).await?;
+        let cfg = b.config;
+        let scope = format!("{}#{}", cfg.display_url, cfg.table);
+        let t = &cfg.table;
+        let engine = match cfg.strategy {
+            Strategy::UniqueKey => Engine::UniqueKey(UniqueKey::new(pool, t.quoted(""), scope)),
+            Strategy::Optimistic => {
+                Engine::Optimistic(Optimistic::new(pool, t.quoted("_optimistic"), scope))
+            }
+            Strategy::RowLock => Engine::RowLock(RowLock::new(
+                pool,
+                t.quoted("_rows"),
+                t.quoted("_fence"),
+                b.rows,
+            )),
+        };
+        Ok(MySqlLock {
+            inner: Arc::new(Inner {
+                config: cfg,
+                engine,
+            }),
+        })
+    }
+}
+
+impl MySqlLock {
+    /// A builder from a URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn builder(url: &str) -> Result<MySqlLockBuilder> {
+        MySqlLockBuilder::from_url(url)
+    }
+
+    /// Connects with everything taken from the URL.
+    ///
+    /// # Errors
+    ///
+    /// As [`MySqlLockBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<MySqlLock> {
+        MySqlLockBuilder::from_url(url)?.connect().await
+    }
+
+    /// Creates or upgrades the schema named by the URL's `table` (idempotent).
+    ///
+    /// # Errors
+    ///
+    /// As [`MySqlLockBuilder::migrate`].
+    pub async fn migrate(url: &str) -> Result<Vec<u32>> {
+        MySqlLockBuilder::from_url(url)?.migrate().await
+    }
+
+    /// The configuration (password redacted in `Debug`).
+    pub fn config(&self) -> &MySqlConfig {
+        &self.inner.config
+    }
+
+    fn engine(&self) -> &dyn DistributedLock {
+        match &self.inner.engine {
+            Engine::UniqueKey(e) => e,
+            Engine::RowLock(e) => e,
+            Engine::Optimistic(e) => e,
+        }
+    }
+
+    /// `row_lock` only: takes `key` inside a transaction whose connection the
+    /// caller writes through; [`RowLockTransaction::commit`] commits those
+    /// writes and releases the lock atomically.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for other strategies; otherwise as `acquire`.
+    pub async fn lock_in_transaction(
+        &self,
+        key: &LockKey,
+        opts: &LockOptions,
+    ) -> Result<RowLockTransaction> {
+        match &self.inner.engine {
+            Engine::RowLock(r) => r.lock_in_transaction(key, opts).await,
+            _ => Err(Error::Unsupported {
+                backend: "mysql",
+                what: format!(
+                    "transaction-scoped locks with strategy {}; use row_lock",
+                    self.inner.config.strategy
+                ),
+            }),
+        }
+    }
+
+    /// `row_lock` only: pre-creates lock rows (required for [`RowMode::Fixed`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for other strategies, [`Error::Backend`] on failure.
+    pub async fn create_rows(&self, keys: &[LockKey]) -> Result<u64> {
+        match &self.inner.engine {
+            Engine::RowLock(r) => r.create_rows(keys).await,
+            _ => Err(Error::Unsupported {
+                backend: "mysql",
+                what: "lock rows outside row_lock".into(),
+            }),
+        }
+    }
+
+    pub(crate) fn unique_key(&self) -> Option<&UniqueKey> {
+        match &self.inner.engine {
+            Engine::UniqueKey(u) => Some(u),
+            _ => None,
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MySqlLock {
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.engine().try_acquire(key, opts).await
+    }
+
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        self.engine().acquire(key, opts).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.engine().extend(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        self.engine().release(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.engine().inspect(key).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.engine().force_release(key).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.engine().capabilities()
+    }
+}

@@ -1,0 +1,116 @@
+//! Versioned schema, applied by `migrate`, checked on connect.
+
+use fenced_api::{Error, Result};
+use sqlx::{AssertSqlSafe, MySqlPool, Row};
+
+use crate::{config::TableName, error::SqlResultExt};
+
+/// The migrations, in order. Each is a list of `;`-separated statements.
+const MIGRATIONS: &[(u32, &str, &str)] =
+    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+
+/// The schema version this build needs.
+pub const SCHEMA_VERSION: u32 = 1;
+
+fn statements(template: &str, base: &TableName) -> Vec<String> {
+    let sql: String = template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    sql.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.replace("{base}", base.as_str()))
+        .collect()
+}
+
+/// Creates or upgrades every table of `base`. Idempotent and safe to run
+/// from several nodes at once (`CREATE TABLE IF NOT EXISTS`, `INSERT IGNORE`).
+/// Returns the migrations applied by this call.
+pub(crate) async fn migrate(pool: &MySqlPool, base: &TableName) -> Result<Vec<u32>> {
+    let log = base.quoted("_migrations");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {log} (version INT UNSIGNED NOT NULL PRIMARY KEY, \
+         name VARCHAR(100) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+    )))
+    .execute(pool)
+    .await
+    .db()?;
+    let done: Vec<u32> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {log}")))
+        .fetch_all(pool)
+        .await
+        .db()?
+        .iter()
+        .map(|r| r.try_get::<u32, _>(0))
+        .collect::<Result<_, _>>()
+        .db()?;
+    let mut applied = Vec::new();
+    for (version, name, template) in MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        for stmt in statements(template, base) {
+            sqlx::query(AssertSqlSafe(stmt)).execute(pool).await.db()?;
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT IGNORE INTO {log} (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
+        )))
+        .bind(version)
+        .bind(name)
+        .execute(pool)
+        .await
+        .db()?;
+        tracing::info!(table = %base, version, name, "fenced schema migration applied");
+        applied.push(*version);
+    }
+    Ok(applied)
+}
+
+/// Refuses read-only servers and schemas older than this build needs.
+pub(crate) async fn check(pool: &MySqlPool, base: &TableName) -> Result<()> {
+    let read_only: i64 = sqlx::query("SELECT @@global.read_only")
+        .fetch_one(pool)
+        .await
+        .db()?
+        .try_get(0)
+        .db()?;
+    if read_only != 0 {
+        return Err(Error::config(
+            "the server is read-only (@@read_only = 1): locks must live on the primary, never on a replica",
+        ));
+    }
+    let log = base.quoted("_migrations");
+    let version: Option<u32> =
+        sqlx::query(AssertSqlSafe(format!("SELECT MAX(version) FROM {log}")))
+            .fetch_one(pool)
+            .await
+            .db()?
+            .try_get(0)
+            .db()?;
+    match version {
+        Some(v) if v >= SCHEMA_VERSION => Ok(()),
+        found => Err(Error::config(format!(
+            "the fenced tables for `{base}` are at schema version {}, this build needs {SCHEMA_VERSION}; \
+             run `MySqlLock::migrate()` (or `fenced migrate --url …`) once",
+            found.unwrap_or(0)
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_split_and_named() {
+        let base = TableName::new("jobs").unwrap();
+        let stmts = statements(MIGRATIONS[0].2, &base);
+        assert_eq!(stmts.len(), 4);
+        assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS `jobs` ("));
+        assert!(stmts
+            .iter()
+            .all(|s| !s.contains("{base}") && !s.contains("--")));
+        assert!(stmts[3].contains("`jobs_fence`"));
+    }
+}

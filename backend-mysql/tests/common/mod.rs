@@ -1,0 +1,136 @@
+//! Test support shared by the MySQL test binaries: the conformance harness
+//! over the shared MariaDB, and private MariaDB instances for destructive tests.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod private;
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{DistributedLock, Result};
+use fenced_conformance::{services, Harness};
+use fenced_mysql::{MySqlLock, Strategy};
+
+/// The shared server's URL (`FENCED_TEST_MYSQL_URL`), after checking it
+/// answers — or a panic that names `scripts/services.sh`.
+pub async fn server_url() -> String {
+    let url = services::mysql_url();
+    if let Err(message) = services::probe_mysql(&url).await {
+        panic!("{message}");
+    }
+    url
+}
+
+/// A table name unique to this test process ("a fresh uuid namespace per run").
+pub fn run_table() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        format!(
+            "fenced_t_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        )
+    })
+}
+
+pub fn url_for(server: &str, strategy: Strategy, table: &str) -> String {
+    let sep = if server.contains('?') { '&' } else { '?' };
+    format!("{server}{sep}strategy={strategy}&table={table}&max_connections=32&connect_timeout=5s")
+}
+
+/// Runs the suite against one strategy on one server.
+pub struct MySqlHarness {
+    server: String,
+    strategy: Strategy,
+    table: String,
+    private: Option<Arc<private::PrivateMariaDb>>,
+}
+
+impl MySqlHarness {
+    /// On the shared server, in this run's table.
+    pub async fn new(strategy: Strategy) -> Self {
+        let server = server_url().await;
+        let h = MySqlHarness {
+            server,
+            strategy,
+            table: run_table().to_owned(),
+            private: None,
+        };
+        h.migrate(&h.table).await;
+        h
+    }
+
+    pub fn url(&self) -> String {
+        url_for(&self.server, self.strategy, &self.table)
+    }
+
+    async fn migrate(&self, table: &str) {
+        MySqlLock::migrate(&url_for(&self.server, self.strategy, table))
+            .await
+            .unwrap_or_else(|e| panic!("migrating `{table}` failed: {e}"));
+    }
+
+    pub async fn lock(&self) -> MySqlLock {
+        MySqlLock::connect(&self.url()).await.unwrap()
+    }
+}
+
+#[async_trait]
+impl Harness for MySqlHarness {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(MySqlLock::connect(&self.url()).await?))
+    }
+
+    async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
+        let clean: String = suffix
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let table = format!("{}_{clean}", self.table);
+        self.migrate(&table).await;
+        Ok(Arc::new(
+            MySqlLock::connect(&url_for(&self.server, self.strategy, &table)).await?,
+        ))
+    }
+
+    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
+        // Nothing listens on port 1.
+        let url = format!(
+            "mysql://root@127.0.0.1:1/test?strategy={}&connect_timeout=2s",
+            self.strategy
+        );
+        Some(
+            MySqlLock::connect(&url)
+                .await
+                .map(|l| Arc::new(l) as Arc<dyn DistributedLock>),
+        )
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn restart_store(&self) -> Option<Result<()>> {
+        let server = self.private.as_ref()?;
+        Some(server.restart().await)
+    }
+
+    async fn private_store(&self) -> Option<Result<Box<dyn Harness>>> {
+        let server = match private::PrivateMariaDb::start().await {
+            Ok(s) => Arc::new(s),
+            Err(e) => return Some(Err(e)),
+        };
+        let h = MySqlHarness {
+            server: server.url(),
+            strategy: self.strategy,
+            table: "fenced_private".into(),
+            private: Some(server),
+        };
+        h.migrate(&h.table).await;
+        Some(Ok(Box::new(h)))
+    }
+
+    fn base_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
