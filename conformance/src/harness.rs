@@ -31,6 +31,13 @@ pub trait Harness: Send + Sync {
         None
     }
 
+    /// Whether the store lives inside this process (and so cannot be
+    /// unreachable). Only then may [`unreachable_client`](Harness::unreachable_client)
+    /// return `None` without failing the C19 case.
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// The bound within which operations on an unreachable store must fail.
     fn connect_timeout(&self) -> Duration {
         Duration::from_secs(5)

@@ -58,6 +58,10 @@ impl Harness for MemoryHarness {
         Some(Ok(Arc::new(down)))
     }
 
+    fn in_process(&self) -> bool {
+        true
+    }
+
     fn connect_timeout(&self) -> Duration {
         Duration::from_millis(100)
     }

@@ -220,7 +220,7 @@ impl LockClient {
             return Ok(None);
         };
         tracing::debug!(key = %key, token = %lease.token, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquired");
-        let held = Held::new(Arc::clone(&self.inner), lease, started);
+        let held = Held::new(Arc::clone(&self.inner), lease);
         self.inner
             .held
             .lock()
@@ -278,7 +278,8 @@ impl LockClientBuilder {
         self
     }
 
-    /// Renewal interval (default ttl/3). Must be shorter than the TTL.
+    /// Renewal interval (default ttl/3). At most half the TTL, so that a failed
+    /// renewal can be retried before the lease runs out.
     pub fn renew_interval(mut self, every: Duration) -> Self {
         self.renew_interval = Some(every);
         self
@@ -311,13 +312,14 @@ impl LockClientBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidOptions`] for a TTL out of bounds, a renewal interval
-    /// that is zero or not shorter than the TTL, or a zero `max_hold`.
+    /// that is zero or above half the TTL, or a zero `max_hold`.
     pub fn build(self) -> Result<LockClient> {
         LockOptions::validate_ttl(self.ttl)?;
         if let Some(every) = self.renew_interval {
-            if every.is_zero() || every >= self.ttl {
+            // At most half the TTL, so a failed renewal still leaves time to retry.
+            if every.is_zero() || every > self.ttl / 2 {
                 return Err(Error::invalid_options(format!(
-                    "the renewal interval {every:?} must be above zero and shorter than the ttl {:?} (ttl/3 is the default)",
+                    "the renewal interval {every:?} must be above zero and at most half the ttl {:?} (ttl/3 is the default)",
                     self.ttl
                 )));
             }

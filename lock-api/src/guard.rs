@@ -46,11 +46,18 @@ pub(crate) struct Held {
     lost: CancellationToken,
     loss: OnceLock<LossReason>,
     stop: CancellationToken,
+    finished: std::sync::atomic::AtomicBool,
     acquired_at: Instant,
 }
 
 impl Held {
-    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease, acquired_at: Instant) -> Arc<Self> {
+    /// `acquired_at` is the send time of the granting request (deadline − ttl),
+    /// so time spent *waiting* for the lock never counts against `max_hold`.
+    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease) -> Arc<Self> {
+        let acquired_at = lease
+            .deadline
+            .checked_sub(lease.ttl)
+            .unwrap_or_else(Instant::now);
         Arc::new(Held {
             client,
             key: lease.key.clone(),
@@ -59,6 +66,7 @@ impl Held {
             lost: CancellationToken::new(),
             loss: OnceLock::new(),
             stop: CancellationToken::new(),
+            finished: std::sync::atomic::AtomicBool::new(false),
             acquired_at,
         })
     }
@@ -123,8 +131,19 @@ impl Held {
         let Some(interval) = cfg.renew_interval else {
             return self.watch_deadline_only().await;
         };
-        let max_hold_at = cfg.max_hold.map(|m| self.acquired_at + m);
-        let mut next = Instant::now() + interval;
+        // An overflowing max_hold (e.g. Duration::MAX) means "no limit".
+        let max_hold_at = cfg.max_hold.and_then(|m| self.acquired_at.checked_add(m));
+        // Renewals are scheduled from the *send* time of the last successful
+        // request (deadline − ttl), so a slow reply never pushes the next
+        // renewal past the deadline.
+        let next_after = |lease: &Lease| {
+            lease
+                .deadline
+                .checked_sub(lease.ttl)
+                .and_then(|sent| sent.checked_add(interval))
+                .unwrap_or_else(Instant::now)
+        };
+        let mut next = next_after(&self.lease());
         loop {
             let deadline = self.lease().deadline;
             tokio::select! {
@@ -150,8 +169,8 @@ impl Held {
             match renewal {
                 Ok(renewed) => {
                     tracing::debug!(key = %self.key, token = %renewed.token, valid_ms = renewed.remaining().as_millis() as u64, "lock renewed");
+                    next = next_after(&renewed);
                     self.set_lease(renewed);
-                    next = Instant::now() + interval;
                 }
                 Err(Error::LeaseLost { .. }) => {
                     return self.mark_lost(LossReason::RenewalRefused);
@@ -177,6 +196,8 @@ impl Held {
 
     /// Ends the hold: stops the watchdog and forgets it in the client.
     fn finish(self: &Arc<Self>) {
+        self.finished
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop.cancel();
         self.client.forget(self);
     }
@@ -215,10 +236,10 @@ impl LeaseHandle {
     }
 
     /// How long the lock is certainly still held: time to the local deadline,
-    /// or zero once lost. Check it before a side effect that must not run
-    /// without the lock, e.g. `if h.valid_for() > Duration::from_secs(2)`.
+    /// or zero once lost or released. Check it before a side effect that must
+    /// not run without the lock, e.g. `if h.valid_for() > Duration::from_secs(2)`.
     pub fn valid_for(&self) -> Duration {
-        if self.held.is_lost() {
+        if self.held.is_lost() || self.held.finished.load(std::sync::atomic::Ordering::SeqCst) {
             Duration::ZERO
         } else {
             self.held.lease().remaining()

@@ -70,7 +70,13 @@ struct State {
 struct Entry {
     holder: Option<Holder>,
     waiters: VecDeque<Waiter>,
+    /// When the key last became free (for the front waiter's grace period).
+    free_since: Option<Instant>,
 }
+
+/// How long a free key stays reserved for the first waiter. A waiter whose
+/// future is alive but no longer polled must not block the key forever.
+const FRONT_GRACE: Duration = Duration::from_millis(250);
 
 #[derive(Debug)]
 struct Holder {
@@ -89,9 +95,17 @@ struct Waiter {
 impl Entry {
     /// Drops a holder whose TTL has passed (expiry is evaluated lazily).
     fn purge_expired(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+        if let Some(h) = self.holder.as_ref().filter(|h| h.expires_at <= now) {
+            self.free_since = Some(h.expires_at);
             self.holder = None;
         }
+    }
+
+    /// Frees the key now and passes the turn to the first waiter.
+    fn vacate(&mut self, now: Instant) {
+        self.holder = None;
+        self.free_since = Some(now);
+        self.kick();
     }
 
     /// Tells the first waiter to look again (the holder changed or left).
@@ -202,14 +216,20 @@ impl MemoryLock {
                 until: Some(h.expires_at),
             }),
             None => {
+                let reserved_until = entry.free_since.map(|t| t + FRONT_GRACE);
                 let my_turn = match entry.waiters.front() {
                     None => true,
-                    Some(first) => Some(first.id) == me,
+                    // Only the first waiter may take a free key — unless it
+                    // did not claim it within the grace period.
+                    Some(first) => Some(first.id) == me || reserved_until.is_some_and(|t| now >= t),
                 };
                 if !my_turn {
                     entry.kick();
-                    return Ok(Attempt::Busy { until: None });
+                    return Ok(Attempt::Busy {
+                        until: reserved_until,
+                    });
                 }
+                entry.free_since = None;
                 *last_token += 1;
                 let token = FencingToken::new(*last_token);
                 entry.holder = Some(Holder {
@@ -352,7 +372,13 @@ impl DistributedLock for MemoryLock {
         match state.entries.get_mut(&self.slot(&lease.key)) {
             Some(entry) if entry.current(lease, now) => {
                 if let Some(h) = entry.holder.as_mut() {
-                    h.expires_at = deadline_after(now, ttl);
+                    let new = deadline_after(now, ttl);
+                    // Re-entered: never cut the expiry another entry relies on.
+                    h.expires_at = if h.count > 1 {
+                        h.expires_at.max(new)
+                    } else {
+                        new
+                    };
                 }
                 Ok(lease.renewed(ttl, sent))
             }
@@ -373,6 +399,10 @@ impl DistributedLock for MemoryLock {
             return Ok(ReleaseOutcome::NotHeld);
         };
         if !entry.current(lease, now) {
+            entry.purge_expired(now);
+            if entry.is_idle() {
+                state.entries.remove(&slot);
+            }
             return Ok(ReleaseOutcome::NotHeld);
         }
         let outcome = match entry.holder.as_mut() {
@@ -381,8 +411,7 @@ impl DistributedLock for MemoryLock {
                 ReleaseOutcome::StillHeld { remaining: h.count }
             }
             _ => {
-                entry.holder = None;
-                entry.kick();
+                entry.vacate(now);
                 ReleaseOutcome::Released
             }
         };
@@ -395,12 +424,18 @@ impl DistributedLock for MemoryLock {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.check_available()?;
         let now = Instant::now();
-        let state = self.state();
+        let mut state = self.state();
+        let slot = self.slot(key);
+        if let Some(entry) = state.entries.get_mut(&slot) {
+            entry.purge_expired(now);
+            if entry.is_idle() {
+                state.entries.remove(&slot);
+            }
+        }
         Ok(state
             .entries
-            .get(&self.slot(key))
+            .get(&slot)
             .and_then(|e| e.holder.as_ref())
-            .filter(|h| h.expires_at > now)
             .map(|h| {
                 LockInfo::new(
                     key.clone(),
@@ -421,8 +456,8 @@ impl DistributedLock for MemoryLock {
             return Ok(false);
         };
         entry.purge_expired(now);
-        let removed = entry.holder.take().is_some();
-        entry.kick();
+        let removed = entry.holder.is_some();
+        entry.vacate(now);
         if entry.is_idle() {
             state.entries.remove(&slot);
         }
@@ -509,6 +544,60 @@ mod tests {
         // The cancelled waiter must not block the key or hold it.
         assert!(m.try_acquire(&k, &ttl(1000)).await.unwrap().is_some());
         assert!(m.state().entries.values().all(|e| e.waiters.is_empty()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unpolled_first_waiter_does_not_block_a_free_key_forever() {
+        let m = MemoryLock::new();
+        let k = key("stuck");
+        let held = m.try_acquire(&k, &ttl(10_000)).await.unwrap().unwrap();
+        let opts = ttl(1000);
+        let waiter = m.acquire(&k, &opts);
+        tokio::pin!(waiter);
+        // Poll once so it queues, then never again.
+        assert!(futures_poll_once(waiter.as_mut()).await.is_none());
+        m.release(&held).await.unwrap();
+        assert!(
+            m.try_acquire(&k, &opts).await.unwrap().is_none(),
+            "reserved for the first waiter"
+        );
+        tokio::time::advance(FRONT_GRACE).await;
+        assert!(
+            m.try_acquire(&k, &opts).await.unwrap().is_some(),
+            "the grace period ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extending_one_reentered_lease_never_shortens_another() {
+        let m = MemoryLock::new();
+        let k = key("re");
+        let long = LockOptions::builder()
+            .ttl(Duration::from_secs(8))
+            .owner("me")
+            .reentrant(true)
+            .build()
+            .unwrap();
+        let a = m.try_acquire(&k, &long).await.unwrap().unwrap();
+        let _b = m.try_acquire(&k, &long).await.unwrap().unwrap();
+        m.extend(&a, Duration::from_secs(1)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(
+            m.inspect(&k).await.unwrap().is_some(),
+            "the 8 s entry was cut short"
+        );
+    }
+
+    /// Polls a future exactly once.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+        let mut f = f;
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 
     #[tokio::test]

@@ -17,7 +17,8 @@ use tokio::{sync::Notify, time::Instant};
 use crate::{DistributedLock, Error, Lease, LockKey, LockOptions, Result, WaitPolicy};
 
 /// Exponential backoff with "equal jitter": each delay is uniformly drawn from
-/// `[d/2, d]`, where `d` doubles from `initial` up to `max`.
+/// `[d/2, d]`, where `d` doubles from `initial` up to `max`. Values are
+/// clamped to 1 ms ..= 10 s when used, so no setting can spin or overflow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     /// First delay bound.
@@ -38,9 +39,16 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// Bounds applied to any configuration: at least 1 ms (no tight loop
+    /// against the store), at most 10 s (no overflow, no hour-long naps).
+    const FLOOR: Duration = Duration::from_millis(1);
+    const CEILING: Duration = Duration::from_secs(10);
+
     fn delay(&self, attempt: u32) -> Duration {
+        let initial = self.initial.clamp(Self::FLOOR, Self::CEILING);
+        let max = self.max.clamp(initial, Self::CEILING);
         let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
-        let bound = self.initial.saturating_mul(factor).min(self.max);
+        let bound = initial.saturating_mul(factor).min(max);
         let half = bound / 2;
         let jitter_ns = fastrand::u64(0..=half.as_nanos().min(u64::MAX as u128) as u64);
         half + Duration::from_nanos(jitter_ns)
@@ -174,6 +182,22 @@ mod tests {
             assert!(d >= bound / 2 && d <= bound, "attempt {attempt}: {d:?}");
         }
         assert!(b.delay(30) <= b.max);
+    }
+
+    #[test]
+    fn extreme_backoff_settings_are_clamped() {
+        let spin = Backoff {
+            initial: Duration::ZERO,
+            max: Duration::ZERO,
+        };
+        assert!(spin.delay(0) >= Duration::from_micros(500), "no tight loop");
+        let huge = Backoff {
+            initial: Duration::MAX,
+            max: Duration::MAX,
+        };
+        for attempt in [0, 5, 40] {
+            assert!(huge.delay(attempt) <= Duration::from_secs(10));
+        }
     }
 
     #[test]

@@ -257,6 +257,9 @@ fn builder_rejects_bad_policy() {
             .ttl(TTL)
             .renew_interval(TTL),
         LockClient::builder(lock.clone()).max_hold(Duration::ZERO),
+        LockClient::builder(lock.clone())
+            .ttl(TTL)
+            .renew_interval(TTL * 2 / 3),
     ];
     for b in bad {
         let dbg = format!("{b:?}");
@@ -287,4 +290,115 @@ async fn invalid_keys_fail_before_io() {
             Err(Error::InvalidKey { .. })
         ));
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_counts_from_the_grant_not_from_the_wait() {
+    let store = MemoryLock::new();
+    let holder = client(&store).acquire("k").await.unwrap();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .max_hold(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let waiter = tokio::spawn(async move { c.acquire("k").await });
+    sleep(Duration::from_secs(5)).await;
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
+    let granted = Instant::now();
+    assert_eq!(guard.lost().await, LossReason::MaxHoldExceeded);
+    assert_eq!(granted.elapsed(), Duration::from_secs(6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_max_hold_keeps_renewing() {
+    let store = MemoryLock::new();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .max_hold(Duration::MAX)
+        .build()
+        .unwrap();
+    let guard = c.acquire("k").await.unwrap();
+    sleep(TTL * 5).await;
+    assert!(!guard.is_lost());
+    assert!(store
+        .try_acquire(&key("k"), &opts())
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handle_is_not_valid_after_release() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    let handle = guard.handle().clone();
+    assert!(handle.valid_for() > Duration::ZERO);
+    guard.release().await.unwrap();
+    assert_eq!(handle.valid_for(), Duration::ZERO);
+    assert!(!handle.is_lost(), "released, not lost");
+}
+
+/// A store whose `extend` replies only after `delay` (the request itself is
+/// applied at once, as a slow network would behave).
+#[derive(Debug)]
+struct SlowExtend {
+    inner: MemoryLock,
+    delay: Duration,
+}
+
+#[fenced_api::async_trait]
+impl DistributedLock for SlowExtend {
+    async fn try_acquire(
+        &self,
+        k: &LockKey,
+        o: &LockOptions,
+    ) -> fenced_api::Result<Option<fenced_api::Lease>> {
+        self.inner.try_acquire(k, o).await
+    }
+    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<fenced_api::Lease> {
+        self.inner.acquire(k, o).await
+    }
+    async fn extend(
+        &self,
+        l: &fenced_api::Lease,
+        ttl: Duration,
+    ) -> fenced_api::Result<fenced_api::Lease> {
+        let r = self.inner.extend(l, ttl).await;
+        sleep(self.delay).await;
+        r
+    }
+    async fn release(
+        &self,
+        l: &fenced_api::Lease,
+    ) -> fenced_api::Result<fenced_api::ReleaseOutcome> {
+        self.inner.release(l).await
+    }
+    async fn inspect(&self, k: &LockKey) -> fenced_api::Result<Option<fenced_api::LockInfo>> {
+        self.inner.inspect(k).await
+    }
+    async fn force_release(&self, k: &LockKey) -> fenced_api::Result<bool> {
+        self.inner.force_release(k).await
+    }
+    fn capabilities(&self) -> fenced_api::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_renewal_replies_do_not_push_renewals_past_the_deadline() {
+    let store = MemoryLock::new();
+    // Each renewal reply takes 0.9 s of a 3 s TTL renewed every 1 s: the next
+    // renewal must be scheduled from the send time, not from the reply.
+    let slow = SlowExtend {
+        inner: store.clone(),
+        delay: Duration::from_millis(900),
+    };
+    let c = LockClient::builder(Arc::new(slow))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = c.acquire("k").await.unwrap();
+    sleep(TTL * 6).await;
+    assert!(!guard.is_lost(), "lost despite every renewal succeeding");
 }

@@ -147,16 +147,26 @@ pub async fn cancellation_storm_leaves_no_lock(h: &dyn Harness) -> CaseResult {
         // Staggered deadlines so some cancellations race the release below.
         let cancel_after = Duration::from_millis(20 * u64::from(i));
         tasks.push(tokio::spawn(async move {
-            let _ = tokio::time::timeout(cancel_after, lock.acquire(&key, &opts)).await;
+            match tokio::time::timeout(cancel_after, lock.acquire(&key, &opts)).await {
+                // Won the race with its own cancellation: give it back.
+                Ok(Ok(lease)) => {
+                    let _ = lock.release(&lease).await;
+                    Some(lease.ttl)
+                }
+                _ => None,
+            }
         }));
     }
     tokio::time::sleep(Duration::from_millis(120)).await;
     holder.release(&held).await?;
+    let mut longest = waiter_opts.ttl();
     for t in tasks {
-        let _ = t.await;
+        if let Ok(Some(ttl)) = t.await {
+            longest = longest.max(ttl);
+        }
     }
     let probe = h.client().await?;
-    let (lease, _) = acquire_within(&probe, &key, &long, expiry_slack(waiter_opts.ttl())).await?;
+    let (lease, _) = acquire_within(&probe, &key, &long, expiry_slack(longest)).await?;
     probe.release(&lease).await?;
     Ok(Outcome::Passed)
 }
