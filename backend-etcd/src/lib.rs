@@ -1,0 +1,63 @@
+//! etcd backend of [fenced](https://docs.rs/fenced): one lease and one
+//! transaction per lock, the key's **create revision** as the fencing token,
+//! and FIFO waiting on watches.
+//!
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use fenced_api::LockClient;
+//! use fenced_etcd::EtcdLock;
+//!
+//! # async fn run() -> fenced_api::Result<()> {
+//! let store = EtcdLock::connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/billing").await?;
+//! let client = LockClient::builder(Arc::new(store)).ttl(Duration::from_secs(10)).build()?;
+//! let guard = client.acquire("invoice-run").await?;
+//! // write with guard.token(): etcd revisions are global, durable and monotonic
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Design
+//!
+//! * **acquire**: grant a lease (etcd reports the *effective* TTL: it rounds
+//!   up to whole seconds and to its minimum, so `lease.ttl` may exceed the
+//!   request), then `If(create_revision(key) == 0) Then(Put(key, owner, lease))`.
+//!   Exact-key comparisons: keys `a` and `a/b` never interfere.
+//! * **token** = the key's create revision: global, durable, strictly
+//!   increasing — across releases, expiries and server restarts.
+//! * **extend** = a guarded read (same create revision, same owner) and a
+//!   lease keep-alive; a keep-alive answering TTL ≤ 0 means the lease is gone,
+//!   which the [`LockClient`](fenced_api::LockClient) watchdog turns into a loss signal.
+//!   A keep-alive restores the lease's granted TTL; it cannot change it.
+//! * **release** = delete guarded by create revision and owner, then revoke.
+//! * **waiting**: a FIFO queue of per-waiter keys, each watching only its
+//!   predecessor (module `queue`); cancellation revokes the waiter's lease.
+//! * Not built on etcd's `Lock` RPC: in etcd 3.4, cancelling many waiting
+//!   `Lock` calls wedges its lock service (etcd issue 13336, reproduced here).
+//! * Reentrancy by owner is not offered ([`Capabilities::is_reentrant`](fenced_api::Capabilities::is_reentrant)
+//!   is false); use `LockClient::builder(..).reentrant(true)`. Re-acquiring
+//!   with the same explicit owner fails at once with `AlreadyHeld`.
+//!
+//! # Restarts and clusters
+//!
+//! etcd is a CP store: locks survive restarts and leader changes, and a
+//! minority partition cannot grant anything. After a restart the leases of
+//! held locks are **renewed to their full TTL** (etcd resets lease expiry on
+//! leader change), so a holder that died just before the restart keeps its
+//! key for up to a whole TTL after the cluster is back.
+//!
+//! Keys live under `<prefix>\0lock\0<key>` and `<prefix>\0queue\0<key>\0…`;
+//! the prefix (URL path, default `fenced`) is the namespace.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod config;
+mod error;
+mod lock;
+mod queue;
+
+pub use config::{EtcdConfig, DEFAULT_PREFIX};
+pub use etcd_client;
+pub use lock::EtcdLock;
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["etcd", "etcds"];

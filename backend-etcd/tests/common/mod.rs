@@ -1,0 +1,109 @@
+//! Test support: the conformance harness over the shared etcd, and private
+//! etcd processes (single node or a 3-member cluster) for destructive tests.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod private;
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{DistributedLock, Result};
+use fenced_conformance::{services, Harness};
+use fenced_etcd::EtcdLock;
+
+/// The shared etcd endpoint (`FENCED_TEST_ETCD_URL`, an http:// URL), after
+/// checking it answers — or a panic naming `scripts/services.sh`.
+pub async fn server_hostport() -> String {
+    let url = services::etcd_url();
+    if let Err(message) = services::probe_etcd(&url).await {
+        panic!("{message}");
+    }
+    services::host_port(&url, 2379).unwrap()
+}
+
+/// A namespace prefix unique to this test process.
+pub fn run_prefix() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        format!(
+            "fenced-test-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        )
+    })
+}
+
+pub struct EtcdHarness {
+    hostport: String,
+    prefix: String,
+    private: Option<Arc<private::PrivateEtcd>>,
+}
+
+impl EtcdHarness {
+    pub async fn new() -> Self {
+        EtcdHarness {
+            hostport: server_hostport().await,
+            prefix: run_prefix().to_owned(),
+            private: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "etcd://{}/{}?connect_timeout=3s&timeout=5s",
+            self.hostport, self.prefix
+        )
+    }
+
+    pub async fn lock(&self) -> EtcdLock {
+        EtcdLock::connect(&self.url()).await.unwrap()
+    }
+}
+
+#[async_trait]
+impl Harness for EtcdHarness {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(EtcdLock::connect(&self.url()).await?))
+    }
+
+    async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
+        let url = format!(
+            "etcd://{}/{}-{suffix}?connect_timeout=3s",
+            self.hostport, self.prefix
+        );
+        Ok(Arc::new(EtcdLock::connect(&url).await?))
+    }
+
+    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
+        let url = "etcd://127.0.0.1:1/x?connect_timeout=2s&timeout=2s";
+        Some(
+            EtcdLock::connect(url)
+                .await
+                .map(|l| Arc::new(l) as Arc<dyn DistributedLock>),
+        )
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn restart_store(&self) -> Option<Result<()>> {
+        Some(self.private.as_ref()?.restart().await)
+    }
+
+    async fn private_store(&self) -> Option<Result<Box<dyn Harness>>> {
+        let server = match private::PrivateEtcd::start().await {
+            Ok(s) => Arc::new(s),
+            Err(e) => return Some(Err(e)),
+        };
+        Some(Ok(Box::new(EtcdHarness {
+            hostport: server.hostport(),
+            prefix: "fenced-private".into(),
+            private: Some(server),
+        })))
+    }
+
+    fn base_ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
