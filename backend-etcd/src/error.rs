@@ -32,3 +32,14 @@ pub(crate) fn timed_out(what: &str, after: std::time::Duration) -> Error {
         format!("{what}: no answer from etcd within {after:?}"),
     )
 }
+
+/// Whether the request certainly never reached a server (the connection to
+/// the chosen endpoint was refused), so that retrying it cannot apply it twice.
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == Code::Unavailable && s.message().contains("tcp connect error")
+        }
+        _ => false,
+    }
+}

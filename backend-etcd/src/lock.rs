@@ -95,16 +95,27 @@ impl EtcdLock {
         self.inner.client.clone()
     }
 
-    /// Runs one request with the operation timeout.
-    pub(crate) async fn call<T>(
-        &self,
-        what: &str,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
+    /// Runs one request with the operation timeout. A request that could not
+    /// even be sent (connection refused to one endpoint of several) is
+    /// retried — the channel then tries another member — until the timeout;
+    /// anything that may have reached the server is never retried here.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         let after = self.inner.config.op_timeout;
-        match tokio::time::timeout(after, fut).await {
-            Ok(r) => r.map_err(error::map),
-            Err(_) => Err(error::timed_out(what, after)),
+        let deadline = Instant::now() + after;
+        loop {
+            match tokio::time::timeout_at(deadline, op(self.client())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if error::never_sent(&e) && Instant::now() < deadline => {
+                    tracing::debug!(what, error = %e, "etcd request not sent; retrying on another member");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(Err(e)) => return Err(error::map(e)),
+                Err(_) => return Err(error::timed_out(what, after)),
+            }
         }
     }
 
@@ -129,9 +140,10 @@ impl EtcdLock {
     }
 
     pub(crate) async fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
-        let mut c = self.client();
         let r = self
-            .call("lease grant", c.lease_grant(ttl_secs(ttl), None))
+            .call("lease grant", |mut c| async move {
+                c.lease_grant(ttl_secs(ttl), None).await
+            })
             .await?;
         // etcd raises TTLs below its minimum silently: report what was granted.
         Ok((r.id(), Duration::from_secs(r.ttl().max(1) as u64)))
@@ -141,8 +153,8 @@ impl EtcdLock {
     pub(crate) fn revoke_later(&self, lease: i64) {
         let lock = self.clone();
         tokio::spawn(async move {
-            let mut c = lock.client();
-            if let Err(e) = lock.call("lease revoke", c.lease_revoke(lease)).await {
+            let revoke = |mut c: Client| async move { c.lease_revoke(lease).await };
+            if let Err(e) = lock.call("lease revoke", revoke).await {
                 tracing::debug!(lease, error = %e, "lease revoke failed; it expires on its own");
             }
         });
@@ -150,8 +162,7 @@ impl EtcdLock {
 
     /// One keep-alive; returns the lease's TTL after it (≤ 0: the lease is gone).
     pub(crate) async fn keep_alive_once(&self, lease: i64) -> Result<i64> {
-        let mut c = self.client();
-        let once = async move {
+        let once = |mut c: Client| async move {
             let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
             keeper.keep_alive().await?;
             let reply = stream.message().await?;
@@ -182,8 +193,12 @@ impl EtcdLock {
             .when([Compare::create_revision(path.to_vec(), CompareOp::Equal, 0)])
             .and_then(then)
             .or_else([TxnOp::get(path.to_vec(), None)]);
-        let mut c = self.client();
-        let resp = self.call("acquire txn", c.txn(txn)).await?;
+        let resp = self
+            .call("acquire txn", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
             return Ok(Ok(revision as u64));
@@ -197,8 +212,13 @@ impl EtcdLock {
 
     /// Reads the current holder row of `key`: (owner, create revision, lease).
     async fn holder(&self, key: &LockKey) -> Result<Option<(Vec<u8>, i64, i64)>> {
-        let mut c = self.client();
-        let resp = self.call("get", c.get(self.lock_path(key), None)).await?;
+        let path = self.lock_path(key);
+        let resp = self
+            .call("get", |mut c| {
+                let path = path.clone();
+                async move { c.get(path, None).await }
+            })
+            .await?;
         Ok(resp
             .kvs()
             .first()
@@ -280,8 +300,12 @@ impl DistributedLock for EtcdLock {
         let txn = Txn::new()
             .when(self.is_current(lease))
             .and_then([TxnOp::get(self.lock_path(&lease.key), None)]);
-        let mut c = self.client();
-        let resp = self.call("extend txn", c.txn(txn)).await?;
+        let resp = self
+            .call("extend txn", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         if !resp.succeeded() {
             tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the key was deleted or re-created");
             return Err(lost("the key was deleted, expired or re-created"));
@@ -308,8 +332,12 @@ impl DistributedLock for EtcdLock {
         let txn = Txn::new()
             .when(self.is_current(lease))
             .and_then([TxnOp::get(path.clone(), None), TxnOp::delete(path, None)]);
-        let mut c = self.client();
-        let resp = self.call("release txn", c.txn(txn)).await?;
+        let resp = self
+            .call("release txn", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         if !resp.succeeded() {
             tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
             return Ok(ReleaseOutcome::NotHeld);
@@ -328,9 +356,10 @@ impl DistributedLock for EtcdLock {
         let Some((owner, rev, lease_id)) = self.holder(key).await? else {
             return Ok(None);
         };
-        let mut c = self.client();
         let ttl = match self
-            .call("lease ttl", c.lease_time_to_live(lease_id, None))
+            .call("lease ttl", |mut c| async move {
+                c.lease_time_to_live(lease_id, None).await
+            })
             .await
         {
             Ok(r) => r.ttl().max(0) as u64,
@@ -358,9 +387,11 @@ impl DistributedLock for EtcdLock {
                 rev,
             )])
             .and_then([TxnOp::delete(path, None)]);
-        let mut c = self.client();
         let removed = self
-            .call("force release txn", c.txn(txn))
+            .call("force release txn", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await?
             .succeeded();
         if removed {

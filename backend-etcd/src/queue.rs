@@ -88,16 +88,12 @@ pub(crate) async fn acquire_fifo(
     let queue = lock.queue_prefix(key);
     let mut entry = queue.clone();
     entry.extend_from_slice(format!("{lease:016x}").as_bytes());
-    let mut c = lock.client();
     let put = lock
-        .call(
-            "queue put",
-            c.put(
-                entry.clone(),
-                owner.as_str(),
-                Some(etcd_client::PutOptions::new().with_lease(lease)),
-            ),
-        )
+        .call("queue put", |mut c| {
+            let (entry, owner) = (entry.clone(), owner.as_str().to_owned());
+            let opts = etcd_client::PutOptions::new().with_lease(lease);
+            async move { c.put(entry, owner, Some(opts)).await }
+        })
         .await?;
     let my_rev = put.header().map_or(0, |h| h.revision());
 
@@ -106,12 +102,11 @@ pub(crate) async fn acquire_fifo(
             key: key.clone(),
             waited: start.elapsed(),
         };
-        let mut c = lock.client();
         let line = lock
-            .call(
-                "queue read",
-                c.get(queue.clone(), Some(oldest_before(my_rev))),
-            )
+            .call("queue read", |mut c| {
+                let queue = queue.clone();
+                async move { c.get(queue, Some(oldest_before(my_rev))).await }
+            })
             .await?;
         if let Some(pred) = line.kvs().first() {
             let from = line.header().map_or(0, |h| h.revision()) + 1;
@@ -160,15 +155,14 @@ async fn wait_for_delete(
     from: i64,
     deadline: Option<Instant>,
 ) -> Result<bool> {
-    let mut c = lock.client();
     let mut stream = lock
-        .call(
-            "watch",
-            c.watch(
-                key.to_vec(),
-                Some(WatchOptions::new().with_start_revision(from)),
-            ),
-        )
+        .call("watch", |mut c| {
+            let key = key.to_vec();
+            async move {
+                c.watch(key, Some(WatchOptions::new().with_start_revision(from)))
+                    .await
+            }
+        })
         .await?;
     loop {
         let next = stream.message();

@@ -1,0 +1,248 @@
+//! etcd-specific behaviour: FIFO fairness, effective TTLs, exact keys, a
+//! 3-member cluster losing its leader, and a restart with a dead holder.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use common::{private::PrivateEtcd, EtcdHarness};
+use fenced_api::{DistributedLock, Error, LockClient, LockKey, LockOptions, ReleaseOutcome};
+use fenced_etcd::EtcdLock;
+use tokio::time::Instant;
+
+fn key(tag: &str) -> LockKey {
+    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::builder().ttl(ttl).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_arrival_order() {
+    let h = EtcdHarness::new().await;
+    let holder = h.lock().await;
+    let k = key("fifo");
+    let held = holder
+        .try_acquire(&k, &opts(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let wait = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let lock = h.lock().await;
+        let (k, wait, tx) = (k.clone(), wait.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = lock.acquire(&k, &wait).await.unwrap();
+            tx.send(i).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(
+                lock.release(&lease).await.unwrap(),
+                ReleaseOutcome::Released
+            );
+        }));
+        // Let each waiter take its place in line before the next arrives.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    holder.release(&held).await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        order.push(
+            tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(order, vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[tokio::test]
+async fn effective_ttl_is_whole_seconds_and_reported() {
+    let h = EtcdHarness::new().await;
+    let lock = h.lock().await;
+    let k = key("ttl");
+    let lease = lock
+        .try_acquire(&k, &opts(Duration::from_millis(1500)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        lease.ttl >= Duration::from_secs(2),
+        "1.5 s must round up, got {:?}",
+        lease.ttl
+    );
+    assert_eq!(lease.ttl.subsec_nanos(), 0);
+    let info = lock.inspect(&k).await.unwrap().unwrap();
+    assert!(info.remaining_ttl <= lease.ttl);
+    lock.release(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn exact_keys_and_prefixes_never_interfere() {
+    let h = EtcdHarness::new().await;
+    let lock = h.lock().await;
+    let base = key("exact");
+    let o = opts(Duration::from_secs(10));
+    let a = lock.try_acquire(&base, &o).await.unwrap().unwrap();
+    for other in [
+        format!("{base}/b"),
+        format!("{base}b"),
+        format!("{base}\u{e9}"),
+    ] {
+        let k = LockKey::new(other).unwrap();
+        let l = lock
+            .try_acquire(&k, &o)
+            .await
+            .unwrap()
+            .expect("independent key");
+        lock.release(&l).await.unwrap();
+    }
+    lock.release(&a).await.unwrap();
+}
+
+#[tokio::test]
+async fn same_owner_reacquire_is_already_held_and_reentrancy_is_refused_clearly() {
+    let h = EtcdHarness::new().await;
+    let lock = h.lock().await;
+    let k = key("owner");
+    let mine = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .owner("job-7")
+        .build()
+        .unwrap();
+    let l = lock.try_acquire(&k, &mine).await.unwrap().unwrap();
+    assert!(matches!(
+        lock.try_acquire(&k, &mine).await,
+        Err(Error::AlreadyHeld { .. })
+    ));
+    let reentrant = mine.to_builder().reentrant(true).build().unwrap();
+    assert!(matches!(
+        lock.try_acquire(&k, &reentrant).await,
+        Err(Error::Unsupported { .. })
+    ));
+    lock.release(&l).await.unwrap();
+}
+
+/// A 3-member cluster loses its leader while a lock is held: no second
+/// holder appears, the holder keeps (or cleanly loses) its lease, and a new
+/// acquire works after the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_in_a_three_member_cluster() {
+    let cluster = PrivateEtcd::start_cluster(3).await.unwrap();
+    let url = format!(
+        "etcd://{}/cluster?connect_timeout=3s&timeout=3s",
+        cluster.hostport()
+    );
+    let holder = LockClient::builder(Arc::new(EtcdLock::connect(&url).await.unwrap()))
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let contender = EtcdLock::connect(&url).await.unwrap();
+    let k = key("leader");
+    let guard = holder.acquire(&k).await.unwrap();
+
+    // Find the leader through the maintenance API and kill it.
+    let mut leader = None;
+    for (i, m) in cluster.members.iter().enumerate() {
+        let mut c = etcd_client::Client::connect([format!("http://{}", m.hostport())], None)
+            .await
+            .unwrap();
+        let s = c.status().await.unwrap();
+        if s.header().map(|h| h.member_id()) == Some(s.leader()) {
+            leader = Some(i);
+        }
+    }
+    let leader = leader.expect("a leader");
+    cluster.kill(leader).await;
+    let killed_at = Instant::now();
+
+    // For the next 8 s (more than a TTL), nobody else may get the key.
+    let o = opts(Duration::from_secs(5));
+    while killed_at.elapsed() < Duration::from_secs(8) {
+        match contender.try_acquire(&k, &o).await {
+            Ok(None) | Err(Error::Backend { .. }) => {}
+            Ok(Some(l)) => {
+                assert!(
+                    guard.is_lost(),
+                    "two holders: the contender got token {} while the guard still held",
+                    l.token
+                );
+                contender.release(&l).await.unwrap();
+                break;
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let kept = !guard.is_lost();
+    println!("leader {leader} killed; holder kept its lease: {kept}");
+    let token = guard.token();
+    let released = guard.release().await;
+    assert!(
+        released.is_ok() || !kept,
+        "a kept lease must release cleanly: {released:?}"
+    );
+    let wait = o
+        .to_builder()
+        .wait_timeout(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let after = contender.acquire(&k, &wait).await.unwrap();
+    assert!(after.token > token);
+    contender.release(&after).await.unwrap();
+}
+
+/// A holder dies (never releases), then the single-node etcd restarts: the
+/// lock survives the restart with its TTL reset, and goes away after about
+/// one TTL. Prints how long the dead holder's lock lived after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_holder_lock_after_restart_lives_about_one_ttl() {
+    let etcd = PrivateEtcd::start().await.unwrap();
+    let url = format!(
+        "etcd://{}/restart?connect_timeout=3s&timeout=3s",
+        etcd.hostport()
+    );
+    let ttl = Duration::from_secs(4);
+    let k = key("dead");
+    let dead = {
+        let lock = EtcdLock::connect(&url).await.unwrap();
+        lock.try_acquire(&k, &opts(ttl)).await.unwrap().unwrap()
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    etcd.restart().await.unwrap();
+    let back = Instant::now();
+    let lock = EtcdLock::connect(&url).await.unwrap();
+    assert_eq!(
+        lock.inspect(&k).await.unwrap().unwrap().token,
+        dead.token,
+        "the lock survived the restart"
+    );
+    let wait = opts(ttl)
+        .to_builder()
+        .wait_timeout(ttl * 4)
+        .build()
+        .unwrap();
+    let next = lock.acquire(&k, &wait).await.unwrap();
+    let lived = back.elapsed();
+    println!("dead holder's lock lived {lived:?} after the restart (ttl {ttl:?}, 2 s had passed before it)");
+    assert!(next.token > dead.token);
+    // The TTL restarts from full on recovery: never much less than one TTL.
+    assert!(
+        lived + Duration::from_millis(1500) >= ttl,
+        "expired early: {lived:?}"
+    );
+    assert!(lived <= ttl * 3, "lived far too long: {lived:?}");
+    lock.release(&next).await.unwrap();
+}
