@@ -43,7 +43,19 @@
 //! minority partition cannot grant anything. After a restart the leases of
 //! held locks are **renewed to their full TTL** (etcd resets lease expiry on
 //! leader change), so a holder that died just before the restart keeps its
-//! key for up to a whole TTL after the cluster is back.
+//! key for up to a whole TTL after the cluster is back. Measured here on a
+//! single-node etcd 3.4.23: a dead holder's 4 s lock, 2 s into its TTL when
+//! the server was killed, lived another 5.1 s after the server answered
+//! again (`tests/etcd.rs`, `dead_holder_lock_after_restart_lives_about_one_ttl`).
+//! In a 3-member cluster whose leader was killed, the holder kept its lease
+//! and no second holder appeared (`leader_kill_in_a_three_member_cluster`).
+//!
+//! With several endpoints, a request refused by a dead member before it was
+//! sent is retried on another one within the operation timeout; requests that
+//! may have reached a server are never retried blindly.
+//!
+//! Building needs `protoc` (Debian: `protobuf-compiler`; `scripts/services.sh`
+//! installs it).
 //!
 //! Keys live under `<prefix>\0lock\0<key>` and `<prefix>\0queue\0<key>\0…`;
 //! the prefix (URL path, default `fenced`) is the namespace.
