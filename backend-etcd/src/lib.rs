@@ -73,3 +73,18 @@ pub use lock::EtcdLock;
 
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// The entry for `fenced::connect(url)`.
+pub fn driver() -> fenced_api::Driver {
+    fenced_api::Driver {
+        name: "etcd",
+        schemes: SCHEMES,
+        connect: |url| {
+            Box::pin(async move {
+                Ok(std::sync::Arc::new(EtcdLock::connect(&url).await?)
+                    as std::sync::Arc<dyn fenced_api::DistributedLock>)
+            })
+        },
+        migrate: None,
+    }
+}

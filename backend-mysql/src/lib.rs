@@ -121,6 +121,21 @@ pub(crate) use sql;
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
 
+/// The entry for `fenced::connect(url)`: connects with [`MySqlLock::connect`]
+/// and migrates with [`MySqlLock::migrate`].
+pub fn driver() -> fenced_api::Driver {
+    fenced_api::Driver {
+        name: "mysql",
+        schemes: SCHEMES,
+        connect: |url| {
+            Box::pin(async move {
+                Ok(Arc::new(MySqlLock::connect(&url).await?) as Arc<dyn DistributedLock>)
+            })
+        },
+        migrate: Some(|url| Box::pin(async move { MySqlLock::migrate(&url).await.map(|_| ()) })),
+    }
+}
+
 /// A lock store on MySQL / MariaDB. Cheap to clone (shares the pool).
 #[derive(Clone)]
 pub struct MySqlLock {

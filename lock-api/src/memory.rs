@@ -266,6 +266,24 @@ impl MemoryLock {
     }
 }
 
+impl MemoryLock {
+    /// The `memory://` driver. Every `connect` makes a **new, empty** store:
+    /// in-process locks cannot be shared through a URL.
+    pub fn driver() -> crate::Driver {
+        crate::Driver {
+            name: "memory",
+            schemes: &["memory"],
+            connect: |_url| {
+                Box::pin(async {
+                    Ok(std::sync::Arc::new(MemoryLock::new())
+                        as std::sync::Arc<dyn DistributedLock>)
+                })
+            },
+            migrate: None,
+        }
+    }
+}
+
 impl Default for MemoryLock {
     fn default() -> Self {
         Self::new()
