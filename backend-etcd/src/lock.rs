@@ -66,6 +66,11 @@ impl EtcdLock {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_timeout(config.op_timeout);
+        #[cfg(feature = "tls")]
+        if config.tls {
+            // Server verification against the platform's roots (rustls).
+            opts = opts.with_tls(etcd_client::TlsOptions::new());
+        }
         if let Some((user, password)) = &config.user {
             opts = opts.with_user(user.clone(), password.clone());
         }
