@@ -2,12 +2,12 @@
 //! async trait and backed by the store your configuration names.
 //!
 //! ```
-//! use std::sync::Arc;
-//! use fenced::{LockClient, MemoryLock};
-//!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> fenced::Result<()> {
-//! let client = LockClient::new(Arc::new(MemoryLock::new()));
+//! // In production: fenced::connect(&std::env::var("FENCED_URL")?) with
+//! // mysql://…, redis://…, etcd://… or sqlite://… — the code below is the same.
+//! let store = fenced::connect("memory://").await?;
+//! let client = fenced::LockClient::new(store);
 //! let out = client
 //!     .with_lock("job:rebuild-index", |lease| async move {
 //!         // pass lease.token() to the resource you protect
@@ -18,10 +18,20 @@
 //! # Ok(()) }
 //! ```
 //!
-//! This facade re-exports [`fenced_api`]; the backend drivers (MySQL/MariaDB,
-//! Redis, etcd, SQLite), `fenced::connect(url)` and the `fenced` CLI are added
-//! behind cargo features as they land.
+//! This facade re-exports [`fenced_api`] (the trait, [`LockClient`], the
+//! types) and chooses the backend by URL scheme through [`connect`]. Each
+//! backend is a cargo feature (`mysql`, `redis`, `etcd`, `sqlite`); the
+//! backend crates are re-exported under their names (`fenced::mysql`…) for
+//! backend-specific APIs such as MySQL's transaction-scoped row locks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod registry;
+
 pub use fenced_api::*;
+pub use registry::{connect, driver_for, drivers, migrate, redact};
+
+#[cfg(feature = "etcd")]
+pub use fenced_etcd as etcd;
+#[cfg(feature = "mysql")]
+pub use fenced_mysql as mysql;

@@ -7,6 +7,12 @@ use crate::{DistributedLock, Result};
 /// A boxed future returned by driver functions.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A driver's connect function: URL in, store out.
+pub type ConnectFn = fn(String) -> BoxFuture<'static, Result<Arc<dyn DistributedLock>>>;
+
+/// A driver's migrate function: URL in, schema created or upgraded.
+pub type MigrateFn = fn(String) -> BoxFuture<'static, Result<()>>;
+
 /// How the facade turns a URL into a store: one value per backend crate,
 /// returned by its `driver()` function. No global registration — the facade
 /// keeps an explicit list of the drivers compiled in.
@@ -17,10 +23,10 @@ pub struct Driver {
     /// The URL schemes it serves (`mysql`, `mariadb`).
     pub schemes: &'static [&'static str],
     /// Connects to the store named by the URL.
-    pub connect: fn(String) -> BoxFuture<'static, Result<Arc<dyn DistributedLock>>>,
+    pub connect: ConnectFn,
     /// Creates or upgrades the store's schema (SQL stores); `None` when the
     /// store needs no schema.
-    pub migrate: Option<fn(String) -> BoxFuture<'static, Result<()>>>,
+    pub migrate: Option<MigrateFn>,
 }
 
 impl Driver {

@@ -63,7 +63,7 @@ pub mod wait;
 pub use async_trait::async_trait;
 pub use capabilities::Capabilities;
 pub use client::{LockClient, LockClientBuilder};
-pub use driver::{BoxFuture, Driver};
+pub use driver::{BoxFuture, ConnectFn, Driver, MigrateFn};
 pub use error::{BoxError, Error, Result};
 pub use guard::{LeaseHandle, LockGuard, LossReason};
 pub use key::{IntoLockKey, LockKey};

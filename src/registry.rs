@@ -1,0 +1,164 @@
+//! Choosing the store by URL: an explicit list of the drivers compiled in.
+
+use std::sync::Arc;
+
+use fenced_api::{DistributedLock, Driver, Error, MemoryLock, Result};
+
+/// Every scheme fenced knows, with the cargo feature that provides it.
+const KNOWN: &[(&str, &str)] = &[
+    ("memory", "(always built in)"),
+    ("sqlite", "sqlite"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("etcd", "etcd"),
+    ("etcds", "etcd"),
+];
+
+/// The drivers compiled into this build (by cargo feature).
+pub fn drivers() -> Vec<Driver> {
+    #[allow(unused_mut)]
+    let mut list = vec![MemoryLock::driver()];
+    #[cfg(feature = "mysql")]
+    list.push(fenced_mysql::driver());
+    #[cfg(feature = "etcd")]
+    list.push(fenced_etcd::driver());
+    list
+}
+
+/// The driver for `url`, or an error that says which feature to enable.
+///
+/// # Errors
+///
+/// [`Error::Config`] for a URL without a scheme, an unknown scheme, or a
+/// scheme whose backend was not compiled in (naming the cargo feature).
+pub fn driver_for(url: &str) -> Result<Driver> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        // Not echoed: a malformed URL may still carry a password.
+        return Err(Error::config(
+            "the store URL has no scheme; expected e.g. sqlite:///var/lib/app/locks.db, \
+             mysql://user@host/db, redis://host, etcd://host:2379/prefix",
+        ));
+    };
+    if let Some(d) = drivers().into_iter().find(|d| d.schemes.contains(&scheme)) {
+        return Ok(d);
+    }
+    match KNOWN.iter().find(|(s, _)| *s == scheme) {
+        Some((_, feature)) => Err(Error::config(format!(
+            "the `{scheme}://` store needs fenced built with the `{feature}` cargo feature"
+        ))),
+        None => Err(Error::config(format!(
+            "unknown store scheme `{scheme}`; known: {}",
+            KNOWN.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// Connects to the store named by `url` and returns it behind the trait.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fenced::Result<()> {
+/// let store = fenced::connect("memory://").await?;
+/// let client = fenced::LockClient::new(store);
+/// let guard = client.acquire("job").await?;
+/// # guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// As [`driver_for`], then whatever the backend's connect returns
+/// (`Error::Backend` when the store is unreachable, `Error::Config` for a
+/// missing schema, naming the migrate command).
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    let driver = driver_for(url)?;
+    (driver.connect)(url.to_owned()).await
+}
+
+/// Creates or upgrades the schema of the store named by `url` (SQL stores;
+/// a no-op for the others). Idempotent.
+///
+/// # Errors
+///
+/// As [`connect`].
+pub async fn migrate(url: &str) -> Result<bool> {
+    let driver = driver_for(url)?;
+    match driver.migrate {
+        Some(m) => m(url.to_owned()).await.map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// Replaces the password of a URL with `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                url.to_owned()
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_table() {
+        // (url, Ok(driver name) | Err(substring of the message))
+        let cases: &[(&str, std::result::Result<&str, &str>)] = &[
+            ("memory://", Ok("memory")),
+            #[cfg(feature = "mysql")]
+            (
+                "mysql://root@127.0.0.1:3306/test?strategy=row_lock",
+                Ok("mysql"),
+            ),
+            #[cfg(feature = "mysql")]
+            ("mariadb://root@h/db", Ok("mysql")),
+            #[cfg(feature = "etcd")]
+            ("etcd://h1:2379,h2:2379/prefix", Ok("etcd")),
+            #[cfg(not(feature = "mysql"))]
+            ("mysql://h/db", Err("`mysql` cargo feature")),
+            ("zookeeper://h", Err("unknown store scheme `zookeeper`")),
+            ("just-a-path", Err("has no scheme")),
+            ("", Err("has no scheme")),
+        ];
+        for (url, want) in cases {
+            match (driver_for(url), want) {
+                (Ok(d), Ok(name)) => assert_eq!(d.name, *name, "{url}"),
+                (Err(e), Err(msg)) => assert!(e.to_string().contains(msg), "{url}: {e}"),
+                (got, want) => panic!("{url}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("mysql://u:hunter2@h/db"), "mysql://u:***@h/db");
+        assert_eq!(redact("redis://:hunter2@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(redact("etcd://h:2379/p"), "etcd://h:2379/p");
+        let e = driver_for("nope://u:hunter2@h").unwrap_err().to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = driver_for("u:hunter2@h").unwrap_err().to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn memory_connects_and_migrate_is_a_no_op() {
+        let store = connect("memory://").await.unwrap();
+        assert_eq!(store.capabilities().backend_name(), "memory");
+        assert!(!migrate("memory://").await.unwrap());
+    }
+}
