@@ -1,0 +1,395 @@
+//! Configuration: from a URL or the builder, validated before connecting.
+
+use std::{fmt, time::Duration};
+
+use fenced_api::{Error, Result};
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
+
+/// Default key prefix (the namespace).
+pub const DEFAULT_PREFIX: &str = "fenced";
+/// Default bound on connecting.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on one command's reply.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on how long a waiter sleeps between two checks of a held key
+/// when no release message reaches it (the fallback behind pub/sub).
+pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A validated key prefix: the namespace two applications sharing one Redis
+/// use to keep their locks apart.
+///
+/// 1 to [`Prefix::MAX_LEN`] bytes of ASCII letters, digits and `_ . : -`.
+/// Never `/`, `{` or `}`: the prefix ends at the first `/` of every Redis key
+/// this crate writes (`{prefix/lock key}:l`), which is what keeps two
+/// namespaces from ever producing the same Redis key, and braces would move
+/// the Cluster hash tag.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Prefix(String);
+
+impl Prefix {
+    /// Longest prefix accepted, in bytes.
+    pub const MAX_LEN: usize = 64;
+
+    /// Validates a prefix.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the rule that was broken.
+    pub fn new(prefix: &str) -> Result<Self> {
+        if prefix.is_empty() || prefix.len() > Self::MAX_LEN {
+            return Err(Error::config(format!(
+                "the redis key prefix {prefix:?} must be 1 to {} bytes long",
+                Self::MAX_LEN
+            )));
+        }
+        if let Some(bad) = prefix
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')))
+        {
+            return Err(Error::config(format!(
+                "the redis key prefix {prefix:?} contains {bad:?}; use ASCII letters, digits and `_ . : -`"
+            )));
+        }
+        Ok(Prefix(prefix.to_owned()))
+    }
+
+    /// The prefix.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything needed to connect; built from a URL or [`RedisLockBuilder`](crate::RedisLockBuilder).
+#[derive(Clone)]
+pub struct RedisConfig {
+    pub(crate) connection: ConnectionInfo,
+    /// The URL with the password replaced and fenced's parameters removed.
+    pub(crate) display_url: String,
+    pub(crate) tls: bool,
+    pub(crate) prefix: Prefix,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
+    pub(crate) recheck_interval: Duration,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the password: only the redacted URL.
+        f.debug_struct("RedisConfig")
+            .field("url", &self.display_url)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("recheck_interval", &self.recheck_interval)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// Parses `redis://[user:pass@]host[:port][/db]?prefix=…&connect_timeout=…`
+    /// (or `rediss://` for TLS; append `#insecure` to skip certificate checks).
+    ///
+    /// fenced's parameters: `prefix` (the namespace, default `fenced`),
+    /// `connect_timeout` and `operation_timeout` (`500ms`, `5s`; default 5 s
+    /// each), `recheck_interval` (default 250 ms: how long a waiter sleeps at
+    /// most when no release message reaches it). Every other parameter goes to
+    /// the `redis` crate. The connection always speaks RESP3 (Redis ≥ 6), which
+    /// lets one connection carry both the scripts and the release subscriptions.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL or parameter; nothing is connected.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (without_fragment, fragment) = match url.split_once('#') {
+            Some((u, f)) => (u, Some(f)),
+            None => (url, None),
+        };
+        let (base, query) = match without_fragment.split_once('?') {
+            Some((b, q)) => (b, q),
+            None => (without_fragment, ""),
+        };
+        let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
+        let tls = match scheme {
+            "redis" => false,
+            "rediss" => true,
+            _ => {
+                return Err(Error::config(format!(
+                    "expected a redis:// or rediss:// url, got `{}`",
+                    redact(url)
+                )))
+            }
+        };
+        if tls && !cfg!(feature = "tls") {
+            return Err(Error::config(
+                "rediss:// needs the `tls` feature of fenced-redis",
+            ));
+        }
+        let mut prefix = Prefix::new(DEFAULT_PREFIX)?;
+        let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
+        let mut operation_timeout = DEFAULT_OPERATION_TIMEOUT;
+        let mut recheck_interval = DEFAULT_RECHECK_INTERVAL;
+        let mut passthrough = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "prefix" => prefix = Prefix::new(v)?,
+                "connect_timeout" => connect_timeout = parse_duration(v)?,
+                "operation_timeout" => operation_timeout = parse_duration(v)?,
+                "recheck_interval" => recheck_interval = parse_recheck(v)?,
+                "protocol" if !v.eq_ignore_ascii_case("resp3") && v != "3" => {
+                    return Err(Error::config(format!(
+                        "protocol={v} is not supported: fenced-redis speaks RESP3 (Redis 6 or later)"
+                    )))
+                }
+                _ => passthrough.push(pair),
+            }
+        }
+        let redis_url = format!(
+            "{base}{}{}{}",
+            if passthrough.is_empty() { "" } else { "?" },
+            passthrough.join("&"),
+            fragment.map(|f| format!("#{f}")).unwrap_or_default()
+        );
+        let info = redis_url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| Error::config(format!("invalid redis url `{}`: {e}", redact(url))))?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3)
+            .set_lib_name("fenced-redis", env!("CARGO_PKG_VERSION"));
+        Ok(RedisConfig {
+            connection: info.set_redis_settings(settings),
+            display_url: redact(base),
+            tls,
+            prefix,
+            connect_timeout,
+            operation_timeout,
+            recheck_interval,
+        })
+    }
+
+    /// The key prefix (namespace).
+    pub fn prefix(&self) -> &Prefix {
+        &self.prefix
+    }
+
+    /// The server address with any password redacted, for messages.
+    pub fn display_url(&self) -> &str {
+        &self.display_url
+    }
+}
+
+/// Parses `250ms`, `5s`, `2m` or a bare number of seconds; above zero, at most 1 h.
+pub(crate) fn parse_duration(v: &str) -> Result<Duration> {
+    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(bad()),
+    };
+    if d.is_zero() || d > Duration::from_secs(3600) {
+        return Err(Error::config(format!(
+            "duration `{v}` must be above zero and at most 1h"
+        )));
+    }
+    Ok(d)
+}
+
+/// The re-check interval is a fallback, not a poll loop: 10 ms to 10 s.
+pub(crate) fn parse_recheck(v: &str) -> Result<Duration> {
+    let d = parse_duration(v)?;
+    check_recheck(d)
+}
+
+pub(crate) fn check_recheck(d: Duration) -> Result<Duration> {
+    if d < Duration::from_millis(10) || d > Duration::from_secs(10) {
+        return Err(Error::config(format!(
+            "recheck_interval {d:?} must be from 10ms to 10s"
+        )));
+    }
+    Ok(d)
+}
+
+/// Replaces the password of a URL with `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::ConnectionAddr;
+
+    struct Case {
+        url: &'static str,
+        prefix: &'static str,
+        timeouts: (Duration, Duration, Duration),
+        addr: (&'static str, u16, i64),
+        tls: bool,
+    }
+
+    #[test]
+    fn url_table() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let defaults = (s(5), s(5), ms(250));
+        let cases = [
+            Case {
+                url: "redis://127.0.0.1:6379",
+                prefix: "fenced",
+                timeouts: defaults,
+                addr: ("127.0.0.1", 6379, 0),
+                tls: false,
+            },
+            Case {
+                url: "redis://127.0.0.1",
+                prefix: "fenced",
+                timeouts: defaults,
+                addr: ("127.0.0.1", 6379, 0),
+                tls: false,
+            },
+            Case {
+                url: "redis://:pw@cache.internal:6380/3?prefix=billing:locks",
+                prefix: "billing:locks",
+                timeouts: defaults,
+                addr: ("cache.internal", 6380, 3),
+                tls: false,
+            },
+            Case {
+                url:
+                    "redis://h/1?connect_timeout=250ms&operation_timeout=2s&recheck_interval=100ms",
+                prefix: "fenced",
+                timeouts: (ms(250), s(2), ms(100)),
+                addr: ("h", 6379, 1),
+                tls: false,
+            },
+            Case {
+                url: "redis://h?protocol=resp3&prefix=a-b_c.d",
+                prefix: "a-b_c.d",
+                timeouts: defaults,
+                addr: ("h", 6379, 0),
+                tls: false,
+            },
+            Case {
+                url: "rediss://user:pw@secure.example:6390/0?prefix=x#insecure",
+                prefix: "x",
+                timeouts: defaults,
+                addr: ("secure.example", 6390, 0),
+                tls: true,
+            },
+        ];
+        for Case {
+            url,
+            prefix,
+            timeouts,
+            addr: (host, port, db),
+            tls,
+        } in cases
+        {
+            let c = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.prefix.as_str(), prefix, "{url}");
+            assert_eq!(
+                (c.connect_timeout, c.operation_timeout, c.recheck_interval),
+                timeouts,
+                "{url}"
+            );
+            assert_eq!(c.tls, tls, "{url}");
+            assert_eq!(c.connection.redis_settings().db(), db, "{url}");
+            assert_eq!(
+                c.connection.redis_settings().protocol(),
+                ProtocolVersion::RESP3,
+                "{url}"
+            );
+            match c.connection.addr() {
+                ConnectionAddr::Tcp(h, p) => {
+                    assert!(!tls, "{url}");
+                    assert_eq!((h.as_str(), *p), (host, port), "{url}");
+                }
+                #[cfg(feature = "tls")]
+                ConnectionAddr::TcpTls {
+                    host: h,
+                    port: p,
+                    insecure,
+                    ..
+                } => {
+                    assert!(tls && *insecure, "{url}");
+                    assert_eq!((h.as_str(), *p), (host, port), "{url}");
+                }
+                other => panic!("{url}: unexpected address {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for url in [
+            "mysql://h/db",
+            "redis//h",
+            "redis://h?prefix=",
+            "redis://h?prefix=a/b",
+            "redis://h?prefix={tag}",
+            "redis://h?prefix=has space",
+            "redis://h?prefix=%41",
+            "redis://h?connect_timeout=forever",
+            "redis://h?connect_timeout=0s",
+            "redis://h?operation_timeout=2h",
+            "redis://h?recheck_interval=1ms",
+            "redis://h?protocol=resp2",
+            "redis://h/notanumber",
+        ] {
+            match RedisConfig::from_url(url) {
+                Err(Error::Config { .. }) => {}
+                other => panic!("{url}: expected a config error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn prefixes() {
+        for ok in ["fenced", "a", "app:locks", "a.b-c_d", &"p".repeat(64)] {
+            assert!(Prefix::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a/b", "{a}", "a}", "a b", "é", "a*", &"p".repeat(65)] {
+            assert!(Prefix::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_shown() {
+        let c = RedisConfig::from_url("redis://app:hunter2@h:6379/0?prefix=p").unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+        assert!(dbg.contains("app:***@h:6379/0"), "{dbg}");
+        let c = RedisConfig::from_url("redis://:hunter2@h").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let err = RedisConfig::from_url("redis://u:hunter2@h?prefix=a/b").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let err = RedisConfig::from_url("memcache://u:hunter2@h").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,127 @@
+//! Where a lock lives in Redis: one hash tag per (prefix, key).
+
+use fenced_api::LockKey;
+
+use crate::config::Prefix;
+
+/// The Redis names of one lock. All share the hash tag `{prefix/key}`, so in
+/// a Redis Cluster they sit in one slot and every script touches one node.
+///
+/// The mapping is injective: the prefix cannot contain `/` (it ends at the
+/// first one), and every name is the tag followed by a two-byte role, so no
+/// (prefix, key, role) triple can spell another's name — whatever the key
+/// contains, `{`, `}`, `:`, `*`, `%` and non-ASCII included. Keys are used
+/// byte-exact and never as patterns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keys {
+    /// Hash `owner`, `token`, `count`, with the lease as its PX expiry.
+    pub(crate) lock: String,
+    /// The last token granted for the key.
+    pub(crate) fence: String,
+    /// Waiters: zset of waiter id → liveness deadline (ms, server clock).
+    pub(crate) queue: String,
+    /// Pub/sub channel on which a release names the waiter to wake.
+    pub(crate) channel: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &Prefix, key: &LockKey) -> Self {
+        let tag = format!("{{{}/{}}}", prefix.as_str(), key.as_str());
+        Keys {
+            lock: format!("{tag}:l"),
+            fence: format!("{tag}:f"),
+            queue: format!("{tag}:q"),
+            channel: format!("{tag}:c"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a key Redis Cluster hashes (the rules of CLUSTER KEYSLOT).
+    fn hash_tag(name: &str) -> &str {
+        if let Some(open) = name.find('{') {
+            if let Some(len) = name[open + 1..].find('}') {
+                if len > 0 {
+                    return &name[open + 1..open + 1 + len];
+                }
+            }
+        }
+        name
+    }
+
+    /// CRC16/XMODEM mod 16384, as Redis Cluster computes slots.
+    fn slot(name: &str) -> u16 {
+        let mut crc: u16 = 0;
+        for &b in hash_tag(name).as_bytes() {
+            crc ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16384
+    }
+
+    #[test]
+    fn slot_function_matches_redis() {
+        // Values from the Redis Cluster specification / CLUSTER KEYSLOT.
+        assert_eq!(slot("123456789"), 0x31C3);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_ne!(hash_tag("foo{}{bar}"), "bar");
+    }
+
+    #[test]
+    fn every_name_of_a_lock_is_in_one_slot() {
+        let p = Prefix::new("app:locks").unwrap();
+        for k in [
+            "order:1001",
+            "a}b",
+            "}start",
+            "{x}",
+            "{",
+            "}",
+            "鍵-🔒",
+            "100%_*?[a]",
+        ] {
+            let keys = Keys::new(&p, &LockKey::new(k).unwrap());
+            let tag = hash_tag(&keys.lock);
+            for other in [&keys.fence, &keys.queue, &keys.channel] {
+                assert_eq!(hash_tag(other), tag, "{k}: {other}");
+                assert_eq!(slot(other), slot(&keys.lock), "{k}");
+            }
+            assert!(keys.lock.contains(k), "byte-exact key inside {}", keys.lock);
+        }
+    }
+
+    #[test]
+    fn names_never_collide() {
+        let mut seen = std::collections::HashMap::new();
+        let prefixes = ["a", "a:b", "a.b", "fenced"];
+        let keys = [
+            "b:c", "c", "x}:l", "x", "x}:f", "b", "a/b", "/", "x ", "X", "e\u{301}", "\u{e9}",
+        ];
+        for p in prefixes {
+            let prefix = Prefix::new(p).unwrap();
+            for k in keys {
+                let names = Keys::new(&prefix, &LockKey::new(k).unwrap());
+                for (role, name) in [
+                    ("lock", &names.lock),
+                    ("fence", &names.fence),
+                    ("queue", &names.queue),
+                    ("channel", &names.channel),
+                ] {
+                    if let Some(prev) = seen.insert(name.clone(), (p, k, role)) {
+                        panic!("{name} is both {prev:?} and {:?}", (p, k, role));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! `RedisLock`: the handle, its builder, and the `DistributedLock` implementation.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{
+    Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
+    Owner, ReleaseOutcome, Result,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+
+use crate::{
+    config::{check_recheck, Prefix, RedisConfig},
+    error::{self, bounded, BACKEND},
+    keys::Keys,
+    persistence::{self, Persistence},
+    scripts::{self, millis_ceil, AcquireArgs, Attempt},
+    wait::{self, Router},
+};
+
+/// A lock store on one Redis server (or one Cluster shard's primary).
+///
+/// Every instance has its own connection — a RESP3 [`ConnectionManager`]
+/// that reconnects on its own and carries both the scripts and the release
+/// subscriptions — so two instances behave like two nodes. Clones share it.
+/// See the [crate docs](crate) for the design and its limits.
+#[derive(Clone)]
+pub struct RedisLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedisConfig,
+    conn: ConnectionManager,
+    router: Arc<Router>,
+    persistence: Persistence,
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("config", &self.inner.config)
+            .field("persistence", &self.inner.persistence)
+            .finish()
+    }
+}
+
+/// Builds a [`RedisLock`]: from a URL, then adjusted.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisLockBuilder {
+    config: RedisConfig,
+    prefix: Option<String>,
+}
+
+impl RedisLockBuilder {
+    /// Starts from a URL (see [`RedisConfig::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(RedisLockBuilder {
+            config: RedisConfig::from_url(url)?,
+            prefix: None,
+        })
+    }
+
+    /// The key prefix — the namespace: two prefixes never see each other's
+    /// locks (see [`Prefix`] for the rules).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Bound on connecting (default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
+
+    /// Bound on each command's reply (default 5 s).
+    pub fn operation_timeout(mut self, d: Duration) -> Self {
+        self.config.operation_timeout = d;
+        self
+    }
+
+    /// Longest sleep of a waiter between two checks when no release message
+    /// reaches it (default 250 ms; 10 ms to 10 s).
+    pub fn recheck_interval(mut self, d: Duration) -> Self {
+        self.config.recheck_interval = d;
+        self
+    }
+
+    fn validated(mut self) -> Result<RedisConfig> {
+        if let Some(p) = self.prefix.take() {
+            self.config.prefix = Prefix::new(&p)?;
+        }
+        let c = &self.config;
+        for (name, d) in [
+            ("connect_timeout", c.connect_timeout),
+            ("operation_timeout", c.operation_timeout),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(3600) {
+                return Err(Error::config(format!(
+                    "{name} {d:?} must be above zero and at most 1h"
+                )));
+            }
+        }
+        check_recheck(c.recheck_interval)?;
+        Ok(self.config)
+    }
+
+    /// Connects and reads the server's persistence settings.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Config`] for invalid settings or a server without RESP3.
+    /// * [`Error::Backend`] (retryable) when the server cannot be reached
+    ///   within the connect timeout.
+    pub async fn connect(self) -> Result<RedisLock> {
+        let config = self.validated()?;
+        #[cfg(feature = "tls")]
+        if config.tls {
+            // Picks ring for rustls unless the application installed a provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = redis::Client::open(config.connection.clone()).map_err(|e| {
+            Error::config(format!(
+                "invalid redis settings for {}: {e}",
+                config.display_url
+            ))
+        })?;
+        let router = Arc::new(Router::new(
+            config.operation_timeout,
+            config.display_url.clone(),
+        ));
+        let weak = Arc::downgrade(&router);
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.operation_timeout))
+            // One quick retry per reconnect; each operation is bounded anyway,
+            // and the next one triggers a new attempt.
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500))
+            .set_push_sender(move |info: redis::PushInfo| {
+                if let Some(router) = weak.upgrade() {
+                    router.on_push(info);
+                }
+                Ok::<(), ()>(())
+            })
+            .set_automatic_resubscription();
+        let conn = ConnectionManager::new_lazy_with_config(client, manager).map_err(error::map)?;
+        router.attach(conn.clone());
+        let persistence = persistence::probe(
+            &mut conn.clone(),
+            config.connect_timeout + config.operation_timeout,
+            &config.display_url,
+        )
+        .await?;
+        tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
+        Ok(RedisLock {
+            inner: Arc::new(Inner {
+                config,
+                conn,
+                router,
+                persistence,
+            }),
+        })
+    }
+}
+
+impl RedisLock {
+    /// A builder from a URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn builder(url: &str) -> Result<RedisLockBuilder> {
+        RedisLockBuilder::from_url(url)
+    }
+
+    /// Connects with everything taken from the URL.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLockBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<RedisLock> {
+        RedisLockBuilder::from_url(url)?.connect().await
+    }
+
+    /// The configuration (password redacted in `Debug`).
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// What the server persisted when this client connected; decides
+    /// [`Capabilities::is_durable`].
+    pub fn persistence(&self) -> &Persistence {
+        &self.inner.persistence
+    }
+
+    pub(crate) fn keys(&self, key: &LockKey) -> Keys {
+        Keys::new(&self.inner.config.prefix, key)
+    }
+
+    pub(crate) fn router(&self) -> &Arc<Router> {
+        &self.inner.router
+    }
+
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    fn server(&self) -> &str {
+        &self.inner.config.display_url
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.config.operation_timeout
+    }
+
+    /// A waiter's place in the queue outlives a few missed re-checks.
+    fn waiter_lease(&self) -> Duration {
+        self.inner.config.recheck_interval * 4 + Duration::from_secs(1)
+    }
+
+    /// One run of the acquire script; `waiter` queues the caller when busy.
+    pub(crate) async fn attempt(
+        &self,
+        keys: &Keys,
+        opts: &LockOptions,
+        owner: &Owner,
+        waiter: Option<&str>,
+    ) -> Result<Attempt> {
+        let args = AcquireArgs {
+            owner: owner.as_str(),
+            ttl_ms: millis_ceil(opts.ttl()),
+            reentrant: opts.is_reentrant(),
+            waiter,
+            waiter_lease_ms: millis_ceil(self.waiter_lease()),
+        };
+        let mut conn = self.connection();
+        let reply = bounded(
+            self.timeout(),
+            "the acquire script",
+            self.server(),
+            scripts::acquire(&mut conn, keys, &args),
+        )
+        .await?;
+        scripts::parse_acquire(reply)
+    }
+
+    /// The lease for a grant whose request was sent at `sent`.
+    pub(crate) fn lease(
+        &self,
+        key: &LockKey,
+        owner: Owner,
+        token: FencingToken,
+        opts: &LockOptions,
+        sent: Instant,
+    ) -> Lease {
+        let ttl = Duration::from_millis(millis_ceil(opts.ttl()));
+        tracing::debug!(key = %key, token = %token, ttl_ms = ttl.as_millis() as u64, "acquired");
+        Lease::new(key.clone(), owner, token, ttl, sent)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        let owner = opts.owner_or_random();
+        let keys = self.keys(key);
+        let sent = Instant::now();
+        match self.attempt(&keys, opts, &owner, None).await? {
+            Attempt::Granted { token, .. } => Ok(Some(self.lease(key, owner, token, opts, sent))),
+            Attempt::Busy { .. } => Ok(None),
+            Attempt::AlreadyHeld => Err(Error::AlreadyHeld { key: key.clone() }),
+        }
+    }
+
+    /// Waits with pub/sub wake-ups and a bounded re-check (see the crate docs).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the queue (a best-effort script spawned on
+    /// the current runtime; otherwise the place lapses within seconds). A
+    /// grant racing the drop is never renewed and expires after its TTL.
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        wait::acquire(self, key, opts).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = Duration::from_millis(millis_ceil(LockOptions::validate_ttl(ttl)?));
+        let keys = self.keys(&lease.key);
+        let mut conn = self.connection();
+        let sent = Instant::now();
+        let extended: i64 = bounded(
+            self.timeout(),
+            "the extend script",
+            self.server(),
+            scripts::EXTEND
+                .key(&keys.lock)
+                .arg(lease.owner.as_str())
+                .arg(lease.token.get())
+                .arg(millis_ceil(ttl))
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        if extended == 1 {
+            tracing::trace!(key = %lease.key, token = %lease.token, "renewed");
+            Ok(lease.renewed(ttl, sent))
+        } else {
+            Err(Error::lease_lost(
+                &lease.key,
+                lease.token,
+                "redis no longer has this lease (expired, released, force-released, or lost in a restart)",
+            ))
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        let keys = self.keys(&lease.key);
+        let mut conn = self.connection();
+        let reply = bounded(
+            self.timeout(),
+            "the release script",
+            self.server(),
+            scripts::RELEASE
+                .key(&keys.lock)
+                .key(&keys.queue)
+                .arg(&keys.channel)
+                .arg(lease.owner.as_str())
+                .arg(lease.token.get())
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok(match scripts::parse_release(reply)? {
+            Some(0) => {
+                tracing::debug!(key = %lease.key, token = %lease.token, "released");
+                ReleaseOutcome::Released
+            }
+            Some(remaining) => ReleaseOutcome::StillHeld { remaining },
+            None => ReleaseOutcome::NotHeld,
+        })
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let keys = self.keys(key);
+        let mut conn = self.connection();
+        let reply = bounded(
+            self.timeout(),
+            "the inspect script",
+            self.server(),
+            scripts::INSPECT.key(&keys.lock).invoke_async(&mut conn),
+        )
+        .await?;
+        let Some(held) = scripts::parse_inspect(reply)? else {
+            return Ok(None);
+        };
+        let owner = Owner::new(&held.owner)
+            .map_err(|e| error::protocol(format!("`{}` holds an invalid owner: {e}", keys.lock)))?;
+        Ok(Some(LockInfo::new(
+            key.clone(),
+            owner,
+            held.token,
+            held.pttl,
+            held.count,
+        )))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let keys = self.keys(key);
+        let mut conn = self.connection();
+        let removed: i64 = bounded(
+            self.timeout(),
+            "the force-release script",
+            self.server(),
+            scripts::FORCE_RELEASE
+                .key(&keys.lock)
+                .key(&keys.queue)
+                .arg(&keys.channel)
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        if removed == 1 {
+            tracing::warn!(key = %key, "lock force-released");
+        }
+        Ok(removed == 1)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .backend(BACKEND)
+            .native_wait(true)
+            .durable(self.inner.persistence.is_durable())
+            .fencing(true)
+            .reentrant(true)
+            .min_ttl(Duration::from_millis(1))
+    }
+}

@@ -1,0 +1,286 @@
+//! The Lua scripts (`scripts/*.lua`) and their replies.
+//!
+//! Each runs with EVALSHA; [`redis::Script`] loads it with `SCRIPT LOAD` and
+//! retries once when the server answers NOSCRIPT (after a restart, a
+//! failover or `SCRIPT FLUSH`). A NOSCRIPT reply means the script did not run,
+//! so the retry can never apply an operation twice.
+
+use std::{sync::LazyLock, time::Duration};
+
+use fenced_api::{FencingToken, Result};
+use redis::{aio::ConnectionManager, Script, Value};
+
+use crate::{error, keys::Keys};
+
+macro_rules! script {
+    ($name:ident, $file:literal) => {
+        pub(crate) static $name: LazyLock<Script> =
+            LazyLock::new(|| Script::new(include_str!(concat!("../scripts/", $file))));
+    };
+}
+
+script!(ACQUIRE, "acquire.lua");
+script!(EXTEND, "extend.lua");
+script!(RELEASE, "release.lua");
+script!(FORCE_RELEASE, "force_release.lua");
+script!(LEAVE, "leave.lua");
+script!(INSPECT, "inspect.lua");
+
+/// Every script.
+#[cfg(test)]
+pub(crate) fn all() -> [&'static Script; 6] {
+    [
+        &ACQUIRE,
+        &EXTEND,
+        &RELEASE,
+        &FORCE_RELEASE,
+        &LEAVE,
+        &INSPECT,
+    ]
+}
+
+/// How long the last token of a key is remembered after its last grant.
+/// Only a clock stepping back by more than this (on a Redis that also lost
+/// the key) could make a token repeat; see the crate docs.
+pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What one acquire step found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    Granted {
+        token: FencingToken,
+        count: u32,
+    },
+    /// Held by someone else, for `pttl` more (server clock), if known.
+    Busy {
+        pttl: Option<Duration>,
+    },
+    /// Held by this owner, who may not re-enter.
+    AlreadyHeld,
+}
+
+/// Whole milliseconds, rounded up (PX has millisecond resolution, and a lease
+/// must never be shorter than asked).
+pub(crate) fn millis_ceil(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+pub(crate) struct AcquireArgs<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) ttl_ms: u64,
+    pub(crate) reentrant: bool,
+    pub(crate) waiter: Option<&'a str>,
+    pub(crate) waiter_lease_ms: u64,
+}
+
+pub(crate) async fn acquire(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    a: &AcquireArgs<'_>,
+) -> redis::RedisResult<Value> {
+    ACQUIRE
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .key(&keys.queue)
+        .arg(a.owner)
+        .arg(a.ttl_ms)
+        .arg(if a.reentrant { "1" } else { "0" })
+        .arg(a.waiter.unwrap_or(""))
+        .arg(a.waiter_lease_ms)
+        .arg(millis_ceil(FENCE_RETENTION))
+        .invoke_async(conn)
+        .await
+}
+
+pub(crate) fn parse_acquire(v: Value) -> Result<Attempt> {
+    let items = array(v, "acquire")?;
+    match items.first().and_then(int) {
+        Some(1) => Ok(Attempt::Granted {
+            token: token(items.get(1), "acquire")?,
+            count: count(items.get(2), "acquire")?,
+        }),
+        Some(0) => Ok(Attempt::Busy {
+            pttl: items
+                .get(1)
+                .and_then(int)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis),
+        }),
+        Some(-1) => Ok(Attempt::AlreadyHeld),
+        _ => Err(error::protocol(format!(
+            "unexpected reply to the acquire script: {items:?}"
+        ))),
+    }
+}
+
+/// `(released, remaining)`: `Some(0)` released, `Some(n)` still held n times, `None` not current.
+pub(crate) fn parse_release(v: Value) -> Result<Option<u32>> {
+    let items = array(v, "release")?;
+    match items.first().and_then(int) {
+        Some(2) => Ok(Some(0)),
+        Some(1) => Ok(Some(count(items.get(1), "release")?)),
+        Some(0) => Ok(None),
+        _ => Err(error::protocol(format!(
+            "unexpected reply to the release script: {items:?}"
+        ))),
+    }
+}
+
+/// A held lock as the inspect script reports it.
+pub(crate) struct Held {
+    pub(crate) owner: String,
+    pub(crate) token: FencingToken,
+    pub(crate) count: u32,
+    pub(crate) pttl: Duration,
+}
+
+pub(crate) fn parse_inspect(v: Value) -> Result<Option<Held>> {
+    let items = array(v, "inspect")?;
+    match items.first().and_then(int) {
+        Some(0) => Ok(None),
+        Some(1) => Ok(Some(Held {
+            owner: items
+                .get(1)
+                .and_then(text)
+                .ok_or_else(|| error::protocol("inspect: the lock has no owner"))?,
+            token: token(items.get(2), "inspect")?,
+            count: count(items.get(3), "inspect")?,
+            // -1 (no expiry) cannot happen for our keys; report zero rather than invent one.
+            pttl: items
+                .get(4)
+                .and_then(int)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis)
+                .unwrap_or_default(),
+        })),
+        _ => Err(error::protocol(format!(
+            "unexpected reply to the inspect script: {items:?}"
+        ))),
+    }
+}
+
+fn array(v: Value, what: &str) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(error::protocol(format!(
+            "unexpected reply to the {what} script: {other:?}"
+        ))),
+    }
+}
+
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn token(v: Option<&Value>, what: &str) -> Result<FencingToken> {
+    v.and_then(text)
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t >= 1)
+        .map(FencingToken::new)
+        .ok_or_else(|| error::protocol(format!("{what}: no valid fencing token in {v:?}")))
+}
+
+fn count(v: Option<&Value>, what: &str) -> Result<u32> {
+    v.and_then(int)
+        .and_then(|c| u32::try_from(c).ok())
+        .ok_or_else(|| error::protocol(format!("{what}: no valid hold count in {v:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn acquire_replies() {
+        let granted = Value::Array(vec![Value::Int(1), bulk("1796033680636908"), Value::Int(1)]);
+        assert_eq!(
+            parse_acquire(granted).unwrap(),
+            Attempt::Granted {
+                token: FencingToken::new(1_796_033_680_636_908),
+                count: 1
+            }
+        );
+        let busy = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
+        assert_eq!(
+            parse_acquire(busy).unwrap(),
+            Attempt::Busy {
+                pttl: Some(Duration::from_millis(1500))
+            }
+        );
+        assert_eq!(
+            parse_acquire(Value::Array(vec![Value::Int(-1)])).unwrap(),
+            Attempt::AlreadyHeld
+        );
+        for bad in [
+            Value::Nil,
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(1), bulk("0"), Value::Int(1)]),
+            Value::Array(vec![Value::Int(1), bulk("x"), Value::Int(1)]),
+            Value::Array(vec![Value::Int(7)]),
+        ] {
+            assert!(parse_acquire(bad.clone()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn release_and_inspect_replies() {
+        assert_eq!(
+            parse_release(Value::Array(vec![Value::Int(2)])).unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            parse_release(Value::Array(vec![Value::Int(1), Value::Int(2)])).unwrap(),
+            Some(2)
+        );
+        assert_eq!(
+            parse_release(Value::Array(vec![Value::Int(0)])).unwrap(),
+            None
+        );
+        assert!(parse_inspect(Value::Array(vec![Value::Int(0)]))
+            .unwrap()
+            .is_none());
+        let held = parse_inspect(Value::Array(vec![
+            Value::Int(1),
+            bulk("me"),
+            bulk("42"),
+            Value::Int(3),
+            Value::Int(900),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(held.owner, "me");
+        assert_eq!(held.token, FencingToken::new(42));
+        assert_eq!(held.count, 3);
+        assert_eq!(held.pttl, Duration::from_millis(900));
+    }
+
+    #[test]
+    fn ttl_rounds_up_to_whole_milliseconds() {
+        assert_eq!(millis_ceil(Duration::from_millis(10)), 10);
+        assert_eq!(millis_ceil(Duration::from_micros(10_001)), 11);
+        assert_eq!(millis_ceil(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn scripts_are_distinct() {
+        let hashes: std::collections::HashSet<_> = all().iter().map(|s| s.get_hash()).collect();
+        assert_eq!(hashes.len(), 6);
+    }
+}

@@ -1,0 +1,144 @@
+//! A private `redis-server` (own port, own directory) for tests that restart
+//! a server or count its commands — never the shared one other tests use.
+
+use std::{path::PathBuf, process::Stdio, time::Duration};
+
+use fenced_api::{Error, Result};
+use fenced_conformance::services::probe_redis;
+use fenced_redis::redis;
+use tokio::process::{Child, Command};
+
+/// How the private server persists data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `--save "" --appendonly no`: a restart forgets everything.
+    NoPersistence,
+    /// `--appendonly yes --appendfsync everysec` (Redis's AOF default).
+    AofEverySec,
+    /// `--appendonly yes --appendfsync always`.
+    AofAlways,
+}
+
+pub struct PrivateRedis {
+    dir: PathBuf,
+    port: u16,
+    mode: Mode,
+    child: tokio::sync::Mutex<Option<Child>>,
+}
+
+fn fail(what: impl Into<String>) -> Error {
+    Error::backend("redis-test", false, what.into())
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| fail(e.to_string()))?;
+    Ok(l.local_addr().map_err(|e| fail(e.to_string()))?.port())
+}
+
+fn redis_server() -> Result<String> {
+    for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
+        let p = format!("{dir}/redis-server");
+        if std::path::Path::new(&p).exists() {
+            return Ok(p);
+        }
+    }
+    Err(fail(
+        "redis-server not found; install Redis with `scripts/services.sh`",
+    ))
+}
+
+impl PrivateRedis {
+    /// Starts `redis-server` on a free port with its own directory under /tmp.
+    pub async fn start(mode: Mode) -> Result<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("fenced-redis-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
+        let server = PrivateRedis {
+            dir,
+            port: free_port()?,
+            mode,
+            child: tokio::sync::Mutex::new(None),
+        };
+        server.launch().await?;
+        Ok(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    async fn launch(&self) -> Result<()> {
+        let mut cmd = Command::new(redis_server()?);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--daemonize")
+            .arg("no")
+            .arg("--save")
+            .arg("");
+        match self.mode {
+            Mode::NoPersistence => cmd.args(["--appendonly", "no"]),
+            Mode::AofEverySec => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]),
+            Mode::AofAlways => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
+        };
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| fail(format!("starting redis-server: {e}")))?;
+        *self.child.lock().await = Some(child);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if probe_redis(&self.url()).await.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(fail("the private redis-server did not answer within 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Kills the server hard (SIGKILL: no shutdown save) and starts it again
+    /// on the same port and directory.
+    pub async fn restart(&self) -> Result<()> {
+        if let Some(mut child) = self.child.lock().await.take() {
+            let _ = child.kill().await;
+            let _ = child.wait().await;
+        }
+        self.launch().await
+    }
+
+    /// A plain admin connection (RESP2) for commands the lock never sends.
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        admin(&self.url()).await
+    }
+}
+
+/// A plain admin connection (RESP2) to any server.
+pub async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap_or_else(|e| panic!("admin client for {url}: {e}"))
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("admin connection to {url}: {e}"))
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        if let Ok(mut child) = self.child.try_lock() {
+            if let Some(c) = child.as_mut() {
+                let _ = c.start_kill();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
