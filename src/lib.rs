@@ -35,3 +35,5 @@ pub use registry::{connect, driver_for, drivers, migrate, redact};
 pub use fenced_etcd as etcd;
 #[cfg(feature = "mysql")]
 pub use fenced_mysql as mysql;
+#[cfg(feature = "redis")]
+pub use fenced_redis as redis;

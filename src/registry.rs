@@ -22,6 +22,8 @@ pub fn drivers() -> Vec<Driver> {
     let mut list = vec![MemoryLock::driver()];
     #[cfg(feature = "mysql")]
     list.push(fenced_mysql::driver());
+    #[cfg(feature = "redis")]
+    list.push(fenced_redis::driver());
     #[cfg(feature = "etcd")]
     list.push(fenced_etcd::driver());
     list
@@ -129,6 +131,10 @@ mod tests {
             ("mariadb://root@h/db", Ok("mysql")),
             #[cfg(feature = "etcd")]
             ("etcd://h1:2379,h2:2379/prefix", Ok("etcd")),
+            #[cfg(feature = "redis")]
+            ("redis://127.0.0.1:6379/0", Ok("redis")),
+            #[cfg(feature = "redis")]
+            ("rediss://:pw@cache:6380", Ok("redis")),
             #[cfg(not(feature = "mysql"))]
             ("mysql://h/db", Err("`mysql` cargo feature")),
             ("zookeeper://h", Err("unknown store scheme `zookeeper`")),

@@ -157,6 +157,15 @@ async fn processes_exclude_each_other_on_etcd() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_exclude_each_other_on_redis() {
+    let base = services::redis_url();
+    services::probe_redis(&base).await.unwrap_or_else(|m| panic!("{m}"));
+    let url = format!("{base}/0?prefix=fenced-cli-{}", uuid::Uuid::new_v4().simple());
+    let dir = tmpdir("redis");
+    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3)).await.unwrap();
+}
+
 /// A holder frozen past its TTL loses the lock; on resume it terminates its
 /// command and exits with the "lost" code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
