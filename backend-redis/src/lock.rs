@@ -154,9 +154,12 @@ impl RedisLockBuilder {
             .set_automatic_resubscription();
         let conn = ConnectionManager::new_lazy_with_config(client, manager).map_err(error::map)?;
         router.attach(conn.clone());
+        // The first command opens the connection: bounded by the connect
+        // timeout plus one short round trip, so an unreachable or silent
+        // server fails within about the connect timeout.
         let persistence = persistence::probe(
             &mut conn.clone(),
-            config.connect_timeout + config.operation_timeout,
+            config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
             &config.display_url,
         )
         .await?;

@@ -411,3 +411,142 @@ async fn explicit_owner_reentry_and_inspect_on_redis() {
     );
     assert_eq!(lock.release(&a).await.unwrap(), ReleaseOutcome::Released);
 }
+
+#[tokio::test]
+async fn a_silent_server_fails_within_the_timeouts_and_the_lease_survives() {
+    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
+    let url = format!(
+        "{}?prefix=silent&connect_timeout=1s&operation_timeout=1s",
+        server.url()
+    );
+    let lock = RedisLock::connect(&url).await.unwrap();
+    let k = key("silent");
+    let held = lock
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    server.signal("STOP").await;
+    let bound = Duration::from_millis(1800);
+    let start = tokio::time::Instant::now();
+    let renewal = lock.extend(&held, Duration::from_secs(30)).await;
+    assert!(
+        matches!(&renewal, Err(e @ Error::Backend { .. }) if e.is_retryable()),
+        "{renewal:?}"
+    );
+    assert!(start.elapsed() < bound, "extend took {:?}", start.elapsed());
+    let forever = LockOptions::builder()
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let waited = lock.acquire(&key("silent-other"), &forever).await;
+    assert!(
+        matches!(&waited, Err(e @ Error::Backend { .. }) if e.is_retryable()),
+        "{waited:?}"
+    );
+    assert!(
+        start.elapsed() < bound,
+        "acquire took {:?}",
+        start.elapsed()
+    );
+    server.signal("CONT").await;
+    // The server kept the lease: the holder renews it once it answers again.
+    let renewed = extend_after_reconnect(&lock, &held).await.unwrap();
+    assert_eq!(renewed.token, held.token);
+    lock.release(&renewed).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_fails_connect_within_the_timeout() {
+    // Accepts TCP connections (the kernel completes the handshake) but never
+    // reads or answers: the HELLO of the connection setup goes unanswered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let start = tokio::time::Instant::now();
+    let res = RedisLock::connect(&format!(
+        "redis://127.0.0.1:{port}?connect_timeout=1s&operation_timeout=1s"
+    ))
+    .await;
+    let took = start.elapsed();
+    match res {
+        Err(e @ Error::Backend { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("connecting to a silent server gave {other:?}"),
+    }
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    drop(silent);
+}
+
+#[tokio::test]
+async fn an_unused_subscription_is_dropped_after_lingering() {
+    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
+    let mut admin = server.admin().await;
+    let url = url_for(&server.url(), "linger");
+    // A 10 s re-check interval: only the release message can wake the waiter quickly.
+    let (holder, waiter) = (
+        RedisLock::connect(&url).await.unwrap(),
+        RedisLock::connect(&format!("{url}&recheck_interval=10s"))
+            .await
+            .unwrap(),
+    );
+    let k = key("linger");
+    let channel = format!("{{linger/{}}}:c", k.as_str());
+    let numsub = |admin: &mut redis::aio::MultiplexedConnection| {
+        let mut c = admin.clone();
+        let channel = channel.clone();
+        async move {
+            let r: (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            r.1
+        }
+    };
+    let held = holder
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let wait = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        waiter.acquire(&k, &wait).await,
+        Err(Error::Timeout { .. })
+    ));
+    assert_eq!(numsub(&mut admin).await, 1, "subscribed while waiting");
+    holder.release(&held).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(numsub(&mut admin).await, 1, "kept for a while");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(numsub(&mut admin).await, 0, "dropped once unused");
+    // And a later wait subscribes again and is woken by a release.
+    let held = holder
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let long_wait = wait
+        .to_builder()
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let task = {
+        let k = k.clone();
+        tokio::spawn(async move { waiter.acquire(&k, &long_wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(numsub(&mut admin).await, 1);
+    let released = tokio::time::Instant::now();
+    holder.release(&held).await.unwrap();
+    let got = task.await.unwrap().unwrap();
+    assert!(got.token > held.token);
+    assert!(
+        released.elapsed() < Duration::from_millis(200),
+        "woken by the release, not a re-check"
+    );
+}

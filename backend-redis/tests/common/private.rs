@@ -117,6 +117,25 @@ impl PrivateRedis {
         self.launch().await
     }
 
+    /// Sends a signal (`STOP`, `CONT`) to the server process: SIGSTOP makes
+    /// it a silent peer — connections stay open, nothing is answered.
+    pub async fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .lock()
+            .await
+            .as_ref()
+            .and_then(|c| c.id())
+            .expect("the server is running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     /// A plain admin connection (RESP2) for commands the lock never sends.
     pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
         admin(&self.url()).await
