@@ -23,6 +23,8 @@ pub struct PrivateRedis {
     dir: PathBuf,
     port: u16,
     mode: Mode,
+    /// Serves TLS only (self-signed certificate made with the openssl CLI).
+    tls: bool,
     child: tokio::sync::Mutex<Option<Child>>,
 }
 
@@ -50,6 +52,15 @@ fn redis_server() -> Result<String> {
 impl PrivateRedis {
     /// Starts `redis-server` on a free port with its own directory under /tmp.
     pub async fn start(mode: Mode) -> Result<Self> {
+        Self::start_with(mode, false).await
+    }
+
+    /// A server that speaks TLS only, with a fresh self-signed certificate.
+    pub async fn start_tls() -> Result<Self> {
+        Self::start_with(Mode::NoPersistence, true).await
+    }
+
+    async fn start_with(mode: Mode, tls: bool) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("fenced-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
@@ -57,14 +68,46 @@ impl PrivateRedis {
             dir,
             port: free_port()?,
             mode,
+            tls,
             child: tokio::sync::Mutex::new(None),
         };
+        if tls {
+            server.make_certificate().await?;
+        }
         server.launch().await?;
         Ok(server)
     }
 
+    async fn make_certificate(&self) -> Result<()> {
+        let out = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=127.0.0.1"])
+            .arg("-keyout")
+            .arg(self.dir.join("key.pem"))
+            .arg("-out")
+            .arg(self.dir.join("cert.pem"))
+            .output()
+            .await
+            .map_err(|e| fail(format!("running openssl (needed for the TLS test): {e}")))?;
+        if !out.status.success() {
+            return Err(fail(format!(
+                "openssl req failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    }
+
+    /// `redis://…`, or `rediss://…/#insecure` for a TLS server (its
+    /// certificate is self-signed, so verification is skipped).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        if self.tls {
+            format!("rediss://127.0.0.1:{}/#insecure", self.port)
+        } else {
+            format!("redis://127.0.0.1:{}", self.port)
+        }
     }
 
     pub fn mode(&self) -> Mode {
@@ -83,6 +126,15 @@ impl PrivateRedis {
             .arg("no")
             .arg("--save")
             .arg("");
+        if self.tls {
+            cmd.args(["--port", "0", "--tls-port"])
+                .arg(self.port.to_string())
+                .arg("--tls-cert-file")
+                .arg(self.dir.join("cert.pem"))
+                .arg("--tls-key-file")
+                .arg(self.dir.join("key.pem"))
+                .args(["--tls-auth-clients", "no"]);
+        }
         match self.mode {
             Mode::NoPersistence => cmd.args(["--appendonly", "no"]),
             Mode::AofEverySec => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]),
@@ -97,7 +149,14 @@ impl PrivateRedis {
         *self.child.lock().await = Some(child);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if probe_redis(&self.url()).await.is_ok() {
+            let up = if self.tls {
+                tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .is_ok()
+            } else {
+                probe_redis(&self.url()).await.is_ok()
+            };
+            if up {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
