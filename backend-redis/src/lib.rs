@@ -47,8 +47,8 @@
 //!   with `appendfsync always`.
 //! * **Failover loses locks.** Replication is asynchronous: a grant the
 //!   primary acknowledged may never reach the replica that is promoted. Point
-//!   this crate at the primary only (a replica is refused with a configuration
-//!   error); with Sentinel, expect a lost lock per failover. Fencing tokens
+//!   this crate at the primary only (on a replica every acquire fails with a
+//!   configuration error); with Sentinel, expect a lost lock per failover. Fencing tokens
 //!   come from the promoted server's clock, so they keep rising when its
 //!   clock agrees with the old primary's.
 //! * **Expiry follows the Redis host's wall clock.** A clock jumping forward
@@ -86,13 +86,15 @@
 //! the clock keeps them rising when Redis loses it — a restart without
 //! persistence resets every counter to nothing, and the next grant is still
 //! above every earlier one because time has moved on. Tokens look like
-//! timestamps (about 1.8 × 10¹⁵ in 2027) and stay below 2⁵³ until the year
+//! timestamps (about 1.8 × 10¹⁵ in 2026) and stay below 2⁵³ until the year
 //! 2255. The limit: if a Redis that lost its data also comes back with a
 //! clock set *earlier* than the last grant before the loss (a restored VM, a
-//! failover to a host whose clock lags), a token can repeat an old value;
-//! the protected resource's check (`fence <= ?`) then rejects the new
-//! holder's writes rather than accepting stale ones. The last token of an
-//! idle key is forgotten after seven days.
+//! failover to a host whose clock lags), a token can repeat an old value.
+//! A resource that has seen a higher token then rejects the new holder's
+//! writes (it fails closed); only a token equal to the highest one seen is
+//! indistinguishable from its earlier holder. The last token of an idle key
+//! is forgotten after seven days, which only matters for a clock that steps
+//! back further than that.
 //!
 //! **Waiting** ([`DistributedLock::acquire`](fenced_api::DistributedLock::acquire)):
 //! a waiter subscribes to the key's channel (one subscription per client and

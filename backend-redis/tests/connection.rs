@@ -111,6 +111,20 @@ async fn a_server_that_never_answers_fails_connect_within_the_timeout() {
     drop(silent);
 }
 
+#[tokio::test]
+async fn a_replica_is_refused_with_a_configuration_error() {
+    let primary = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
+    let replica = PrivateRedis::start_replica_of(&primary).await.unwrap();
+    let lock = RedisLock::connect(&url_for(&replica.url(), "replica"))
+        .await
+        .unwrap();
+    let k = key("replica");
+    match lock.try_acquire(&k, &opts(Duration::from_secs(5))).await {
+        Err(Error::Config { reason }) => assert!(reason.contains("replica"), "{reason}"),
+        other => panic!("acquire on a replica gave {other:?}"),
+    }
+}
+
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn rediss_urls_speak_tls() {

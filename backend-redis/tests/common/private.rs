@@ -25,6 +25,8 @@ pub struct PrivateRedis {
     mode: Mode,
     /// Serves TLS only (self-signed certificate made with the openssl CLI).
     tls: bool,
+    /// A read-only replica of the server on this port.
+    replica_of: Option<u16>,
     child: tokio::sync::Mutex<Option<Child>>,
 }
 
@@ -52,15 +54,20 @@ fn redis_server() -> Result<String> {
 impl PrivateRedis {
     /// Starts `redis-server` on a free port with its own directory under /tmp.
     pub async fn start(mode: Mode) -> Result<Self> {
-        Self::start_with(mode, false).await
+        Self::start_with(mode, false, None).await
     }
 
     /// A server that speaks TLS only, with a fresh self-signed certificate.
     pub async fn start_tls() -> Result<Self> {
-        Self::start_with(Mode::NoPersistence, true).await
+        Self::start_with(Mode::NoPersistence, true, None).await
     }
 
-    async fn start_with(mode: Mode, tls: bool) -> Result<Self> {
+    /// A read-only replica of `primary`.
+    pub async fn start_replica_of(primary: &PrivateRedis) -> Result<Self> {
+        Self::start_with(Mode::NoPersistence, false, Some(primary.port)).await
+    }
+
+    async fn start_with(mode: Mode, tls: bool, replica_of: Option<u16>) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("fenced-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
@@ -69,6 +76,7 @@ impl PrivateRedis {
             port: free_port()?,
             mode,
             tls,
+            replica_of,
             child: tokio::sync::Mutex::new(None),
         };
         if tls {
@@ -126,6 +134,10 @@ impl PrivateRedis {
             .arg("no")
             .arg("--save")
             .arg("");
+        if let Some(primary) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1"])
+                .arg(primary.to_string());
+        }
         if self.tls {
             cmd.args(["--port", "0", "--tls-port"])
                 .arg(self.port.to_string())
