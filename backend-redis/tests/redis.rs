@@ -454,3 +454,22 @@ async fn an_unused_subscription_is_dropped_after_lingering() {
         "woken by the release, not a re-check"
     );
 }
+
+#[tokio::test]
+async fn the_driver_serves_redis_urls() {
+    let driver = fenced_redis::driver();
+    assert_eq!(driver.name, "redis");
+    assert!(driver.serves("redis://h") && driver.serves("rediss://h"));
+    assert!(!driver.serves("mysql://h/db") && !driver.serves("redis+unix:///tmp/s"));
+    assert!(driver.migrate.is_none());
+    let url = url_for(&server_url().await, common::run_prefix());
+    let lock = (driver.connect)(url).await.unwrap();
+    assert_eq!(lock.capabilities().backend_name(), "redis");
+    let k = key("driver");
+    let l = lock
+        .try_acquire(&k, &opts(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
+}
