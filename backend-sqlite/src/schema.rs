@@ -1,0 +1,139 @@
+//! Versioned schema: created on first use, upgraded by `migrate`.
+
+use fenced_api::{Error, Result};
+use sqlx::{AssertSqlSafe, Row, SqlitePool};
+
+use crate::{config::TableName, error::SqlResultExt};
+
+/// The migrations, in order. Each is a list of `;`-separated statements.
+const MIGRATIONS: &[(u32, &str, &str)] =
+    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+
+/// The schema version this build needs.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// What to do when the tables of a name are older than this build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upgrade {
+    /// Create missing tables; refuse to touch an existing older schema
+    /// (processes built against it may still be running).
+    CreateOnly,
+    /// Apply every missing migration.
+    Apply,
+}
+
+fn statements(template: &str, base: &TableName) -> Vec<String> {
+    let sql: String = template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    sql.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.replace("{base}", base.as_str()))
+        .collect()
+}
+
+/// The highest applied version, 0 when the tables do not exist.
+async fn version(pool: &SqlitePool, base: &TableName) -> Result<u32> {
+    let log = format!("{base}_migrations");
+    let exists = sqlx::query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?")
+        .bind(&log)
+        .fetch_optional(pool)
+        .await
+        .db()?
+        .is_some();
+    if !exists {
+        return Ok(0);
+    }
+    let v: Option<i64> = sqlx::query(AssertSqlSafe(format!(
+        "SELECT MAX(version) FROM {}",
+        base.quoted("_migrations")
+    )))
+    .fetch_one(pool)
+    .await
+    .db()?
+    .try_get(0)
+    .db()?;
+    Ok(v.and_then(|v| u32::try_from(v).ok()).unwrap_or(0))
+}
+
+/// Brings the tables of `base` to [`SCHEMA_VERSION`]. Idempotent and safe
+/// from several processes at once: the work happens in one `BEGIN IMMEDIATE`
+/// transaction (one writer at a time) that re-reads what is applied.
+/// Returns the migrations applied by this call.
+pub(crate) async fn ensure(pool: &SqlitePool, base: &TableName, mode: Upgrade) -> Result<Vec<u32>> {
+    let current = version(pool, base).await?;
+    if current >= SCHEMA_VERSION {
+        return Ok(Vec::new());
+    }
+    if current > 0 && mode == Upgrade::CreateOnly {
+        return Err(Error::config(format!(
+            "the fenced tables for `{base}` are at schema version {current}, this build needs \
+             {SCHEMA_VERSION}; stop older processes, then run `SqliteLock::migrate()` \
+             (or `fenced migrate --url …`) once"
+        )));
+    }
+    let log = base.quoted("_migrations");
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.db()?;
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {log} (version INTEGER PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT"
+    )))
+    .execute(&mut *tx)
+    .await
+    .db()?;
+    let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {log}")))
+        .fetch_all(&mut *tx)
+        .await
+        .db()?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<Result<_, _>>()
+        .db()?;
+    let mut applied = Vec::new();
+    for (version, name, template) in MIGRATIONS {
+        if done.contains(&i64::from(*version)) {
+            continue;
+        }
+        for stmt in statements(template, base) {
+            sqlx::query(AssertSqlSafe(stmt))
+                .execute(&mut *tx)
+                .await
+                .db()?;
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {log} (version, name, applied_at) VALUES (?, ?, unixepoch())"
+        )))
+        .bind(i64::from(*version))
+        .bind(*name)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        applied.push(*version);
+    }
+    tx.commit().await.db()?;
+    for version in &applied {
+        tracing::info!(table = %base, version, "fenced sqlite schema migration applied");
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_split_and_named() {
+        let base = TableName::new("jobs").unwrap();
+        let stmts = statements(MIGRATIONS[0].2, &base);
+        assert_eq!(stmts.len(), 2);
+        assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS \"jobs\" ("));
+        assert!(stmts[0].contains("AUTOINCREMENT"));
+        assert!(stmts
+            .iter()
+            .all(|s| !s.contains("{base}") && !s.contains("--")));
+        assert!(stmts[1].contains("\"jobs_expire_at\""));
+    }
+}
