@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS `{base}_optimistic` (
 -- never locked while missing: no gap locks).
 CREATE TABLE IF NOT EXISTS `{base}_rows` (
   lock_key VARBINARY(255) NOT NULL,
+  -- Written (uncommitted) by the holder inside its locking transaction, so
+  -- it names the holding connection exactly while the lock is held and
+  -- vanishes with the rollback: what force_release may KILL.
+  holder_conn BIGINT UNSIGNED NULL,
   PRIMARY KEY (lock_key)
 ) ENGINE=InnoDB;
 

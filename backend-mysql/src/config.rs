@@ -111,6 +111,7 @@ pub struct MySqlConfig {
     pub(crate) table: TableName,
     pub(crate) max_connections: u32,
     pub(crate) connect_timeout: Duration,
+    pub(crate) op_timeout: Duration,
 }
 
 impl fmt::Debug for MySqlConfig {
@@ -122,6 +123,7 @@ impl fmt::Debug for MySqlConfig {
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
             .finish()
     }
 }
@@ -132,14 +134,16 @@ pub const DEFAULT_TABLE: &str = "fenced_locks";
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 /// Default bound on connecting (and on waiting for a pooled connection).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on one operation (a silent network never hangs a call longer).
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl MySqlConfig {
     /// Parses `mysql://user:pass@host:port/db?strategy=…&table=…&max_connections=…&connect_timeout=…`.
     ///
     /// `strategy` (default `unique_key`), `table` (default `fenced_locks`),
-    /// `max_connections` (default 10) and `connect_timeout` (`500ms`, `5s`;
-    /// default 5 s) are fenced's; every other query parameter is passed to
-    /// sqlx (e.g. `ssl-mode`).
+    /// `max_connections` (default 10), `connect_timeout` (`500ms`, `5s`;
+    /// default 5 s) and `timeout` (bound on one operation; default 10 s) are
+    /// fenced's; every other query parameter is passed to sqlx (e.g. `ssl-mode`).
     ///
     /// # Errors
     ///
@@ -160,6 +164,7 @@ impl MySqlConfig {
         let mut table = TableName::new(DEFAULT_TABLE)?;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
+        let mut op_timeout = DEFAULT_OP_TIMEOUT;
         let mut passthrough = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -168,6 +173,7 @@ impl MySqlConfig {
                 "table" => table = TableName::new(v)?,
                 "max_connections" => max_connections = parse_pool_size(v)?,
                 "connect_timeout" => connect_timeout = parse_duration(v)?,
+                "timeout" => op_timeout = parse_duration(v)?,
                 _ => passthrough.push(pair),
             }
         }
@@ -186,6 +192,7 @@ impl MySqlConfig {
             table,
             max_connections,
             connect_timeout,
+            op_timeout,
         })
     }
 

@@ -19,8 +19,9 @@ pub(crate) mod code {
     pub(crate) const LOCK_NOWAIT: u16 = 3572;
     /// ER_OPTION_PREVENTS_STATEMENT (`--read-only`).
     pub(crate) const READ_ONLY: u16 = 1290;
-    /// Server shutdown, connection killed, server gone, lost connection, too many connections.
-    pub(crate) const TRANSIENT: [u16; 6] = [1053, 1927, 2006, 2013, 1040, 1317];
+    /// Server shutdown, connection killed, too many connections, query
+    /// interrupted, MySQL 8's inactivity disconnect.
+    pub(crate) const TRANSIENT: [u16; 5] = [1053, 1927, 1040, 1317, 4031];
 }
 
 /// The server's error number, if `e` came from the server.

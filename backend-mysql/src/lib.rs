@@ -100,7 +100,7 @@ use sqlx::mysql::MySqlPoolOptions;
 
 pub use config::{
     MySqlConfig, Strategy, TableName, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_TABLE,
+    DEFAULT_OP_TIMEOUT, DEFAULT_TABLE,
 };
 pub use reaper::{ReaperHandle, TableStats};
 pub use schema::SCHEMA_VERSION;
@@ -221,6 +221,11 @@ impl MySqlLockBuilder {
         if !(1..=1000).contains(&self.config.max_connections) {
             return Err(Error::config("max_connections must be from 1 to 1000"));
         }
+        if self.config.strategy == Strategy::RowLock && self.config.max_connections < 2 {
+            return Err(Error::config(
+                "row_lock needs max_connections >= 2: one connection per held lock or waiter, plus one for the token",
+            ));
+        }
         if let RowMode::Shards(0) = self.rows {
             return Err(Error::config("row_lock shards must be at least 1"));
         }
@@ -287,6 +292,7 @@ impl MySqlLockBuilder {
                 t.quoted("_rows"),
                 t.quoted("_fence"),
                 b.rows,
+                cfg.op_timeout,
             )),
         };
         Ok(MySqlLock {
@@ -386,30 +392,70 @@ impl MySqlLock {
     }
 }
 
+impl MySqlLock {
+    /// Bounds one operation: a silent network yields a retryable error
+    /// instead of a hang.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let after = self.inner.config.op_timeout;
+        match tokio::time::timeout(after, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::backend(
+                error::BACKEND,
+                true,
+                format!("{what}: no answer from the server within {after:?}"),
+            )),
+        }
+    }
+}
+
 #[async_trait]
 impl DistributedLock for MySqlLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.engine().try_acquire(key, opts).await
+        self.bounded("try_acquire", self.engine().try_acquire(key, opts))
+            .await
     }
 
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        self.engine().acquire(key, opts).await
+        match opts.wait() {
+            fenced_api::WaitPolicy::Forever => self.engine().acquire(key, opts).await,
+            fenced_api::WaitPolicy::NoWait => {
+                self.bounded("acquire", self.engine().acquire(key, opts))
+                    .await
+            }
+            fenced_api::WaitPolicy::Timeout(d) => {
+                let bound = d.saturating_add(self.inner.config.op_timeout);
+                match tokio::time::timeout(bound, self.engine().acquire(key, opts)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::backend(
+                        error::BACKEND,
+                        true,
+                        format!("acquire: no answer from the server within {bound:?}"),
+                    )),
+                }
+            }
+        }
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        self.engine().extend(lease, ttl).await
+        self.bounded("extend", self.engine().extend(lease, ttl))
+            .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        self.engine().release(lease).await
+        self.bounded("release", self.engine().release(lease)).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.engine().inspect(key).await
+        self.bounded("inspect", self.engine().inspect(key)).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.engine().force_release(key).await
+        self.bounded("force_release", self.engine().force_release(key))
+            .await
     }
 
     fn capabilities(&self) -> Capabilities {

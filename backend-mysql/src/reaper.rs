@@ -35,7 +35,8 @@ impl Drop for ReaperHandle {
 }
 
 const BATCH: u32 = 500;
-/// The key under which reapers of one table exclude each other — using the
+/// The key under which reapers of one table exclude each other (reserved:
+/// do not use `fenced:reaper` as an application key) — using the
 /// table's own lock, so no extra mechanism (and no `GET_LOCK`, which Galera lacks).
 const REAPER_KEY: &str = "fenced:reaper";
 
@@ -104,9 +105,15 @@ impl MySqlLock {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] unless the strategy is `unique_key`.
+    /// [`Error::Unsupported`] unless the strategy is `unique_key`;
+    /// [`Error::InvalidOptions`] for an interval under 10 ms.
     pub fn spawn_reaper(&self, every: Duration) -> Result<ReaperHandle> {
         self.unique_key_only("the reaper")?;
+        if every < Duration::from_millis(10) {
+            return Err(Error::invalid_options(
+                "the reaper interval must be at least 10ms",
+            ));
+        }
         let lock = self.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);

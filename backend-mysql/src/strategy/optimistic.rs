@@ -59,8 +59,11 @@ impl Optimistic {
             held_by: sql!(
                 "SELECT 1 FROM {t} WHERE lock_key = ? AND holder = ? AND expire_time > UTC_TIMESTAMP(6)"
             ),
+            // Re-entered holds never have their expiry cut by one entry's extend.
             extend: sql!(
-                "UPDATE {t} SET expire_time = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                "UPDATE {t} SET expire_time = IF(reentrant_count > 1, \
+                 GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  WHERE lock_key = ? AND {current}"
             ),
             release_last: sql!(
@@ -179,6 +182,7 @@ impl DistributedLock for Optimistic {
         let ttl = LockOptions::validate_ttl(ttl)?;
         let sent = Instant::now();
         let done = sqlx::query(self.extend.clone())
+            .bind(micros(ttl))
             .bind(micros(ttl))
             .bind(lease.key.as_bytes())
             .bind(lease.owner.as_str().as_bytes())

@@ -86,6 +86,37 @@ impl Drop for HeldConn {
     }
 }
 
+/// A fresh grant, before the token bump.
+struct Locked {
+    held: HeldConn,
+    conn_id: u64,
+    bump: PoolConnection<MySql>,
+}
+
+/// Kills the statement of an abandoned lock wait (see `lock_row`).
+struct KillQueryOnDrop {
+    pool: MySqlPool,
+    conn_id: u64,
+    armed: bool,
+}
+
+impl Drop for KillQueryOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (pool, id) = (self.pool.clone(), self.conn_id);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                // The id is a number the server gave us; KILL cannot be prepared.
+                let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {id}")))
+                    .execute(&pool)
+                    .await;
+            });
+        }
+    }
+}
+
 struct HeldRow {
     owner: Owner,
     token: u64,
@@ -100,10 +131,13 @@ struct HeldRow {
 pub(crate) struct RowLock {
     pool: MySqlPool,
     mode: RowMode,
+    op_timeout: Duration,
     held: Mutex<HashMap<LockKey, HeldRow>>,
     known_rows: Mutex<HashSet<Vec<u8>>>,
     ensure_row: SqlStr,
     row_exists: SqlStr,
+    mark_holder: SqlStr,
+    read_holder: SqlStr,
     lock_nowait: SqlStr,
     lock_wait: SqlStr,
     bump_fence: SqlStr,
@@ -134,15 +168,24 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 impl RowLock {
-    pub(crate) fn new(pool: MySqlPool, rows: String, fence: String, mode: RowMode) -> Self {
+    pub(crate) fn new(
+        pool: MySqlPool,
+        rows: String,
+        fence: String,
+        mode: RowMode,
+        op_timeout: Duration,
+    ) -> Self {
         let now_plus = "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND";
         RowLock {
             pool,
             mode,
+            op_timeout,
             held: Mutex::default(),
             known_rows: Mutex::default(),
             ensure_row: sql!("INSERT IGNORE INTO {rows} (lock_key) VALUES (?)"),
             row_exists: sql!("SELECT 1 FROM {rows} WHERE lock_key = ?"),
+            mark_holder: sql!("UPDATE {rows} SET holder_conn = CONNECTION_ID() WHERE lock_key = ?"),
+            read_holder: sql!("SELECT holder_conn FROM {rows} WHERE lock_key = ?"),
             lock_nowait: sql!(
                 "SELECT lock_key, CONNECTION_ID() FROM {rows} WHERE lock_key = ? FOR UPDATE NOWAIT"
             ),
@@ -239,16 +282,40 @@ impl RowLock {
     /// Opens the transaction and takes the row lock. `wait = None` means
     /// NOWAIT. Returns the connection (in the transaction) and its id, or
     /// `None` when the lock is held elsewhere / the wait chunk ran out.
+    /// A pooled connection, waiting no longer than `deadline` (when given).
+    async fn pool_conn(&self, deadline: Option<Instant>) -> Result<Option<PoolConnection<MySql>>> {
+        match deadline {
+            None => Ok(Some(self.pool.acquire().await.db()?)),
+            Some(d) => match tokio::time::timeout_at(d, self.pool.acquire()).await {
+                Ok(c) => Ok(Some(c.db()?)),
+                Err(_) => Ok(None),
+            },
+        }
+    }
+
+    /// Opens the transaction and takes the row lock. `wait = None` means
+    /// NOWAIT. Returns the holding connection (inside the transaction), its
+    /// id, and a second connection reserved for the token bump — reserved
+    /// *before* locking, so the bump never waits for the pool while the lock's
+    /// idle clock runs. `None` when the lock is held elsewhere or the wait
+    /// (chunk) ran out.
     async fn lock_row(
         &self,
         key: &LockKey,
         ttl_secs: u64,
         wait: Option<(u64, Instant)>,
-    ) -> Result<Option<(HeldConn, u64)>> {
+    ) -> Result<Option<Locked>> {
         let row = self.row_key(key);
+        let pool_deadline = wait.map(|(_, d)| d);
         for _ in 0..3 {
             self.ensure_row(&row).await?;
-            let mut held = HeldConn(Some(self.pool.acquire().await.db()?));
+            let Some(bump) = self.pool_conn(pool_deadline).await? else {
+                return Ok(None);
+            };
+            let Some(conn) = self.pool_conn(pool_deadline).await? else {
+                return Ok(None);
+            };
+            let mut held = HeldConn(Some(conn));
             let conn = held.conn()?;
             let wait_secs = wait.map_or(1, |(s, _)| s);
             sqlx::query("SET SESSION wait_timeout = ?, innodb_lock_wait_timeout = ?")
@@ -257,6 +324,23 @@ impl RowLock {
                 .execute(&mut *conn)
                 .await
                 .db()?;
+            // A blocking wait that is abandoned (timeout, dropped future) must
+            // leave InnoDB's queue too: closing the socket does not stop a
+            // server-side lock wait, `KILL QUERY` does.
+            let mut abandon = None;
+            if wait.is_some() {
+                let id: u64 = sqlx::query("SELECT CONNECTION_ID()")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .db()?
+                    .try_get(0)
+                    .db()?;
+                abandon = Some(KillQueryOnDrop {
+                    pool: self.pool.clone(),
+                    conn_id: id,
+                    armed: true,
+                });
+            }
             sqlx::raw_sql("START TRANSACTION")
                 .execute(&mut *conn)
                 .await
@@ -271,17 +355,30 @@ impl RowLock {
                 .fetch_optional(&mut *conn);
             let res = match wait {
                 // Client-side bound for sub-second precision; on expiry the
-                // attempt is dropped and its connection closed (rolled back).
+                // attempt is dropped, its query killed, its connection closed.
                 Some((_, deadline)) => match tokio::time::timeout_at(deadline, query).await {
                     Ok(r) => r,
                     Err(_) => return Ok(None),
                 },
                 None => query.await,
             };
+            // The statement finished: nothing to kill any more.
+            if let Some(a) = abandon.as_mut() {
+                a.armed = false;
+            }
             match res {
                 Ok(Some(r)) => {
                     let conn_id: u64 = r.try_get(1).db()?;
-                    return Ok(Some((held, conn_id)));
+                    sqlx::query(self.mark_holder.clone())
+                        .bind(&row)
+                        .execute(held.conn()?)
+                        .await
+                        .db()?;
+                    return Ok(Some(Locked {
+                        held,
+                        conn_id,
+                        bump,
+                    }));
                 }
                 Ok(None) => {
                     // The row vanished (purged): never keep a gap lock. Roll
@@ -309,16 +406,23 @@ impl RowLock {
     }
 
     /// After the row lock is ours: bump the fencing counter (autocommit, on
-    /// another connection) and register the hold.
+    /// the reserved connection), prove the hold is still alive with one
+    /// statement on the holding connection — the lease counts from *that*
+    /// send time — and register the hold. A hold lost in between (its idle
+    /// clock ran out) yields an error, never a lease: its burned token is
+    /// harmless.
     async fn register(
         &self,
         key: &LockKey,
         owner: Owner,
         ttl: Duration,
-        mut held: HeldConn,
-        conn_id: u64,
-        sent: Instant,
+        locked: Locked,
     ) -> Result<Lease> {
+        let Locked {
+            mut held,
+            conn_id,
+            mut bump,
+        } = locked;
         let bumped = sqlx::query(self.bump_fence.clone())
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
@@ -327,8 +431,9 @@ impl RowLock {
             .bind(owner.as_str().as_bytes())
             .bind(micros(ttl))
             .bind(conn_id)
-            .execute(&self.pool)
+            .execute(&mut *bump)
             .await;
+        drop(bump);
         let token = match bumped {
             Ok(done) => done.last_insert_id(),
             Err(e) => {
@@ -337,6 +442,14 @@ impl RowLock {
                 return Err(error::map(e));
             }
         };
+        let sent = Instant::now();
+        if let Err(e) = sqlx::raw_sql("DO 1").execute(held.conn()?).await {
+            return Err(Error::backend(
+                error::BACKEND,
+                true,
+                format!("the lock connection died right after the grant ({e}); try again"),
+            ));
+        }
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(
             key.clone(),
             HeldRow {
@@ -462,17 +575,41 @@ impl RowLock {
         let owner = opts.owner_or_random();
         let start = Instant::now();
         let deadline = wait_deadline(opts.wait(), start);
-        let (held, conn_id, sent) = self.wait_for_row(key, ttl_secs, deadline, start).await?;
-        let lease = self.register(key, owner, ttl, held, conn_id, sent).await?;
+        if let Some(o) = opts.owner() {
+            let mine = self
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(key)
+                .is_some_and(|h| h.owner == *o);
+            if mine {
+                return Err(Error::AlreadyHeld { key: key.clone() });
+            }
+        }
+        let locked = self.wait_for_row(key, ttl_secs, deadline, start).await?;
+        let lease = self.register(key, owner, ttl, locked).await?;
         let row = self
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key)
             .ok_or_else(|| Error::backend(error::BACKEND, false, "lost track of a fresh hold"))?;
-        let conn = row.conn.lock().await.take();
+        let mut conn = row.conn.lock().await.take().unwrap_or(HeldConn(None));
+        // Guards against a silent end of the transaction (deadlock victim,
+        // an implicit commit by DDL or a stray BEGIN): autocommit off, so
+        // nothing after such an end commits on its own, and a savepoint,
+        // which any end of the transaction destroys — `commit` checks it.
+        let c = conn.conn()?;
+        sqlx::raw_sql("SET SESSION autocommit = 0")
+            .execute(&mut *c)
+            .await
+            .db()?;
+        sqlx::raw_sql("SAVEPOINT fenced_lock")
+            .execute(&mut *c)
+            .await
+            .db()?;
         Ok(RowLockTransaction {
-            conn: conn.unwrap_or(HeldConn(None)),
+            conn,
             lease,
             clear_fence: self.clear_fence.clone(),
             pool: self.pool.clone(),
@@ -485,7 +622,7 @@ impl RowLock {
         ttl_secs: u64,
         deadline: Option<Instant>,
         start: Instant,
-    ) -> Result<(HeldConn, u64, Instant)> {
+    ) -> Result<Locked> {
         loop {
             let sent = Instant::now();
             let wait = match deadline {
@@ -502,8 +639,8 @@ impl RowLock {
                     ))
                 }
             };
-            if let Some(got) = self.lock_row(key, ttl_secs, wait).await? {
-                return Ok((got.0, got.1, sent));
+            if let Some(locked) = self.lock_row(key, ttl_secs, wait).await? {
+                return Ok(locked);
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -532,9 +669,7 @@ impl DistributedLock for RowLock {
         }
         let owner = opts.owner_or_random();
         match self.lock_row(key, ttl_secs, None).await? {
-            Some((held, conn_id)) => Ok(Some(
-                self.register(key, owner, ttl, held, conn_id, sent).await?,
-            )),
+            Some(locked) => Ok(Some(self.register(key, owner, ttl, locked).await?)),
             None => Ok(None),
         }
     }
@@ -549,8 +684,8 @@ impl DistributedLock for RowLock {
         }
         let owner = opts.owner_or_random();
         let deadline = wait_deadline(opts.wait(), start);
-        let (held, conn_id, sent) = self.wait_for_row(key, ttl_secs, deadline, start).await?;
-        self.register(key, owner, ttl, held, conn_id, sent).await
+        let locked = self.wait_for_row(key, ttl_secs, deadline, start).await?;
+        self.register(key, owner, ttl, locked).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -585,12 +720,15 @@ impl DistributedLock for RowLock {
         };
         // A statement on the holding connection resets its idle timer; a
         // failure means the connection — and with it the lock — is gone.
+        // No answer within the operation timeout counts as gone too: the
+        // connection is then closed, which releases whatever it still held.
         let alive = match held.conn() {
-            Ok(c) => sqlx::query("SET SESSION wait_timeout = ?")
-                .bind(ttl_secs)
-                .execute(c)
-                .await
-                .is_ok(),
+            Ok(c) => {
+                let set = sqlx::query("SET SESSION wait_timeout = ?")
+                    .bind(ttl_secs)
+                    .execute(c);
+                matches!(tokio::time::timeout(self.op_timeout, set).await, Ok(Ok(_)))
+            }
             Err(_) => false,
         };
         if !alive {
@@ -665,38 +803,50 @@ impl DistributedLock for RowLock {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        // Held through this instance: end it here.
+        // Held through this instance: end it here (if its connection is
+        // still alive; otherwise someone else may hold the key by now).
         let local = self
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
         if let Some(row) = local {
-            if let Some(h) = row.conn.lock().await.take() {
-                self.finish(h, "ROLLBACK").await;
-            }
+            let ended = match row.conn.lock().await.take() {
+                Some(h) => self.finish(h, "ROLLBACK").await,
+                None => false,
+            };
             self.clear_fence(key, row.token).await;
-            tracing::warn!(key = %key, "lock force-released");
-            return Ok(true);
+            if ended {
+                tracing::warn!(key = %key, "lock force-released");
+                return Ok(true);
+            }
         }
-        let Some(row) = sqlx::query(self.read_fence.clone())
-            .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
+        // The holder is another connection: it named itself in the lock row,
+        // uncommitted, inside its locking transaction. Read that with READ
+        // UNCOMMITTED: it is there exactly while the lock is held, and the
+        // holder's rollback erases it — so a released holder's pooled
+        // connection is never mistaken for the holder.
+        let mut conn = HeldConn(Some(self.pool.acquire().await.db()?));
+        let c = conn.conn()?;
+        sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+            .execute(&mut *c)
+            .await
+            .db()?;
+        let holder: Option<u64> = sqlx::query(self.read_holder.clone())
+            .bind(self.row_key(key))
+            .fetch_optional(&mut *c)
             .await
             .db()?
-        else {
+            .map(|r| r.try_get::<Option<u64>, _>(0))
+            .transpose()
+            .db()?
+            .flatten();
+        drop(conn.into_pooled());
+        let Some(conn_id) = holder else {
             return Ok(false);
         };
-        let token: u64 = row.try_get(1).db()?;
-        let conn_id: Option<u64> = row.try_get(4).db()?;
-        if !self.probe_held(key).await? {
-            return Ok(false);
-        }
-        let Some(conn_id) = conn_id else {
-            return Ok(false);
-        };
-        // The holder is another connection: killing it rolls its transaction
-        // back. KILL cannot be prepared; the id is a number we just read.
+        // Killing the connection rolls its transaction back. KILL cannot be
+        // prepared; the id is a number the server gave us.
         match sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {conn_id}")))
             .execute(&self.pool)
             .await
@@ -705,7 +855,6 @@ impl DistributedLock for RowLock {
             Err(e) if error::number(&e) == Some(1094) => return Ok(false), // unknown thread id
             Err(e) => return Err(error::map(e)),
         }
-        self.clear_fence(key, token).await;
         tracing::warn!(key = %key, conn_id, "lock force-released by killing the holder's connection");
         Ok(true)
     }
@@ -787,6 +936,11 @@ impl RowLockTransaction {
 
     /// The connection, inside the locking transaction: run business writes on it.
     ///
+    /// Do not `begin()`, `COMMIT` or run DDL on it: that would end the locking
+    /// transaction (MySQL commits implicitly) and release the lock. Use
+    /// [`commit`](Self::commit) / [`rollback`](Self::rollback); `commit`
+    /// detects an early end and then commits nothing.
+    ///
     /// # Errors
     ///
     /// [`Error::Backend`] if the connection was lost.
@@ -815,6 +969,25 @@ impl RowLockTransaction {
 
     async fn end(mut self, how: &'static str) -> Result<()> {
         let conn = self.conn.conn()?;
+        // Still the transaction that took the lock? A deadlock victim, an
+        // implicit commit or a stray BEGIN ended it — and the lock with it —
+        // without a word; the savepoint set at lock time is then gone.
+        if how == "COMMIT" {
+            if let Err(e) = sqlx::raw_sql("RELEASE SAVEPOINT fenced_lock")
+                .execute(&mut *conn)
+                .await
+            {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                return Err(Error::lease_lost(
+                    &self.lease.key,
+                    self.lease.token,
+                    format!(
+                        "the locking transaction ended early (deadlock victim, implicit commit or \
+                         lost connection: {e}); nothing after that point was committed"
+                    ),
+                ));
+            }
+        }
         if let Err(e) = sqlx::raw_sql(how).execute(&mut *conn).await {
             return Err(Error::lease_lost(
                 &self.lease.key,
@@ -822,13 +995,17 @@ impl RowLockTransaction {
                 format!("the lock transaction was gone before {how}: {e}"),
             ));
         }
-        let _ = sqlx::raw_sql(
-            "SET SESSION wait_timeout = @@GLOBAL.wait_timeout, \
+        let restored = sqlx::raw_sql(
+            "SET SESSION autocommit = 1, wait_timeout = @@GLOBAL.wait_timeout, \
              innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout",
         )
         .execute(&mut *conn)
-        .await;
-        drop(std::mem::replace(&mut self.conn, HeldConn(None)).into_pooled());
+        .await
+        .is_ok();
+        let conn = std::mem::replace(&mut self.conn, HeldConn(None));
+        if restored {
+            drop(conn.into_pooled());
+        }
         let _ = sqlx::query(self.clear_fence.clone())
             .bind(self.lease.key.as_bytes())
             .bind(self.lease.token.get())

@@ -68,8 +68,11 @@ impl UniqueKey {
             held_by: sql!(
                 "SELECT 1 FROM {t} WHERE lock_key = ? AND owner = ? AND expire_time > UTC_TIMESTAMP(6)"
             ),
+            // Re-entered holds never have their expiry cut by one entry's extend.
             extend: sql!(
-                "UPDATE {t} SET expire_time = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                "UPDATE {t} SET expire_time = IF(reentrant_count > 1, \
+                 GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  WHERE id = ? AND owner = ? AND expire_time > UTC_TIMESTAMP(6)"
             ),
             release_last: sql!(
@@ -89,7 +92,9 @@ impl UniqueKey {
             force_current: sql!(
                 "DELETE FROM {t} WHERE lock_key = ? AND expire_time > UTC_TIMESTAMP(6)"
             ),
-            force_any: sql!("DELETE FROM {t} WHERE lock_key = ?"),
+            // Only rows already expired: a holder that inserted after the
+            // first statement keeps its fresh lock.
+            force_any: sql!("DELETE FROM {t} WHERE lock_key = ? AND expire_time <= UTC_TIMESTAMP(6)"),
             reap: sql!(
                 "DELETE FROM {t} WHERE expire_time < UTC_TIMESTAMP(6) ORDER BY expire_time LIMIT ?"
             ),
@@ -252,6 +257,7 @@ impl DistributedLock for UniqueKey {
         let ttl = LockOptions::validate_ttl(ttl)?;
         let sent = Instant::now();
         let done = sqlx::query(self.extend.clone())
+            .bind(micros(ttl))
             .bind(micros(ttl))
             .bind(lease.token.get())
             .bind(lease.owner.as_str().as_bytes())

@@ -1,0 +1,442 @@
+//! Regression tests for bugs found in review (each failed before its fix).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use common::{server_url, MySqlHarness};
+use fenced_api::{DistributedLock, Error, LockKey, LockOptions, WaitPolicy};
+use fenced_mysql::{MySqlLock, Strategy};
+use sqlx::Row;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    time::Instant,
+};
+
+fn key(tag: &str) -> LockKey {
+    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::builder().ttl(ttl).build().unwrap()
+}
+
+fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::builder()
+        .ttl(ttl)
+        .wait(WaitPolicy::Timeout(wait))
+        .build()
+        .unwrap()
+}
+
+/// row_lock: an instance whose pool is busy must not end up with a lease
+/// (and a higher token) for a hold it lost while waiting for a connection.
+#[tokio::test]
+async fn row_lock_no_token_inversion_when_the_pool_is_busy() {
+    let h = MySqlHarness::new(Strategy::RowLock).await;
+    let one = MySqlLock::builder(&h.url())
+        .unwrap()
+        .max_connections(2)
+        .connect()
+        .await
+        .unwrap();
+    let (two, three) = (h.lock().await, h.lock().await);
+    let (k, other) = (key("inv"), key("inv-other"));
+    let h3 = three
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let busy = one
+        .try_acquire(&other, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let (one_a, ka) = (one.clone(), k.clone());
+    let a = tokio::spawn(async move {
+        one_a
+            .acquire(
+                &ka,
+                &waiting(Duration::from_secs(1), Duration::from_secs(8)),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (two_b, kb) = (two.clone(), k.clone());
+    let b = tokio::spawn(async move {
+        two_b
+            .acquire(
+                &kb,
+                &waiting(Duration::from_secs(30), Duration::from_secs(20)),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    three.release(&h3).await.unwrap();
+    let lb = b.await.unwrap().unwrap();
+    one.release(&busy).await.unwrap();
+    // B holds (30 s) and never releases: A must not hold too.
+    match a.await.unwrap() {
+        Err(_) => {}
+        Ok(la) => panic!("A got token {} while B holds token {}", la.token, lb.token),
+    }
+    assert_eq!(two.inspect(&k).await.unwrap().unwrap().token, lb.token);
+    two.release(&lb).await.unwrap();
+}
+
+/// row_lock: a lease granted after a wait longer than its TTL is not born expired.
+#[tokio::test]
+async fn row_lock_lease_after_a_long_wait_is_fresh() {
+    let h = MySqlHarness::new(Strategy::RowLock).await;
+    let (a, b) = (h.lock().await, h.lock().await);
+    let k = key("born");
+    let held = a
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let a2 = a.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        a2.release(&held).await.unwrap();
+    });
+    let l = b
+        .acquire(
+            &k,
+            &waiting(Duration::from_secs(1), Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        l.remaining() > Duration::from_millis(500),
+        "remaining {:?}",
+        l.remaining()
+    );
+    b.release(&l).await.unwrap();
+}
+
+/// row_lock: a dropped waiter leaves InnoDB's queue (its statement is killed).
+#[tokio::test]
+async fn row_lock_dropped_waiter_leaves_the_server_queue() {
+    let h = MySqlHarness::new(Strategy::RowLock).await;
+    let (a, b) = (h.lock().await, h.lock().await);
+    let k = key("ghost");
+    let held = a
+        .try_acquire(&k, &opts(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .unwrap();
+    let forever = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait(WaitPolicy::Forever)
+        .build()
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_millis(500), b.acquire(&k, &forever)).await;
+    let p = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    let start = Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT lock_key, CONNECTION_ID()%FOR UPDATE'",
+        )
+        .fetch_one(&p)
+        .await
+        .unwrap()
+        .get(0);
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "the dropped waiter still waits on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.release(&held).await.unwrap();
+}
+
+/// row_lock: a business statement chosen as deadlock victim ends the locking
+/// transaction; `commit` must then report the loss and commit nothing.
+#[tokio::test]
+async fn row_lock_transaction_deadlock_victim_is_reported_and_commits_nothing() {
+    let h = MySqlHarness::new(Strategy::RowLock).await;
+    let a = h.lock().await;
+    let p = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    let t = format!("{}_dl", common::run_table());
+    // 200 rows: the other transaction touches 199 of them, so InnoDB usually
+    // picks the lock's (lighter) transaction as the deadlock victim; both
+    // outcomes are checked.
+    let values: Vec<String> = (1..=200).map(|i| format!("({i}, 0)")).collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS `{t}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+         INSERT IGNORE INTO `{t}` VALUES {}",
+        values.join(", ")
+    )))
+    .execute(&p)
+    .await
+    .unwrap();
+    let k = key("dl");
+    let mut tx = a
+        .lock_in_transaction(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let mut x = p.acquire().await.unwrap();
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut *x)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE `{t}` SET v = 1 WHERE id = 2"
+    )))
+    .execute(&mut *x)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE `{t}` SET v = 1 WHERE id = 1"
+    )))
+    .execute(tx.connection().unwrap())
+    .await
+    .unwrap();
+    let t2 = t.clone();
+    let other = tokio::spawn(async move {
+        let r = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "UPDATE `{t2}` SET v = 2 WHERE id = 1"
+        )))
+        .execute(&mut *x)
+        .await;
+        let _ = sqlx::raw_sql("COMMIT").execute(&mut *x).await;
+        r.is_ok()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mine = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE `{t}` SET v = 3 WHERE id = 2"
+    )))
+    .execute(tx.connection().unwrap())
+    .await;
+    let other_ok = other.await.unwrap();
+    if mine.is_ok() {
+        // The other side was the victim: the lock's transaction is intact.
+        assert!(!other_ok);
+        tx.commit().await.unwrap();
+    } else {
+        assert!(other_ok);
+        // We were the victim. A retried write must not commit on its own…
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "UPDATE `{t}` SET v = 4 WHERE id = 2"
+        )))
+        .execute(tx.connection().unwrap())
+        .await
+        .unwrap();
+        // …and commit must say the lock was lost.
+        assert!(matches!(tx.commit().await, Err(Error::LeaseLost { .. })));
+        let v: i32 = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT v FROM `{t}` WHERE id = 2"
+        )))
+        .fetch_one(&p)
+        .await
+        .unwrap()
+        .get(0);
+        assert_ne!(v, 4, "a write after the silent rollback was committed");
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE `{t}`")))
+        .execute(&p)
+        .await
+        .unwrap();
+}
+
+/// Every strategy: a server that stops answering mid-call yields a
+/// retryable error within the operation timeout, not a hang.
+#[tokio::test]
+async fn a_blackholed_server_never_hangs_a_call() {
+    for (strategy, trigger) in [
+        (Strategy::UniqueKey, &b"DELETE"[..]),
+        (Strategy::RowLock, &b"ROLLBACK"[..]),
+    ] {
+        let h = MySqlHarness::new(strategy).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = common::server_url().await;
+        let upstream = fenced_conformance::services::host_port(&upstream, 3306).unwrap();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let armed = Arc::new(AtomicBool::new(false));
+        let (f0, a0) = (frozen.clone(), armed.clone());
+        let trigger = trigger.to_vec();
+        let proxy = tokio::spawn(async move {
+            loop {
+                let (client, _) = listener.accept().await.unwrap();
+                let server = TcpStream::connect(&upstream).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let (f1, f2, a1, trig) = (f0.clone(), f0.clone(), a0.clone(), trigger.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if a1.load(Ordering::SeqCst)
+                            && buf[..n].windows(trig.len()).any(|w| w == trig.as_slice())
+                        {
+                            f1.store(true, Ordering::SeqCst);
+                        }
+                        if f1.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if f2.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let url = format!(
+            "mysql://root@127.0.0.1:{port}/test?strategy={strategy}&table={}&timeout=2s",
+            common::run_table()
+        );
+        let lock = MySqlLock::connect(&url).await.unwrap();
+        let l = lock
+            .try_acquire(&key("hang"), &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let start = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), lock.release(&l)).await;
+        match r {
+            Ok(Err(e)) => assert!(e.is_retryable(), "{strategy}: {e}"),
+            Ok(Ok(o)) => panic!("{strategy}: release through a blackhole returned {o:?}"),
+            Err(_) => panic!("{strategy}: release hung past 10 s (op timeout 2 s)"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "{strategy}: took {:?}",
+            start.elapsed()
+        );
+        let _ = h;
+        proxy.abort();
+    }
+}
+
+/// unique_key: re-entered holds never have their expiry cut by one entry's extend.
+#[tokio::test]
+async fn reentrant_extend_never_shortens_another_entry() {
+    for strategy in [Strategy::UniqueKey, Strategy::Optimistic] {
+        let h = MySqlHarness::new(strategy).await;
+        let (a, b) = (h.lock().await, h.lock().await);
+        let k = key("re");
+        let long = LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .owner(format!("o-{strategy}"))
+            .reentrant(true)
+            .build()
+            .unwrap();
+        let short = long
+            .to_builder()
+            .ttl(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let e1 = a.try_acquire(&k, &long).await.unwrap().unwrap();
+        let e2 = a.try_acquire(&k, &short).await.unwrap().unwrap();
+        a.extend(&e2, Duration::from_secs(1)).await.unwrap();
+        a.release(&e2).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(
+            b.try_acquire(&k, &opts(Duration::from_secs(5)))
+                .await
+                .unwrap()
+                .is_none(),
+            "{strategy}: entry 1 was cut short"
+        );
+        a.release(&e1).await.unwrap();
+    }
+}
+
+/// row_lock needs a connection for the token bump besides the holding one.
+#[tokio::test]
+async fn row_lock_refuses_a_single_connection_pool() {
+    let h = MySqlHarness::new(Strategy::RowLock).await;
+    let r = MySqlLock::builder(&h.url())
+        .unwrap()
+        .max_connections(1)
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::Config { .. })), "{r:?}");
+}
+
+/// row_lock: an implicit commit (DDL) on the transaction's connection ends
+/// the locking transaction; `commit` reports the loss and later writes stay
+/// uncommitted.
+#[tokio::test]
+async fn row_lock_transaction_ended_by_an_implicit_commit_is_reported() {
+    let h = MySqlHarness::new(Strategy::RowLock).await;
+    let (a, b) = (h.lock().await, h.lock().await);
+    let p = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    let t = format!("{}_ic", common::run_table());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS `{t}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"
+    )))
+    .execute(&p)
+    .await
+    .unwrap();
+    let k = key("ic");
+    let mut tx = a
+        .lock_in_transaction(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    // DDL commits implicitly: the row lock is gone right here.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS `{t}_x` (id INT)"
+    )))
+    .execute(tx.connection().unwrap())
+    .await
+    .unwrap();
+    let other = b
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(other.is_some(), "the implicit commit released the row lock");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO `{t}` VALUES (7, 7)"
+    )))
+    .execute(tx.connection().unwrap())
+    .await
+    .unwrap();
+    assert!(matches!(tx.commit().await, Err(Error::LeaseLost { .. })));
+    let n: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{t}` WHERE id = 7"
+    )))
+    .fetch_one(&p)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(n, 0, "a write after the lock was gone was committed");
+    b.release(&other.unwrap()).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE `{t}`, `{t}_x`")))
+        .execute(&p)
+        .await
+        .unwrap();
+}
