@@ -29,7 +29,7 @@
 mod registry;
 
 pub use fenced_api::*;
-pub use registry::{connect, driver_for, drivers, migrate, redact};
+pub use registry::{connect, default_url, driver_for, drivers, migrate, redact};
 
 #[cfg(feature = "etcd")]
 pub use fenced_etcd as etcd;
@@ -37,3 +37,5 @@ pub use fenced_etcd as etcd;
 pub use fenced_mysql as mysql;
 #[cfg(feature = "redis")]
 pub use fenced_redis as redis;
+#[cfg(feature = "sqlite")]
+pub use fenced_sqlite as sqlite;

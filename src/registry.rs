@@ -20,6 +20,8 @@ const KNOWN: &[(&str, &str)] = &[
 pub fn drivers() -> Vec<Driver> {
     #[allow(unused_mut)]
     let mut list = vec![MemoryLock::driver()];
+    #[cfg(feature = "sqlite")]
+    list.push(fenced_sqlite::driver());
     #[cfg(feature = "mysql")]
     list.push(fenced_mysql::driver());
     #[cfg(feature = "redis")]
@@ -93,6 +95,32 @@ pub async fn migrate(url: &str) -> Result<bool> {
     }
 }
 
+/// The store used when no URL is configured: `$FENCED_URL`, else the
+/// per-user embedded SQLite file (see `fenced_sqlite::SqliteLock::default_path`).
+///
+/// # Errors
+///
+/// [`Error::Config`] when neither is available (no `sqlite` feature and no
+/// `FENCED_URL`, or no home directory to put the file in).
+pub fn default_url() -> Result<String> {
+    if let Some(url) = std::env::var("FENCED_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    {
+        return Ok(url);
+    }
+    #[cfg(feature = "sqlite")]
+    {
+        fenced_sqlite::SqliteLock::default_url()
+    }
+    #[cfg(not(feature = "sqlite"))]
+    {
+        Err(Error::config(
+            "no store configured: set FENCED_URL (this build has no `sqlite` feature for the embedded default)",
+        ))
+    }
+}
+
 /// Replaces the password of a URL with `***`, for messages.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -133,6 +161,10 @@ mod tests {
             ("etcd://h1:2379,h2:2379/prefix", Ok("etcd")),
             #[cfg(feature = "redis")]
             ("redis://127.0.0.1:6379/0", Ok("redis")),
+            #[cfg(feature = "sqlite")]
+            ("sqlite:///var/lib/app/locks.db?table=jobs", Ok("sqlite")),
+            #[cfg(not(feature = "etcd"))]
+            ("etcd://h:2379/p", Err("`etcd` cargo feature")),
             #[cfg(feature = "redis")]
             ("rediss://:pw@cache:6380", Ok("redis")),
             #[cfg(not(feature = "mysql"))]

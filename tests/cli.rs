@@ -44,6 +44,7 @@ async fn mysql_url(strategy: &str) -> String {
     url
 }
 
+#[cfg(feature = "etcd")]
 async fn etcd_url() -> String {
     let base = services::etcd_url();
     services::probe_etcd(&base)
@@ -148,6 +149,7 @@ async fn processes_exclude_each_other_on_mysql() {
     }
 }
 
+#[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_etcd() {
     let url = etcd_url().await;
@@ -160,10 +162,17 @@ async fn processes_exclude_each_other_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_redis() {
     let base = services::redis_url();
-    services::probe_redis(&base).await.unwrap_or_else(|m| panic!("{m}"));
-    let url = format!("{base}/0?prefix=fenced-cli-{}", uuid::Uuid::new_v4().simple());
+    services::probe_redis(&base)
+        .await
+        .unwrap_or_else(|m| panic!("{m}"));
+    let url = format!(
+        "{base}/0?prefix=fenced-cli-{}",
+        uuid::Uuid::new_v4().simple()
+    );
     let dir = tmpdir("redis");
-    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3)).await.unwrap();
+    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
+        .await
+        .unwrap();
 }
 
 /// A holder frozen past its TTL loses the lock; on resume it terminates its
@@ -342,7 +351,8 @@ async fn exit_codes_are_distinct_and_documented() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_force_release() {
-    let url = etcd_url().await;
+    let dir = tmpdir("status");
+    let url = format!("sqlite://{}/locks.db", dir.display());
     let mut holder = std::process::Command::new(BIN)
         .args(["--url", &url, "run", "--key", "admin", "--", "sleep", "30"])
         .spawn()
@@ -393,4 +403,49 @@ async fn status_and_force_release() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// With no --url and no FENCED_URL, `fenced run` uses the embedded SQLite
+/// file under FENCED_HOME (or the XDG state directory): no server needed.
+#[test]
+fn the_embedded_default_needs_no_configuration() {
+    let home = tmpdir("home");
+    let dir = tmpdir("default");
+    let run = |dir: &Path| {
+        Command::new(BIN)
+            .env_remove("FENCED_URL")
+            .env("FENCED_HOME", &home)
+            .args(["run", "--key", "demo", "--wait", "30s", "--", "sh", "-c"])
+            .arg(format!("echo $FENCED_TOKEN >> {}/tokens", dir.display()))
+            .output()
+            .unwrap()
+    };
+    for _ in 0..3 {
+        let out = run(&dir);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        home.join("locks.db").exists(),
+        "the default file was not created under FENCED_HOME"
+    );
+    let tokens: Vec<u64> = std::fs::read_to_string(dir.join("tokens"))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "{tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_exclude_each_other_on_sqlite() {
+    let dir = tmpdir("sqlite");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
+        .await
+        .unwrap();
 }

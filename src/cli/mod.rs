@@ -138,12 +138,12 @@ pub(crate) fn fail(e: &Error) -> u8 {
     }
 }
 
+/// `--url`, else `$FENCED_URL` (clap reads it into `--url`), else the
+/// embedded per-user SQLite file.
 fn store_url(cli_url: Option<String>) -> Result<String, Error> {
     match cli_url {
         Some(u) if !u.trim().is_empty() => Ok(u),
-        _ => Err(Error::config(
-            "no store given: pass --url or set FENCED_URL (e.g. sqlite:///var/lib/app/locks.db, mysql://user@host/db, redis://host, etcd://host:2379/prefix)",
-        )),
+        _ => fenced::default_url(),
     }
 }
 
