@@ -51,6 +51,7 @@
 mod capabilities;
 mod client;
 mod driver;
+mod dual;
 mod error;
 mod guard;
 mod key;
@@ -64,6 +65,7 @@ pub use async_trait::async_trait;
 pub use capabilities::Capabilities;
 pub use client::{LockClient, LockClientBuilder};
 pub use driver::{BoxFuture, ConnectFn, Driver, MigrateFn};
+pub use dual::{DualLock, TokenSource};
 pub use error::{BoxError, Error, Result};
 pub use guard::{LeaseHandle, LockGuard, LossReason};
 pub use key::{IntoLockKey, LockKey};

@@ -1,0 +1,330 @@
+//! `DualLock`: hold every key in two stores during a live migration.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::{
+    wait::wait_deadline, Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo,
+    LockKey, LockOptions, ReleaseOutcome, Result, WaitPolicy,
+};
+
+/// Which store's fencing token a [`DualLock`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TokenSource {
+    /// The old store's token (phase 2: some nodes still use only the old store).
+    #[default]
+    Old,
+    /// The new store's token (phase 3: some nodes already use only the new store).
+    New,
+}
+
+/// Moves locks from one store to another while every node keeps running.
+///
+/// A `DualLock` takes each key in the **old** store, then in the **new** one,
+/// and releases in reverse order. Nodes still on the old store, nodes on a
+/// `DualLock`, and nodes already on the new store therefore exclude each
+/// other in every mix that a rolling deployment produces:
+///
+/// | phase | nodes run | token reported |
+/// |---|---|---|
+/// | 1. old | `old` | old store's |
+/// | 2. dual, old tokens | `old` and `DualLock::new(old, new)` | old store's ([`TokenSource::Old`]) |
+/// | 3. dual, new tokens | `DualLock::new(old, new).tokens(TokenSource::New)` | new store's |
+/// | 4. new | `DualLock` (phase 3) and `new` | new store's |
+/// | 5. done | `new` | new store's |
+///
+/// Each phase starts only when the previous one is deployed everywhere.
+/// Within phases 1–2 all tokens come from the old store, within 3–5 from the
+/// new store, so they increase as long as **the new store's tokens exceed the
+/// old store's** — "seed" the new store above the old one if its counters start
+/// lower (Redis tokens are server-clock microseconds and are already far
+/// above any MySQL id or etcd revision). A `DualLock` checks this on every
+/// acquisition and refuses, in [`TokenSource::New`] mode, to hand out a new
+/// token that is not above the old one for the same hold.
+///
+/// During the roll from phase 2 to 3, a node still reporting old tokens can
+/// acquire after one reporting new tokens; its (lower) token is then
+/// rejected by the protected resource. That costs a retry, never safety: no
+/// stale write is accepted at any point.
+///
+/// ```
+/// use std::sync::Arc;
+/// use fenced_api::{DistributedLock, DualLock, LockKey, LockOptions, MemoryLock, TokenSource};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fenced_api::Result<()> {
+/// let (old, new) = (Arc::new(MemoryLock::new()), Arc::new(MemoryLock::new()));
+/// let dual = DualLock::new(old.clone(), new.clone());
+/// let key = LockKey::new("job")?;
+/// let lease = dual.try_acquire(&key, &LockOptions::default()).await?.unwrap();
+/// // Held in both stores: nodes on either one are excluded.
+/// assert!(old.try_acquire(&key, &LockOptions::default()).await?.is_none());
+/// assert!(new.try_acquire(&key, &LockOptions::default()).await?.is_none());
+/// dual.release(&lease).await?;
+/// # Ok(()) }
+/// ```
+pub struct DualLock {
+    old: Arc<dyn DistributedLock>,
+    new: Arc<dyn DistributedLock>,
+    tokens: TokenSource,
+    /// The two underlying leases of each hold made here, by (key, owner, token).
+    holds: Mutex<HashMap<(LockKey, String, u64), (Lease, Lease)>>,
+}
+
+impl fmt::Debug for DualLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DualLock")
+            .field("old", &self.old)
+            .field("new", &self.new)
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DualLock {
+    /// Holds keys in `old` then `new`, reporting the old store's tokens.
+    pub fn new(old: Arc<dyn DistributedLock>, new: Arc<dyn DistributedLock>) -> Self {
+        DualLock {
+            old,
+            new,
+            tokens: TokenSource::Old,
+            holds: Mutex::default(),
+        }
+    }
+
+    /// Chooses whose tokens are reported (phase 2: [`TokenSource::Old`],
+    /// phase 3: [`TokenSource::New`]).
+    #[must_use]
+    pub fn tokens(mut self, source: TokenSource) -> Self {
+        self.tokens = source;
+        self
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<(LockKey, String, u64), (Lease, Lease)>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Both stores must see the same owner, so that releases and reentrancy
+    /// match in each.
+    fn with_owner(opts: &LockOptions) -> Result<LockOptions> {
+        match opts.owner() {
+            Some(_) => Ok(opts.clone()),
+            None => opts
+                .to_builder()
+                .owner(crate::Owner::random().as_str())
+                .build(),
+        }
+    }
+
+    /// Combines the two grants into the lease this lock reports.
+    fn combine(&self, old: Lease, new: Lease) -> Result<Lease> {
+        if new.token <= old.token {
+            let msg = format!(
+                "the new store's token {} is not above the old store's {} for `{}`: seed the new \
+                 store's counters above the old ones before reporting new tokens",
+                new.token, old.token, old.key
+            );
+            if self.tokens == TokenSource::New {
+                return Err(Error::config(msg));
+            }
+            tracing::warn!(key = %old.key, "{msg}");
+        }
+        let token = match self.tokens {
+            TokenSource::Old => old.token,
+            TokenSource::New => new.token,
+        };
+        let mut lease = old.clone();
+        lease.token = token;
+        lease.ttl = old.ttl.min(new.ttl);
+        lease.deadline = old.deadline.min(new.deadline);
+        let mut holds = self.holds();
+        if holds.len() > 4096 {
+            // Holds that were never released (crashed callers) expire.
+            let now = Instant::now();
+            holds.retain(|_, (o, n)| o.deadline.max(n.deadline) > now);
+        }
+        holds.insert(
+            (
+                lease.key.clone(),
+                lease.owner.as_str().to_owned(),
+                token.get(),
+            ),
+            (old, new),
+        );
+        Ok(lease)
+    }
+
+    fn lookup(&self, lease: &Lease) -> Option<(Lease, Lease)> {
+        self.holds()
+            .get(&(
+                lease.key.clone(),
+                lease.owner.as_str().to_owned(),
+                lease.token.get(),
+            ))
+            .cloned()
+    }
+
+    fn forget(&self, lease: &Lease) {
+        self.holds().remove(&(
+            lease.key.clone(),
+            lease.owner.as_str().to_owned(),
+            lease.token.get(),
+        ));
+    }
+
+    /// Gives back an old-store lease after the new store refused or failed.
+    async fn undo(&self, old: &Lease) {
+        if let Err(e) = self.old.release(old).await {
+            tracing::warn!(key = %old.key, error = %e, "could not give back the old-store lock; it expires after its ttl");
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for DualLock {
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        let opts = Self::with_owner(opts)?;
+        let Some(old) = self.old.try_acquire(key, &opts).await? else {
+            return Ok(None);
+        };
+        match self.new.try_acquire(key, &opts).await {
+            Ok(Some(new)) => match self.combine(old.clone(), new.clone()) {
+                Ok(lease) => Ok(Some(lease)),
+                Err(e) => {
+                    let _ = self.new.release(&new).await;
+                    self.undo(&old).await;
+                    Err(e)
+                }
+            },
+            Ok(None) => {
+                self.undo(&old).await;
+                Ok(None)
+            }
+            Err(e) => {
+                self.undo(&old).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        let opts = Self::with_owner(opts)?;
+        let start = Instant::now();
+        let deadline = wait_deadline(opts.wait(), start);
+        let old = self.old.acquire(key, &opts).await?;
+        // The new store gets what is left of the wait bound.
+        let rest = match deadline {
+            Some(d) => WaitPolicy::Timeout(d.saturating_duration_since(Instant::now())),
+            None => WaitPolicy::Forever,
+        };
+        let new_opts = opts.to_builder().wait(rest).build()?;
+        match self.new.acquire(key, &new_opts).await {
+            Ok(new) => match self.combine(old.clone(), new.clone()) {
+                Ok(lease) => Ok(lease),
+                Err(e) => {
+                    let _ = self.new.release(&new).await;
+                    self.undo(&old).await;
+                    Err(e)
+                }
+            },
+            Err(Error::Timeout { .. }) => {
+                self.undo(&old).await;
+                Err(Error::Timeout {
+                    key: key.clone(),
+                    waited: start.elapsed(),
+                })
+            }
+            Err(e) => {
+                self.undo(&old).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = LockOptions::validate_ttl(ttl)?;
+        let Some((old, new)) = self.lookup(lease) else {
+            return Err(Error::lease_lost(
+                &lease.key,
+                lease.token,
+                "not a current hold of this DualLock",
+            ));
+        };
+        let old = self.old.extend(&old, ttl).await?;
+        let new = self.new.extend(&new, ttl).await?;
+        let mut renewed = lease.clone();
+        renewed.ttl = old.ttl.min(new.ttl);
+        renewed.deadline = old.deadline.min(new.deadline);
+        self.holds().insert(
+            (
+                lease.key.clone(),
+                lease.owner.as_str().to_owned(),
+                lease.token.get(),
+            ),
+            (old, new),
+        );
+        Ok(renewed)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        let Some((old, new)) = self.lookup(lease) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        // Reverse order: new first, then old.
+        let new_out = self.new.release(&new).await?;
+        let old_out = self.old.release(&old).await?;
+        let outcome = match (old_out, new_out) {
+            (ReleaseOutcome::StillHeld { remaining }, ReleaseOutcome::StillHeld { .. }) => {
+                ReleaseOutcome::StillHeld { remaining }
+            }
+            (ReleaseOutcome::Released, ReleaseOutcome::Released) => ReleaseOutcome::Released,
+            _ => ReleaseOutcome::NotHeld,
+        };
+        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
+            self.forget(lease);
+        }
+        Ok(outcome)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let (old, new) = (self.old.inspect(key).await?, self.new.inspect(key).await?);
+        Ok(match (old, new) {
+            (Some(o), Some(n)) => {
+                let mut info = match self.tokens {
+                    TokenSource::Old => o.clone(),
+                    TokenSource::New => n.clone(),
+                };
+                info.remaining_ttl = o.remaining_ttl.min(n.remaining_ttl);
+                Some(info)
+            }
+            // Held by a node that uses only one of the stores.
+            (Some(one), None) | (None, Some(one)) => Some(one),
+            (None, None) => None,
+        })
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let new = self.new.force_release(key).await?;
+        let old = self.old.force_release(key).await?;
+        Ok(new || old)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let (o, n) = (self.old.capabilities(), self.new.capabilities());
+        Capabilities::none()
+            .backend("dual")
+            .native_wait(o.has_native_wait() && n.has_native_wait())
+            .durable(o.is_durable() && n.is_durable())
+            .fifo(false)
+            .fencing(o.has_fencing() && n.has_fencing())
+            .reentrant(o.is_reentrant() && n.is_reentrant())
+            .min_ttl(o.get_min_ttl().max(n.get_min_ttl()))
+    }
+}
