@@ -11,9 +11,12 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::{
-    wait::wait_deadline, Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo,
-    LockKey, LockOptions, ReleaseOutcome, Result, WaitPolicy,
+    wait::wait_deadline, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    LockOptions, ReleaseOutcome, Result, WaitPolicy,
 };
+
+/// The two underlying leases of each hold, by (key, owner, reported token).
+type Holds = HashMap<(LockKey, String, u64), (Lease, Lease)>;
 
 /// Which store's fencing token a [`DualLock`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,8 +77,8 @@ pub struct DualLock {
     old: Arc<dyn DistributedLock>,
     new: Arc<dyn DistributedLock>,
     tokens: TokenSource,
-    /// The two underlying leases of each hold made here, by (key, owner, token).
-    holds: Mutex<HashMap<(LockKey, String, u64), (Lease, Lease)>>,
+    /// The two underlying leases of each hold made here.
+    holds: Mutex<Holds>,
 }
 
 impl fmt::Debug for DualLock {
@@ -107,7 +110,7 @@ impl DualLock {
         self
     }
 
-    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<(LockKey, String, u64), (Lease, Lease)>> {
+    fn holds(&self) -> std::sync::MutexGuard<'_, Holds> {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
