@@ -104,7 +104,8 @@ async fn the_migration_phases_stay_exclusive_with_increasing_tokens() {
             ) as Arc<dyn DistributedLock>
         }
     };
-    let phases: Vec<(&str, Arc<dyn DistributedLock>, Arc<dyn DistributedLock>)> = vec![
+    type Node = Arc<dyn DistributedLock>;
+    let phases: Vec<(&str, Node, Node)> = vec![
         ("1 old", old().await, old().await),
         (
             "2 old + dual(old tokens)",

@@ -440,3 +440,43 @@ async fn row_lock_transaction_ended_by_an_implicit_commit_is_reported() {
         .await
         .unwrap();
 }
+
+/// unique_key / optimistic: concurrent releases of re-entered entries (one
+/// owner, several instances) never delete a hold another entry still counts
+/// on, and the last one frees the key.
+#[tokio::test]
+async fn concurrent_releases_of_reentered_entries_are_counted_exactly() {
+    for strategy in [Strategy::UniqueKey, Strategy::Optimistic] {
+        let h = MySqlHarness::new(strategy).await;
+        let locks = [h.lock().await, h.lock().await, h.lock().await];
+        let probe = h.lock().await;
+        for round in 0..20 {
+            let k = key("rr");
+            let opts = LockOptions::builder()
+                .ttl(Duration::from_secs(30))
+                .owner(format!("shared-{round}"))
+                .reentrant(true)
+                .build()
+                .unwrap();
+            let mut leases = Vec::new();
+            for l in &locks {
+                leases.push(l.try_acquire(&k, &opts).await.unwrap().unwrap());
+            }
+            let (a, b, c) = tokio::join!(
+                locks[0].release(&leases[0]),
+                locks[1].release(&leases[1]),
+                locks[2].release(&leases[2]),
+            );
+            let outcomes = [a.unwrap(), b.unwrap(), c.unwrap()];
+            let released = outcomes
+                .iter()
+                .filter(|o| **o == fenced_api::ReleaseOutcome::Released)
+                .count();
+            assert_eq!(released, 1, "{strategy} round {round}: {outcomes:?}");
+            assert!(
+                probe.inspect(&k).await.unwrap().is_none(),
+                "{strategy} round {round}: still held"
+            );
+        }
+    }
+}

@@ -29,7 +29,10 @@ pub(crate) fn map(e: RedisError) -> Error {
         }
         _ => {}
     }
-    let retryable = e.is_io_error()
+    // BUSY: a script is running on the server and ours did not run; safe to retry.
+    let busy = e.code().is_some_and(|c| c == "BUSY");
+    let retryable = busy
+        || e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()

@@ -220,10 +220,26 @@ impl Registration {
         let router = &self.router;
         self.subscribed
             .get_or_try_init(|| async {
-                let _serial = router.sub_lock.lock().await;
+                // The wait for the serialising lock counts against the same
+                // bound as the SUBSCRIBE itself: a stalled server must not
+                // queue every waiter behind one timeout after another.
+                let started = tokio::time::Instant::now();
+                let Ok(_serial) =
+                    tokio::time::timeout(router.timeout, router.sub_lock.lock()).await
+                else {
+                    return Err(fenced_api::Error::backend(
+                        crate::error::BACKEND,
+                        true,
+                        format!(
+                            "SUBSCRIBE to {} queued for {:?}",
+                            router.server, router.timeout
+                        ),
+                    ));
+                };
                 let mut conn = router.connection()?;
                 let sub = conn.subscribe(&self.channel);
-                bounded(router.timeout, "SUBSCRIBE", &router.server, sub).await
+                let left = router.timeout.saturating_sub(started.elapsed());
+                bounded(left, "SUBSCRIBE", &router.server, sub).await
             })
             .await
             .map(|_| ())
@@ -289,6 +305,15 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
             .as_ref()
             .filter(|r| r.is_subscribed())
             .map(|r| r.id.clone());
+        // Arm the leave ticket before a queued attempt is sent (review fix).
+        if let (Some(r), Some(_)) = (reg.as_mut(), &queued) {
+            if r.leave.is_none() {
+                r.leave = Some(LeaveTicket {
+                    conn: lock.connection(),
+                    keys: keys.clone(),
+                });
+            }
+        }
         let sent = Instant::now();
         attempts += 1;
         let pttl = match lock.attempt(&keys, opts, &owner, queued.as_deref()).await? {
@@ -323,7 +348,19 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
             // Not subscribed yet: subscribe, then try again at once — queued
             // this time, so the next release names us.
             let r = reg.get_or_insert_with(|| router.register(&keys.channel));
-            r.subscribe().await?;
+            // Never past the caller's wait bound.
+            match deadline {
+                Some(d) => match tokio::time::timeout_at(d, r.subscribe()).await {
+                    Ok(res) => res?,
+                    Err(_) => {
+                        return Err(Error::Timeout {
+                            key: key.clone(),
+                            waited: start.elapsed(),
+                        })
+                    }
+                },
+                None => r.subscribe().await?,
+            }
             continue;
         };
         let nap = next_check(pttl, recheck);

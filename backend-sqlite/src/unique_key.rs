@@ -257,40 +257,42 @@ impl DistributedLock for UniqueKey {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let id = i64::try_from(lease.token.get()).unwrap_or(i64::MAX);
         let owner = lease.owner.as_str().as_bytes();
+        // Review fix: the three steps in one write transaction.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         let done = sqlx::query(self.release_last.clone())
             .bind(id)
             .bind(owner)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await
             .db()?;
         if done.rows_affected() == 1 {
+            tx.commit().await.db()?;
             notify_released(&self.scope, &lease.key);
             return Ok(ReleaseOutcome::Released);
         }
         let left = sqlx::query(self.release_one.clone())
             .bind(id)
             .bind(owner)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
             .db()?;
         if let Some(row) = left {
             let remaining: i64 = row.try_get(0).db()?;
+            tx.commit().await.db()?;
             return Ok(ReleaseOutcome::StillHeld {
                 remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
             });
         }
-        // Not current. If it was our own expired row, clean it up; either way
-        // the lease was lost and the caller must know.
         let cleaned = sqlx::query(self.delete_own.clone())
             .bind(id)
             .bind(owner)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await
             .db()?;
+        tx.commit().await.db()?;
         if cleaned.rows_affected() > 0 {
             notify_released(&self.scope, &lease.key);
         }
-        tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
         Ok(ReleaseOutcome::NotHeld)
     }
 

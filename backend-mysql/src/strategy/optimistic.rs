@@ -16,7 +16,7 @@ use fenced_api::{
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
 };
-use sqlx::{MySqlPool, SqlStr};
+use sqlx::{MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
 use super::{info_from_row, micros};
@@ -34,6 +34,7 @@ pub(crate) struct Optimistic {
     extend: SqlStr,
     release_last: SqlStr,
     release_one: SqlStr,
+    lock_own: SqlStr,
     inspect: SqlStr,
     force: SqlStr,
 }
@@ -73,6 +74,9 @@ impl Optimistic {
             release_one: sql!(
                 "UPDATE {t} SET reentrant_count = LAST_INSERT_ID(reentrant_count - 1) \
                  WHERE lock_key = ? AND {current} AND reentrant_count > 1"
+            ),
+            lock_own: sql!(
+                "SELECT reentrant_count FROM {t} WHERE lock_key = ? AND {current} FOR UPDATE"
             ),
             inspect: sql!(
                 "SELECT holder, version, reentrant_count, \
@@ -217,16 +221,43 @@ impl DistributedLock for Optimistic {
             notify_released(&self.scope, &lease.key);
             return Ok(ReleaseOutcome::Released);
         }
-        let done = bind(self.release_one.clone())
-            .execute(&self.pool)
+        // Slow path (re-entered, expired or foreign lease): decide under a row
+        // lock, so concurrent releases of re-entered entries never race.
+        let mut tx = self.pool.begin().await.db()?;
+        let row = bind(self.lock_own.clone())
+            .fetch_optional(&mut *tx)
             .await
             .db()?;
-        if done.rows_affected() == 1 {
-            let remaining = u32::try_from(done.last_insert_id()).unwrap_or(u32::MAX);
-            return Ok(ReleaseOutcome::StillHeld { remaining });
+        let outcome = match row {
+            Some(r) => {
+                let count: u32 = r.try_get(0).db()?;
+                if count > 1 {
+                    bind(self.release_one.clone())
+                        .execute(&mut *tx)
+                        .await
+                        .db()?;
+                    ReleaseOutcome::StillHeld {
+                        remaining: count - 1,
+                    }
+                } else {
+                    bind(self.release_last.clone())
+                        .execute(&mut *tx)
+                        .await
+                        .db()?;
+                    ReleaseOutcome::Released
+                }
+            }
+            None => ReleaseOutcome::NotHeld,
+        };
+        tx.commit().await.db()?;
+        match outcome {
+            ReleaseOutcome::Released => notify_released(&self.scope, &lease.key),
+            ReleaseOutcome::NotHeld => {
+                tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held")
+            }
+            _ => {}
         }
-        tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
-        Ok(ReleaseOutcome::NotHeld)
+        Ok(outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

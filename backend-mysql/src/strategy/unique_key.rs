@@ -37,6 +37,7 @@ pub(crate) struct UniqueKey {
     release_last: SqlStr,
     release_one: SqlStr,
     delete_own: SqlStr,
+    lock_own: SqlStr,
     inspect: SqlStr,
     force_current: SqlStr,
     force_any: SqlStr,
@@ -84,6 +85,10 @@ impl UniqueKey {
                  WHERE id = ? AND owner = ? AND reentrant_count > 1 AND expire_time > UTC_TIMESTAMP(6)"
             ),
             delete_own: sql!("DELETE FROM {t} WHERE id = ? AND owner = ?"),
+            lock_own: sql!(
+                "SELECT reentrant_count, CAST(expire_time > UTC_TIMESTAMP(6) AS SIGNED) \
+                 FROM {t} WHERE id = ? AND owner = ? FOR UPDATE"
+            ),
             inspect: sql!(
                 "SELECT owner, id, reentrant_count, \
                  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time) \
@@ -291,29 +296,55 @@ impl DistributedLock for UniqueKey {
             notify_released(&self.scope, &lease.key);
             return Ok(ReleaseOutcome::Released);
         }
-        let done = sqlx::query(self.release_one.clone())
+        // Slow path (re-entered, expired or foreign lease): decide under a row
+        // lock, so concurrent releases of re-entered entries never race
+        // (separate statements could delete a row another entry just re-took).
+        let mut tx = self.pool.begin().await.db()?;
+        let row = sqlx::query(self.lock_own.clone())
             .bind(id)
             .bind(owner)
-            .execute(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
             .db()?;
-        if done.rows_affected() == 1 {
-            let remaining = u32::try_from(done.last_insert_id()).unwrap_or(u32::MAX);
-            return Ok(ReleaseOutcome::StillHeld { remaining });
-        }
-        // Not current. If it was our own expired row, clean it up; either way
-        // the lease was lost and the caller must know.
-        let cleaned = sqlx::query(self.delete_own.clone())
-            .bind(id)
-            .bind(owner)
-            .execute(&self.pool)
-            .await
-            .db()?;
-        if cleaned.rows_affected() > 0 {
+        let outcome = match row {
+            None => ReleaseOutcome::NotHeld,
+            Some(r) => {
+                let count: u32 = r.try_get(0).db()?;
+                let current: i64 = r.try_get(1).db()?;
+                if current != 0 && count > 1 {
+                    sqlx::query(self.release_one.clone())
+                        .bind(id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await
+                        .db()?;
+                    ReleaseOutcome::StillHeld {
+                        remaining: count - 1,
+                    }
+                } else {
+                    // Current and last: release. Expired: our own dead row, clean it up.
+                    sqlx::query(self.delete_own.clone())
+                        .bind(id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await
+                        .db()?;
+                    if current != 0 {
+                        ReleaseOutcome::Released
+                    } else {
+                        ReleaseOutcome::NotHeld
+                    }
+                }
+            }
+        };
+        tx.commit().await.db()?;
+        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
             notify_released(&self.scope, &lease.key);
         }
-        tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
-        Ok(ReleaseOutcome::NotHeld)
+        if outcome == ReleaseOutcome::NotHeld {
+            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
+        }
+        Ok(outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
