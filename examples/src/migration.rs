@@ -43,11 +43,8 @@ pub async fn migrate_mysql_to_redis(
         ))
     }
     let (m, r) = (mysql_url, redis_url);
-    let plan: Vec<(
-        &'static str,
-        Arc<dyn DistributedLock>,
-        Arc<dyn DistributedLock>,
-    )> = vec![
+    type Node = Arc<dyn DistributedLock>;
+    let plan: Vec<(&'static str, Node, Node)> = vec![
         ("1: old", old().await?, old().await?),
         (
             "2: old + dual(old tokens)",
