@@ -27,6 +27,8 @@ pub(crate) struct ClientConfig {
 
 pub(crate) struct ClientInner {
     pub(crate) lock: Arc<dyn DistributedLock>,
+    /// The backend's name, the `backend` label of the metrics.
+    pub(crate) backend: &'static str,
     pub(crate) config: ClientConfig,
     held: Mutex<HashMap<LockKey, Weak<Held>>>,
 }
@@ -200,7 +202,7 @@ impl LockClient {
                 return Ok(Some(LockGuard::new(held)));
             }
         }
-        let backend = self.inner.lock.capabilities().backend_name();
+        let backend = self.inner.backend;
         let span = tracing::debug_span!("fenced.acquire", key = %key, backend);
         let started = Instant::now();
         let mut opts = LockOptions::builder().ttl(cfg.ttl);
@@ -215,8 +217,15 @@ impl LockClient {
             }
         }
         .instrument(span)
-        .await?;
-        let Some(lease) = lease else {
+        .await;
+        let outcome = match &lease {
+            Ok(Some(_)) => "acquired",
+            Ok(None) => "contended",
+            Err(Error::Timeout { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        crate::telemetry::acquire(backend, outcome, started.elapsed());
+        let Some(lease) = lease? else {
             return Ok(None);
         };
         tracing::debug!(key = %key, token = %lease.token, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquired");
@@ -336,6 +345,7 @@ impl LockClientBuilder {
             .then(|| self.renew_interval.unwrap_or(self.ttl / 3));
         LockClient {
             inner: Arc::new(ClientInner {
+                backend: self.lock.capabilities().backend_name(),
                 lock: self.lock,
                 config: ClientConfig {
                     ttl: self.ttl,

@@ -102,6 +102,7 @@ impl Held {
 
     fn mark_lost(&self, reason: LossReason) {
         if self.loss.set(reason).is_ok() {
+            crate::telemetry::lost(self.client.backend, reason);
             let lease = self.lease();
             match reason {
                 LossReason::MaxHoldExceeded => tracing::error!(
@@ -168,6 +169,7 @@ impl Held {
             };
             match renewal {
                 Ok(renewed) => {
+                    crate::telemetry::renewed(self.client.backend);
                     tracing::debug!(key = %self.key, token = %renewed.token, valid_ms = renewed.remaining().as_millis() as u64, "lock renewed");
                     next = next_after(&renewed);
                     self.set_lease(renewed);
@@ -176,6 +178,7 @@ impl Held {
                     return self.mark_lost(LossReason::RenewalRefused);
                 }
                 Err(e) => {
+                    crate::telemetry::renewal_failed(self.client.backend);
                     // The lease may still be current: retry soon, but never
                     // past the deadline (the select above catches that).
                     let retry = (interval / 4).max(Duration::from_millis(5));
@@ -348,7 +351,18 @@ impl LockGuard {
         }
         held.finish();
         let lease = held.lease();
-        match held.client.lock.release(&lease).await? {
+        let backend = held.client.backend;
+        let outcome = held.client.lock.release(&lease).await;
+        crate::telemetry::released(
+            backend,
+            match &outcome {
+                Ok(ReleaseOutcome::NotHeld) => "not_held",
+                Ok(_) => "released",
+                Err(_) => "error",
+            },
+            held.acquired_at.elapsed(),
+        );
+        match outcome? {
             ReleaseOutcome::Released | ReleaseOutcome::StillHeld { .. } => {
                 tracing::debug!(key = %lease.key, token = %lease.token, held_ms = held.acquired_at.elapsed().as_millis() as u64, "lock released");
                 Ok(())
@@ -389,8 +403,16 @@ impl Drop for LockGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let lock = Arc::clone(&held.client.lock);
+                let (backend, acquired_at) = (held.client.backend, held.acquired_at);
                 rt.spawn(async move {
-                    match lock.release(&lease).await {
+                    let outcome = lock.release(&lease).await;
+                    let label = match &outcome {
+                        Ok(ReleaseOutcome::NotHeld) => "not_held",
+                        Ok(_) => "released",
+                        Err(_) => "error",
+                    };
+                    crate::telemetry::released(backend, label, acquired_at.elapsed());
+                    match outcome {
                         Ok(_) => tracing::debug!(key = %lease.key, token = %lease.token, "lock released on drop"),
                         Err(e) => tracing::warn!(key = %lease.key, error = %e, "release on drop failed; the lock expires after its ttl"),
                     }

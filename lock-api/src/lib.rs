@@ -37,6 +37,9 @@
 //!   per-client reentrancy, the loss signal ([`LockGuard::lost`],
 //!   [`LeaseHandle::lost_token`]) and [`LockClient::with_lock`].
 //! * [`wait`] — the shared waiting helper for stores with no native wait.
+//! * [`telemetry`] — the metric names `LockClient` emits through the
+//!   `metrics` facade (acquire wait, contention, hold time, renewals and
+//!   their failures, losses, releases).
 //!
 //! # Time
 //!
@@ -59,6 +62,7 @@ mod lease;
 mod lock;
 mod memory;
 mod options;
+pub mod telemetry;
 pub mod wait;
 
 pub use async_trait::async_trait;

@@ -402,3 +402,55 @@ async fn slow_renewal_replies_do_not_push_renewals_past_the_deadline() {
     sleep(TTL * 6).await;
     assert!(!guard.is_lost(), "lost despite every renewal succeeding");
 }
+
+/// The documented metrics are emitted (checked with a debugging recorder).
+#[test]
+fn metrics_are_emitted_with_the_documented_names() {
+    use fenced_api::telemetry;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store = MemoryLock::new();
+            let a = client(&store);
+            let b = client(&store);
+            let g = a.acquire("m").await.unwrap();
+            assert!(b.try_acquire("m").await.unwrap().is_none());
+            sleep(TTL).await; // two renewals
+            g.release().await.unwrap();
+            let g = a.acquire("m").await.unwrap();
+            store.force_release(&key("m")).await.unwrap();
+            g.lost().await;
+        });
+    });
+    let counters: std::collections::HashMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, _, _, v)| match v {
+            DebugValue::Counter(n) => Some((k.key().name().to_owned(), n)),
+            _ => None,
+        })
+        .fold(Default::default(), |mut m, (name, n)| {
+            *m.entry(name).or_default() += n;
+            m
+        });
+    assert_eq!(
+        counters.get(telemetry::ACQUIRE_CONTENDED),
+        Some(&1),
+        "{counters:?}"
+    );
+    assert!(
+        counters.get(telemetry::RENEWALS).copied().unwrap_or(0) >= 2,
+        "{counters:?}"
+    );
+    assert_eq!(counters.get(telemetry::RELEASES), Some(&1), "{counters:?}");
+    assert_eq!(counters.get(telemetry::LOSSES), Some(&1), "{counters:?}");
+}
