@@ -28,8 +28,9 @@
 
 mod registry;
 
+pub use fenced_api::url::redact;
 pub use fenced_api::*;
-pub use registry::{connect, default_url, driver_for, drivers, migrate, redact};
+pub use registry::{connect, default_url, driver_for, drivers, migrate};
 
 #[cfg(feature = "etcd")]
 pub use fenced_etcd as etcd;

@@ -2,6 +2,7 @@
 
 use std::{fmt, time::Duration};
 
+pub(crate) use fenced_api::url::{parse_duration, redact};
 use fenced_api::{Error, Result};
 
 /// Connection and namespace settings. `Debug` never shows the password.
@@ -128,42 +129,6 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-fn parse_duration(v: &str) -> Result<Duration> {
-    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
-    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => v.split_at(i),
-        None => (v, "s"),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(bad()),
-    };
-    if d.is_zero() || d > Duration::from_secs(3600) {
-        return Err(Error::config(format!(
-            "duration `{v}` must be above zero and at most 1h"
-        )));
-    }
-    Ok(d)
-}
-
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

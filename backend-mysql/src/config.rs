@@ -2,6 +2,7 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
+pub(crate) use fenced_api::url::{parse_duration, redact};
 use fenced_api::{Error, Result};
 use sqlx::mysql::MySqlConnectOptions;
 
@@ -213,44 +214,6 @@ fn parse_pool_size(v: &str) -> Result<u32> {
         _ => Err(Error::config(format!(
             "max_connections must be a number from 1 to 1000, got `{v}`"
         ))),
-    }
-}
-
-/// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
-pub(crate) fn parse_duration(v: &str) -> Result<Duration> {
-    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
-    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => v.split_at(i),
-        None => (v, "s"),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(bad()),
-    };
-    if d.is_zero() || d > Duration::from_secs(3600) {
-        return Err(Error::config(format!(
-            "duration `{v}` must be above zero and at most 1h"
-        )));
-    }
-    Ok(d)
-}
-
-/// Replaces the password of a URL with `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::{fmt, time::Duration};
 
+pub(crate) use fenced_api::url::{parse_duration, redact};
 use fenced_api::{Error, Result};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
@@ -187,28 +188,6 @@ impl RedisConfig {
     }
 }
 
-/// Parses `250ms`, `5s`, `2m` or a bare number of seconds; above zero, at most 1 h.
-pub(crate) fn parse_duration(v: &str) -> Result<Duration> {
-    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
-    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => v.split_at(i),
-        None => (v, "s"),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(bad()),
-    };
-    if d.is_zero() || d > Duration::from_secs(3600) {
-        return Err(Error::config(format!(
-            "duration `{v}` must be above zero and at most 1h"
-        )));
-    }
-    Ok(d)
-}
-
 /// The re-check interval is a fallback, not a poll loop: 10 ms to 10 s.
 pub(crate) fn parse_recheck(v: &str) -> Result<Duration> {
     let d = parse_duration(v)?;
@@ -222,22 +201,6 @@ pub(crate) fn check_recheck(d: Duration) -> Result<Duration> {
         )));
     }
     Ok(d)
-}
-
-/// Replaces the password of a URL with `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

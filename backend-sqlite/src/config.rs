@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use fenced_api::url::parse_duration;
 use fenced_api::{Error, Result};
 
 /// Default table name.
@@ -290,28 +291,6 @@ fn parse_pool_size(v: &str) -> Result<u32> {
             "max_connections must be a number from 1 to 64, got `{v}`"
         ))),
     }
-}
-
-/// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
-fn parse_duration(v: &str) -> Result<Duration> {
-    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 1m"));
-    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => v.split_at(i),
-        None => (v, "s"),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(bad()),
-    };
-    if d.is_zero() || d > MAX_BUSY_TIMEOUT {
-        return Err(Error::config(format!(
-            "duration `{v}` must be above zero and at most 1h"
-        )));
-    }
-    Ok(d)
 }
 
 /// Decodes `%XX` escapes; the result must be UTF-8.

@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+pub use fenced_api::url::redact;
+
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -61,22 +63,6 @@ pub fn host_port(url: &str, default_port: u16) -> Result<String, String> {
     } else {
         format!("{hostport}:{default_port}")
     })
-}
-
-/// The URL with any password replaced by `***`, for messages.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 /// The message every server-backed test fails with when its server is down.

@@ -63,6 +63,7 @@ mod lock;
 mod memory;
 mod options;
 pub mod telemetry;
+pub mod url;
 pub mod wait;
 
 pub use async_trait::async_trait;
