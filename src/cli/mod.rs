@@ -1,5 +1,6 @@
 //! Argument parsing, exit codes and the small subcommands.
 
+mod bench;
 mod run;
 
 use std::time::Duration;
@@ -60,6 +61,8 @@ pub(crate) enum Command {
     Release(ReleaseArgs),
     /// Create or upgrade the schema of an SQL store (idempotent).
     Migrate,
+    /// Measure every backend side by side with the locks users would pick instead.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +163,7 @@ pub(crate) async fn dispatch(cli: Cli) -> u8 {
         Command::Status(args) => status(cli.url, args).await,
         Command::Release(args) => release(cli.url, args).await,
         Command::Migrate => migrate(cli.url).await,
+        Command::Bench(args) => bench::bench(args).await,
     }
 }
 

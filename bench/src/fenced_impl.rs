@@ -1,0 +1,258 @@
+//! Every fenced backend / strategy compiled in, through its driver's
+//! `connect(url)` (the same path as `fenced::connect`), one store per task.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{
+    DistributedLock, Driver, Error, Lease, LockClient, LockGuard, LockKey, LockOptions, WaitPolicy,
+};
+use tokio::time::Instant;
+
+use crate::{
+    peers,
+    runner::{Implementation, Kind, Locker},
+    stats::{Server, Servers},
+    BenchError, Scenario, ScenarioKind,
+};
+
+/// Lease TTL in the loop scenarios: far longer than a cell, so no renewal is needed.
+const LOOP_TTL: Duration = Duration::from_secs(30);
+/// Lease TTL in the many-keys scenario: short, so the watchdog (every ttl/3) must keep up.
+const MANY_TTL: Duration = Duration::from_secs(6);
+
+/// The implementations of one run: one per fenced backend/strategy in
+/// `drivers` (SQLite in a temporary directory, MySQL `unique_key`,
+/// `row_lock` and `optimistic`, Redis, etcd if its driver is compiled in),
+/// then the peers and floors. `only`, when not empty, keeps the ones whose
+/// name contains one of its strings (`redis`, `mysql`, `fenced/`, `peer/`).
+///
+/// Every implementation gets its own namespace (table, prefix) named after a
+/// fresh id; [`Implementation::cleanup`] removes it.
+///
+/// # Errors
+///
+/// When a migration (schema creation) fails or the temporary directory
+/// cannot be created. Unreachable servers surface later, per cell.
+pub async fn implementations(
+    drivers: &[Driver],
+    servers: &Servers,
+    only: &[String],
+) -> Result<Vec<Box<dyn Implementation>>, BenchError> {
+    let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| name.contains(o.as_str()));
+    let mut out: Vec<Box<dyn Implementation>> = Vec::new();
+    let mut tmp = None;
+    for d in drivers {
+        let mut variants: Vec<(String, String, Server)> = Vec::new();
+        match d.name {
+            "sqlite" => {
+                let dir = tempfile::tempdir()?;
+                let path = dir.path().join("bench.db");
+                variants.push((
+                    "fenced/sqlite".into(),
+                    format!("sqlite://{}", path.display()),
+                    Server::None,
+                ));
+                tmp = Some(Arc::new(dir));
+            }
+            "mysql" => {
+                for s in ["unique_key", "row_lock", "optimistic"] {
+                    variants.push((
+                        format!("fenced/mysql-{s}"),
+                        format!(
+                            "{}?strategy={s}&table=fb_{id}_{}&max_connections=4",
+                            servers.mysql,
+                            &s[..3]
+                        ),
+                        Server::MySql,
+                    ));
+                }
+            }
+            "redis" => variants.push((
+                "fenced/redis".into(),
+                format!("{}?prefix=fb{id}", servers.redis),
+                Server::Redis,
+            )),
+            "etcd" => variants.push((
+                "fenced/etcd".into(),
+                format!("etcd://{}/fenced-bench-{id}", servers.etcd_host_port()),
+                Server::Etcd,
+            )),
+            _ => {}
+        }
+        for (name, url, server) in variants {
+            if !wanted(&name) {
+                continue;
+            }
+            if let Some(m) = d.migrate {
+                m(url.clone()).await.map_err(|e| {
+                    BenchError::new(format!(
+                        "{name}: migrate failed (is the server up? scripts/services.sh): {e}"
+                    ))
+                })?;
+            }
+            out.push(Box::new(FencedImpl {
+                name,
+                url,
+                server,
+                driver: *d,
+                id: id.clone(),
+                _tmp: tmp.clone(),
+                servers: servers.clone(),
+            }));
+        }
+    }
+    for p in peers::peers(servers, &id) {
+        if wanted(p.name()) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+struct FencedImpl {
+    name: String,
+    url: String,
+    server: Server,
+    driver: Driver,
+    id: String,
+    _tmp: Option<Arc<tempfile::TempDir>>,
+    servers: Servers,
+}
+
+impl std::fmt::Debug for FencedImpl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedImpl")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Implementation for FencedImpl {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Fenced
+    }
+
+    fn server(&self) -> Server {
+        self.server
+    }
+
+    fn runs(&self, scenario: &Scenario) -> bool {
+        // row_lock keeps one open transaction, so one pooled connection, per
+        // held lock: many held keys exhaust the pool (and the server's
+        // max_connections long before 10 000).
+        !(self.name.ends_with("row_lock") && matches!(scenario.kind, ScenarioKind::ManyKeys { .. }))
+    }
+
+    async fn locker(&self, scenario: &Scenario) -> Result<Box<dyn Locker>, BenchError> {
+        let store = (self.driver.connect)(self.url.clone()).await?;
+        if let ScenarioKind::ManyKeys { .. } = scenario.kind {
+            let client = LockClient::builder(store)
+                .ttl(MANY_TTL)
+                .wait(WaitPolicy::NoWait)
+                .build()?;
+            return Ok(Box::new(ClientLocker {
+                client,
+                held: HashMap::new(),
+            }));
+        }
+        Ok(Box::new(FencedLocker {
+            store,
+            held: HashMap::new(),
+        }))
+    }
+
+    async fn cleanup(&self) -> Result<(), BenchError> {
+        match self.server {
+            Server::MySql => {
+                let table = self
+                    .url
+                    .split("table=")
+                    .nth(1)
+                    .and_then(|t| t.split('&').next())
+                    .unwrap_or_default();
+                peers::drop_tables(&self.servers, &[table]).await
+            }
+            Server::Redis => peers::redis_delete(&self.servers, &format!("{{fb{}*", self.id)).await,
+            // etcd keys live on leases and vanish by themselves; SQLite's
+            // directory is removed with the last `Arc<TempDir>`.
+            Server::Etcd | Server::None => Ok(()),
+        }
+    }
+}
+
+/// One task on the raw trait: acquire with a wait bound, release.
+struct FencedLocker {
+    store: Arc<dyn DistributedLock>,
+    held: HashMap<String, Lease>,
+}
+
+#[async_trait]
+impl Locker for FencedLocker {
+    async fn acquire(&mut self, key: &str, give_up: Instant) -> Result<bool, BenchError> {
+        let wait = give_up
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let opts = LockOptions::builder()
+            .ttl(LOOP_TTL)
+            .wait_timeout(wait)
+            .build()?;
+        let k = LockKey::new(key)?;
+        match self.store.acquire(&k, &opts).await {
+            Ok(lease) => {
+                self.held.insert(key.to_owned(), lease);
+                Ok(true)
+            }
+            Err(Error::Timeout { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn release(&mut self, key: &str) -> Result<(), BenchError> {
+        let lease = self
+            .held
+            .remove(key)
+            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        match self.store.release(&lease).await? {
+            fenced_api::ReleaseOutcome::Released => Ok(()),
+            other => Err(BenchError::new(format!("release of `{key}`: {other:?}"))),
+        }
+    }
+}
+
+/// The many-keys locker: `LockClient` guards, renewed by the watchdog.
+struct ClientLocker {
+    client: LockClient,
+    held: HashMap<String, LockGuard>,
+}
+
+#[async_trait]
+impl Locker for ClientLocker {
+    async fn acquire(&mut self, key: &str, _give_up: Instant) -> Result<bool, BenchError> {
+        match self.client.try_acquire(key).await? {
+            Some(g) => {
+                self.held.insert(key.to_owned(), g);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn release(&mut self, key: &str) -> Result<(), BenchError> {
+        let g = self
+            .held
+            .remove(key)
+            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        g.release().await.map_err(Into::into)
+    }
+
+    fn lost(&self) -> usize {
+        self.held.values().filter(|g| g.is_lost()).count()
+    }
+}

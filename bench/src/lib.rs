@@ -1,0 +1,45 @@
+//! `fenced-bench`: the runner behind `fenced bench`.
+//!
+//! It measures every fenced backend (through the drivers the caller passes in,
+//! normally `fenced::drivers()`) side by side with the locks users would pick
+//! instead — bench-only baselines written here: the raw round-trip floor of
+//! each server, MySQL `GET_LOCK`, the article's naive unique-key lock (INSERT,
+//! fixed 100 ms retry sleep, DELETE), the article's row lock (BEGIN / SELECT …
+//! FOR UPDATE / COMMIT) and the `rslock` crate on Redis.
+//!
+//! A run is a matrix of [`Implementation`]s × [`Scenario`]s; each cell is
+//! time-bounded and yields one [`CellResult`] (one JSON line). Every task has
+//! its own client and connection. Numbers are printed and written, never
+//! asserted: the only checks ([`CellResult::violations`], [`CellResult::errors`])
+//! are about correctness.
+//!
+//! ```no_run
+//! # async fn demo(drivers: Vec<fenced_api::Driver>) -> Result<(), fenced_bench::BenchError> {
+//! use fenced_bench::{Profile, Servers};
+//! let servers = Servers::from_env();
+//! let impls = fenced_bench::implementations(&drivers, &servers, &[]).await?;
+//! let results = fenced_bench::run(&impls, &Profile::Smoke.scenarios(), &servers, &mut |_| {}).await;
+//! for r in &results {
+//!     assert_eq!(r.violations, 0);
+//! }
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod error;
+mod fenced_impl;
+mod peers;
+mod report;
+mod runner;
+mod scenario;
+mod stats;
+mod svg;
+
+pub use error::BenchError;
+pub use fenced_impl::implementations;
+pub use report::{markdown, summary_table, write_jsonl, MachineInfo};
+pub use runner::{run, Implementation, Kind, Locker, Progress};
+pub use scenario::{Profile, Scenario, ScenarioKind};
+pub use stats::{CellResult, ManyKeys, Servers};
+pub use svg::write_plots;

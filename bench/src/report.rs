@@ -1,0 +1,406 @@
+//! JSON lines, the terminal summary and the BENCHMARKS.md generator.
+
+use std::{fmt::Write as _, io::Write as _, path::Path};
+
+use crate::{stats, CellResult, Kind, Servers};
+
+/// Writes one JSON object per line.
+///
+/// # Errors
+///
+/// When the file cannot be written.
+pub fn write_jsonl(path: &Path, results: &[CellResult]) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for r in results {
+        let line = serde_json::to_string(r).map_err(std::io::Error::other)?;
+        writeln!(f, "{line}")?;
+    }
+    f.flush()
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_owned(), |x| format!("{x:.digits$}"))
+}
+
+fn row(r: &CellResult) -> String {
+    let handoff = match (r.handoff_p50_ms, r.handoff_p99_ms) {
+        (Some(a), Some(b)) => format!("{a:.2} / {b:.2}"),
+        _ => "–".to_owned(),
+    };
+    format!(
+        "| {} | {} | {:.0} | {:.2} / {:.2} | {:.3} | {} | {} | {} / {} | {} | {:.1} / {:.1} | {} | {} | {} |",
+        r.implementation,
+        r.scenario.name,
+        r.acq_per_s,
+        r.cycle_p50_ms,
+        r.cycle_p99_ms,
+        r.efficiency,
+        handoff,
+        opt(r.barging_share, 2),
+        r.per_task_min,
+        r.per_task_max,
+        opt(r.jain, 2),
+        r.wait_p99_ms,
+        r.wait_max_ms,
+        opt(r.server_cmds_per_acq, 1),
+        r.errors,
+        r.violations,
+    )
+}
+
+const HEADER: &str = "| implementation | scenario | acq/s | cycle p50 / p99 ms | efficiency | hand-off p50 / p99 ms | barging | per-task min / max | Jain | wait p99 / max ms | cmds/acq | errors | violations |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
+
+fn many_header() -> &'static str {
+    "| implementation | locks held | acquire all (s) | acquire/s | held (s) | lost | release all (s) | RSS before → held (MiB) | server connections before → held | errors |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+}
+
+fn many_row(r: &CellResult) -> Option<String> {
+    let m = r.many.as_ref()?;
+    let mib = |k: Option<u64>| opt(k.map(|k| k as f64 / 1024.0), 0);
+    let n = |c: Option<u64>| c.map_or_else(|| "–".to_owned(), |c| c.to_string());
+    Some(format!(
+        "| {} | {} / {} | {:.2} | {:.0} | {:.1} | {} | {:.2} | {} → {} | {} → {} | {} |",
+        r.implementation,
+        m.held,
+        m.keys,
+        m.acquire_s,
+        r.acq_per_s,
+        m.held_s,
+        m.lost,
+        m.release_s,
+        mib(m.rss_kib_before),
+        mib(m.rss_kib_held),
+        n(m.server_connections_before),
+        n(m.server_connections_held),
+        r.errors
+    ))
+}
+
+/// A plain-text (markdown) table of every cell, for the terminal.
+pub fn summary_table(results: &[CellResult]) -> String {
+    let mut s = String::from(HEADER);
+    for r in results.iter().filter(|r| r.many.is_none()) {
+        s.push_str(&row(r));
+        s.push('\n');
+    }
+    if results.iter().any(|r| r.many.is_some()) {
+        s.push('\n');
+        s.push_str(many_header());
+        for line in results.iter().filter_map(many_row) {
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+    let bad: Vec<&CellResult> = results
+        .iter()
+        .filter(|r| r.errors > 0 || r.violations > 0)
+        .collect();
+    for r in bad {
+        let _ = writeln!(
+            s,
+            "! {} × {}: {} errors, {} violations{}",
+            r.implementation,
+            r.scenario.name,
+            r.errors,
+            r.violations,
+            r.error_sample
+                .as_deref()
+                .map(|e| format!(" (first: {e})"))
+                .unwrap_or_default()
+        );
+    }
+    s
+}
+
+/// Where and when the numbers were taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineInfo {
+    /// UTC date, `YYYY-MM-DD`.
+    pub date: String,
+    /// CPUs available to this process.
+    pub cpus: usize,
+    /// `SELECT VERSION()`.
+    pub mysql_version: Option<String>,
+    /// `INFO server` → `redis_version`.
+    pub redis_version: Option<String>,
+    /// etcd `/version`.
+    pub etcd_version: Option<String>,
+}
+
+impl MachineInfo {
+    /// Reads the date, CPU count and server versions.
+    pub async fn collect(servers: &Servers) -> MachineInfo {
+        use sqlx::{Connection, Row};
+        let mysql_version = async {
+            let mut c = sqlx::MySqlConnection::connect(&servers.mysql).await.ok()?;
+            let row = sqlx::query("SELECT VERSION()")
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+            row.try_get::<String, _>(0).ok()
+        }
+        .await;
+        let redis_version = stats::redis_info(servers, "server").await.and_then(|i| {
+            i.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| v.trim().to_owned())
+        });
+        let etcd_version = stats::http_get(&servers.etcd_host_port(), "/version")
+            .await
+            .map(|b| b.trim().to_owned());
+        MachineInfo {
+            date: today_utc(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            mysql_version,
+            redis_version,
+            etcd_version,
+        }
+    }
+}
+
+fn today_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn get<'a>(results: &'a [CellResult], imp: &str, scenario: &str) -> Option<&'a CellResult> {
+    results
+        .iter()
+        .find(|r| r.implementation == imp && r.scenario.name == scenario)
+}
+
+fn verdict(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "met",
+        Some(false) => "**not met**",
+        None => "not measured",
+    }
+}
+
+/// The issue's targets, checked against this run's numbers.
+fn targets(results: &[CellResult]) -> String {
+    let mut s = String::from("| target | measured | verdict |\n|---|---|---|\n");
+    let rate = |i: &str, sc: &str| get(results, i, sc).map(|r| r.acq_per_s);
+    let u = "uncontended";
+    // Uncontended.
+    let (redis, floor, rs) = (
+        rate("fenced/redis", u),
+        rate("floor/redis-ping", u),
+        rate("peer/rslock", u),
+    );
+    let ok = match (redis, floor, rs) {
+        (Some(a), Some(f), Some(r)) => Some(a >= 0.9 * f && a >= r),
+        _ => None,
+    };
+    let _ = writeln!(
+        s,
+        "| uncontended Redis ≥ 0.9× two-round-trip floor and ≥ rslock | fenced {} /s, floor {} /s (0.9× = {}), rslock {} /s | {} |",
+        opt(redis, 0),
+        opt(floor, 0),
+        opt(floor.map(|f| 0.9 * f), 0),
+        opt(rs, 0),
+        verdict(ok)
+    );
+    let pairs = [
+        ("fenced/mysql-row_lock", "peer/article-row-lock"),
+        ("fenced/mysql-unique_key", "peer/naive-insert"),
+        ("fenced/mysql-optimistic", "peer/naive-insert"),
+    ];
+    for (a, b) in pairs {
+        let (x, y) = (rate(a, u), rate(b, u));
+        let _ = writeln!(
+            s,
+            "| uncontended {a} ≥ {b} | {} /s vs {} /s | {} |",
+            opt(x, 0),
+            opt(y, 0),
+            verdict(x.zip(y).map(|(x, y)| x >= y))
+        );
+    }
+    let e = rate("fenced/etcd", u);
+    let _ = writeln!(
+        s,
+        "| uncontended etcd ≥ 2× etcd's Lock RPC (the issue's ≈ 460/s, not re-measured here) | {} /s vs 920 /s | {} |",
+        opt(e, 0),
+        verdict(e.map(|e| e >= 920.0))
+    );
+    let fenced: Vec<&str> = {
+        let mut v: Vec<&str> = Vec::new();
+        for r in results.iter().filter(|r| r.kind == Kind::Fenced) {
+            if !v.contains(&r.implementation.as_str()) {
+                v.push(&r.implementation);
+            }
+        }
+        v
+    };
+    for f in &fenced {
+        if let Some(r) = get(results, f, "contended-16-h20-t20") {
+            let ok = r.jain.map(|j| r.efficiency >= 0.93 && j >= 0.95);
+            let _ = writeln!(
+                s,
+                "| {f}: 16 tasks, hold 20, think 20: efficiency ≥ 0.93, Jain ≥ 0.95 | {:.3} / {} | {} |",
+                r.efficiency,
+                opt(r.jain, 3),
+                verdict(ok)
+            );
+        }
+    }
+    for f in &fenced {
+        if let Some(r) = get(results, f, "contended-50-h20-t0") {
+            let ok = r
+                .jain
+                .map(|j| j >= 0.9 && r.server_cmds_per_acq.map_or(true, |c| c <= 5.0));
+            let _ = writeln!(
+                s,
+                "| {f}: 50 tasks, hold 20, no think: Jain ≥ 0.9, ≤ 5 server commands/acq | Jain {}, {} cmds/acq | {} |",
+                opt(r.jain, 3),
+                opt(r.server_cmds_per_acq, 1),
+                verdict(ok)
+            );
+        }
+    }
+    for f in &fenced {
+        if let Some(r) = get(results, f, "contended-16-h20-t0") {
+            let bound = if f.contains("etcd") { 5.0 } else { 2.0 };
+            let _ = writeln!(
+                s,
+                "| {f}: hand-off gap p99 ≤ {bound} ms (16 tasks, hold 20) | p50 {} / p99 {} ms | {} |",
+                opt(r.handoff_p50_ms, 2),
+                opt(r.handoff_p99_ms, 2),
+                verdict(r.handoff_p99_ms.map(|g| g <= bound))
+            );
+        }
+    }
+    for r in results.iter().filter(|r| r.kind == Kind::Fenced) {
+        if let Some(m) = &r.many {
+            let _ = writeln!(
+                s,
+                "| {}: {} locks held at once, renewal keeps up (no loss, no error) | {} held, {} lost, {} errors | {} |",
+                r.implementation,
+                m.keys,
+                m.held,
+                m.lost,
+                r.errors,
+                verdict(Some(m.held == m.keys && m.lost == 0 && r.errors == 0))
+            );
+        }
+    }
+    s
+}
+
+/// Chooses the scenarios of one table by name.
+type Pick = fn(&str) -> bool;
+
+/// BENCHMARKS.md: machine, tables per scenario group, the targets, then
+/// `notes` (hand-written analysis) verbatim.
+pub fn markdown(
+    results: &[CellResult],
+    machine: &MachineInfo,
+    plots: &[String],
+    notes: &str,
+) -> String {
+    let v = |o: &Option<String>| o.clone().unwrap_or_else(|| "unknown".to_owned());
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# fenced benchmarks\n\n\
+         Generated by `scripts/bench.sh` (`fenced bench --full`) on {date}: {cpus} CPUs, \
+         loopback servers MariaDB {my}, Redis {rd}, etcd {et}. Raw data: \
+         `bench/results/results.jsonl` (one line per implementation × scenario).\n\n\
+         Every task has its own client and connection. `fenced/*` rows use the \
+         `DistributedLock` trait (`acquire` with a wait bound, `release`); many-keys uses \
+         `LockClient` (watchdog renewal). `peer/*` and `floor/*` are bench-only baselines. \
+         The servers are shared with other tests, so `cmds/acq` (Redis `INFO commandstats`, \
+         MariaDB `Questions`, etcd `grpc_server_started_total`, deltas over the cell / \
+         acquisitions) is an upper bound polluted by other clients. Efficiency = Σ measured \
+         hold / wall time (summed over keys for parallel keys). Hand-off gap = release start → \
+         acquired by a different task that was already waiting. Barging = share of releases with \
+         another task waiting that the releasing task re-acquired.\n",
+        date = machine.date,
+        cpus = machine.cpus,
+        my = v(&machine.mysql_version),
+        rd = v(&machine.redis_version),
+        et = v(&machine.etcd_version),
+    );
+    let groups: [(&str, Pick); 3] = [
+        ("Uncontended and parallel keys", |n| {
+            n == "uncontended" || n.starts_with("parallel")
+        }),
+        ("Contended, 16 tasks on one key", |n| {
+            n.starts_with("contended-16")
+        }),
+        ("Contended, 50 tasks on one key", |n| {
+            n.starts_with("contended-50")
+        }),
+    ];
+    for (title, pick) in groups {
+        let _ = writeln!(s, "\n## {title}\n");
+        s.push_str(HEADER);
+        let mut rows: Vec<&CellResult> = results
+            .iter()
+            .filter(|r| pick(&r.scenario.name) && r.many.is_none())
+            .collect();
+        rows.sort_by(|a, b| a.scenario.name.cmp(&b.scenario.name));
+        for r in rows {
+            s.push_str(&row(r));
+            s.push('\n');
+        }
+    }
+    if results.iter().any(|r| r.many.is_some()) {
+        s.push_str("\n## Many keys held at once by one client\n\n");
+        s.push_str(many_header());
+        for line in results.iter().filter_map(many_row) {
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+    let problems: Vec<String> = results
+        .iter()
+        .filter(|r| r.errors > 0 || r.violations > 0)
+        .map(|r| {
+            format!(
+                "- {} × {}: {} errors, {} violations{}",
+                r.implementation,
+                r.scenario.name,
+                r.errors,
+                r.violations,
+                r.error_sample
+                    .as_deref()
+                    .map(|e| format!(" — first: `{e}`"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    s.push_str("\n## Errors and violations\n\n");
+    if problems.is_empty() {
+        s.push_str("None: every cell ran with 0 errors and 0 mutual-exclusion violations.\n");
+    } else {
+        s.push_str(&problems.join("\n"));
+        s.push('\n');
+    }
+    if !plots.is_empty() {
+        s.push_str("\n## Plots\n\n");
+        for p in plots {
+            let _ = writeln!(s, "![{p}](bench/results/{p})\n");
+        }
+    }
+    s.push_str("\n## Targets (issue 7), checked automatically against this run\n\n");
+    s.push_str(&targets(results));
+    if !notes.trim().is_empty() {
+        s.push('\n');
+        s.push_str(notes.trim_end());
+        s.push('\n');
+    }
+    s
+}

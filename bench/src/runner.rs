@@ -1,0 +1,367 @@
+//! The matrix runner: one time-bounded cell per implementation × scenario.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::{
+    stats::{self, CellResult, ManyKeys, Rec, Server, Servers},
+    BenchError, Scenario, ScenarioKind,
+};
+
+/// How long tasks may still wait after a cell's deadline before giving up
+/// (waits that give up then are counted as `abandoned`, not as errors).
+const DRAIN: Duration = Duration::from_secs(3);
+
+/// Extra time a whole cell may take beyond its nominal duration before it is
+/// cut off and reported as an error (a hang is a finding, not a stuck run).
+const CELL_SLACK: Duration = Duration::from_secs(60);
+
+/// What an implementation is, for the tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A fenced backend / strategy, through `fenced::connect`.
+    Fenced,
+    /// A lock users would pick instead (bench-only baseline).
+    Peer,
+    /// The raw round trip of a server: what no lock on it can beat.
+    Floor,
+}
+
+/// One task's handle on a lock implementation: its own client and connection.
+#[async_trait]
+pub trait Locker: Send {
+    /// Takes `key`, waiting at most until `give_up`.
+    ///
+    /// `Ok(true)` when held, `Ok(false)` when the wait gave up.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the store reports (counted, not fatal).
+    async fn acquire(&mut self, key: &str, give_up: Instant) -> Result<bool, BenchError>;
+
+    /// Gives `key` back.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the store reports, or a lock found lost at release.
+    async fn release(&mut self, key: &str) -> Result<(), BenchError>;
+
+    /// How many of the currently held locks this locker knows are lost
+    /// (implementations with renewal); 0 otherwise.
+    fn lost(&self) -> usize {
+        0
+    }
+}
+
+/// A lock implementation under test.
+#[async_trait]
+pub trait Implementation: Send + Sync + fmt::Debug {
+    /// Unique name in the tables (`fenced/redis`, `peer/rslock`).
+    fn name(&self) -> &str;
+    /// Fenced backend, peer or floor.
+    fn kind(&self) -> Kind;
+    /// The server it talks to, for command counting.
+    fn server(&self) -> Server;
+    /// Whether it takes part in `scenario`.
+    fn runs(&self, scenario: &Scenario) -> bool;
+    /// A new locker with its own client / connection, for one task of `scenario`.
+    ///
+    /// # Errors
+    ///
+    /// When the store cannot be reached or set up.
+    async fn locker(&self, scenario: &Scenario) -> Result<Box<dyn Locker>, BenchError>;
+    /// Removes what the implementation created on the server (tables, keys).
+    ///
+    /// # Errors
+    ///
+    /// When the store cannot be reached.
+    async fn cleanup(&self) -> Result<(), BenchError> {
+        Ok(())
+    }
+}
+
+/// Progress report, once before each cell and once at the end.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    /// Cells finished.
+    pub done: usize,
+    /// Cells in the run.
+    pub total: usize,
+    /// `implementation × scenario` about to run (empty at the end).
+    pub cell: String,
+}
+
+/// Runs every implementation on every scenario it takes part in, in order,
+/// then cleans up each implementation. Never fails: a cell that cannot run is
+/// reported with its error.
+pub async fn run(
+    impls: &[Box<dyn Implementation>],
+    scenarios: &[Scenario],
+    servers: &Servers,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Vec<CellResult> {
+    let cells: Vec<(usize, &Scenario)> = impls
+        .iter()
+        .enumerate()
+        .flat_map(|(i, imp)| {
+            scenarios
+                .iter()
+                .filter(move |s| imp.runs(s))
+                .map(move |s| (i, s))
+        })
+        .collect();
+    let total = cells.len();
+    let mut out = Vec::with_capacity(total);
+    for (done, (i, s)) in cells.into_iter().enumerate() {
+        let imp = &impls[i];
+        progress(Progress {
+            done,
+            total,
+            cell: format!("{} × {}", imp.name(), s.name),
+        });
+        let limit = s.duration + s.hold + CELL_SLACK;
+        let result = match tokio::time::timeout(limit, run_cell(imp.as_ref(), s, servers)).await {
+            Ok(r) => r,
+            Err(_) => {
+                let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+                r.errors = 1;
+                r.error_sample = Some(format!("cell did not finish within {limit:?}"));
+                r
+            }
+        };
+        out.push(result);
+    }
+    for imp in impls {
+        if let Err(e) = imp.cleanup().await {
+            tracing_free_warn(&format!("cleanup of {} failed: {e}", imp.name()));
+        }
+    }
+    progress(Progress {
+        done: total,
+        total,
+        cell: String::new(),
+    });
+    out
+}
+
+/// The library logs nothing by itself; cleanup failures go to stderr.
+fn tracing_free_warn(msg: &str) {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("fenced-bench: {msg}");
+    }
+}
+
+async fn run_cell(imp: &dyn Implementation, s: &Scenario, servers: &Servers) -> CellResult {
+    let mut lockers = Vec::with_capacity(s.tasks);
+    for _ in 0..s.tasks {
+        match imp.locker(s).await {
+            Ok(l) => lockers.push(l),
+            Err(e) => {
+                let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+                r.errors = 1;
+                r.error_sample = Some(format!("setup: {e}"));
+                return r;
+            }
+        }
+    }
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let key_base = format!("{}-{}", s.name, &tag[..8]);
+    match s.kind {
+        ScenarioKind::ManyKeys { keys } => {
+            let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+            if let Some(l) = lockers.pop() {
+                many_keys(l, &key_base, keys, s, imp.server(), servers, &mut r).await;
+            }
+            r
+        }
+        _ => loop_cell(imp, lockers, &key_base, s, servers).await,
+    }
+}
+
+async fn loop_cell(
+    imp: &dyn Implementation,
+    lockers: Vec<Box<dyn Locker>>,
+    key_base: &str,
+    s: &Scenario,
+    servers: &Servers,
+) -> CellResult {
+    let shared = s.kind == ScenarioKind::Contended;
+    let n_keys = if shared { 1 } else { s.tasks };
+    let counters: Vec<Arc<AtomicUsize>> =
+        (0..n_keys).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let cmds_before = stats::commands(imp.server(), servers).await;
+    let start = Instant::now();
+    let deadline = start + s.duration;
+    let give_up = deadline + DRAIN;
+    let mut handles = Vec::with_capacity(s.tasks);
+    for (task, mut locker) in lockers.into_iter().enumerate() {
+        let key = if shared {
+            key_base.to_owned()
+        } else {
+            format!("{key_base}-{task}")
+        };
+        let counter = Arc::clone(&counters[if shared { 0 } else { task }]);
+        let (hold, think) = (s.hold, s.think);
+        handles.push(tokio::spawn(async move {
+            let mut t = TaskOutcome::default();
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                match locker.acquire(&key, give_up).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        t.abandoned += 1;
+                        break;
+                    }
+                    Err(e) => {
+                        t.error(e);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                }
+                let t1 = Instant::now();
+                if counter.fetch_add(1, Ordering::SeqCst) != 0 {
+                    t.violations += 1;
+                }
+                if t1 < deadline && !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
+                let t2 = Instant::now();
+                counter.fetch_sub(1, Ordering::SeqCst);
+                if let Err(e) = locker.release(&key).await {
+                    t.error(e);
+                }
+                let t3 = Instant::now();
+                t.recs.push(Rec {
+                    task,
+                    t0,
+                    t1,
+                    t2,
+                    t3,
+                });
+                if !think.is_zero() && Instant::now() < deadline {
+                    tokio::time::sleep(think).await;
+                }
+            }
+            t
+        }));
+    }
+    let mut all = TaskOutcome::default();
+    for h in handles {
+        match h.await {
+            Ok(t) => all.merge(t),
+            Err(e) => all.error(BenchError::new(format!("task panicked: {e}"))),
+        }
+    }
+    let cmds_after = stats::commands(imp.server(), servers).await;
+    let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+    r.errors = all.errors;
+    r.error_sample = all.error_sample;
+    r.abandoned = all.abandoned;
+    r.violations = all.violations;
+    let total_recs = all.recs.len();
+    stats::analyze(&mut r, all.recs, s, start, deadline);
+    if let (Some(a), Some(b)) = (cmds_before, cmds_after) {
+        if total_recs > 0 {
+            r.server_cmds_per_acq = Some(b.saturating_sub(a) as f64 / total_recs as f64);
+        }
+    }
+    r
+}
+
+#[derive(Debug, Default)]
+struct TaskOutcome {
+    recs: Vec<Rec>,
+    errors: u64,
+    error_sample: Option<String>,
+    abandoned: u64,
+    violations: u64,
+}
+
+impl TaskOutcome {
+    fn error(&mut self, e: BenchError) {
+        self.errors += 1;
+        self.error_sample.get_or_insert(e.0);
+    }
+
+    fn merge(&mut self, o: TaskOutcome) {
+        self.recs.extend(o.recs);
+        self.errors += o.errors;
+        if self.error_sample.is_none() {
+            self.error_sample = o.error_sample;
+        }
+        self.abandoned += o.abandoned;
+        self.violations += o.violations;
+    }
+}
+
+async fn many_keys(
+    mut locker: Box<dyn Locker>,
+    key_base: &str,
+    keys: usize,
+    s: &Scenario,
+    server: Server,
+    servers: &Servers,
+    r: &mut CellResult,
+) {
+    let mut t = TaskOutcome::default();
+    let conns_before = stats::connections(server, servers).await;
+    let rss_before = stats::rss_kib();
+    let start = Instant::now();
+    let mut held = Vec::with_capacity(keys);
+    for i in 0..keys {
+        let key = format!("{key_base}-{i}");
+        match locker
+            .acquire(&key, Instant::now() + Duration::from_secs(10))
+            .await
+        {
+            Ok(true) => held.push(key),
+            Ok(false) => t.abandoned += 1,
+            Err(e) => t.error(e),
+        }
+    }
+    let acquire_s = start.elapsed().as_secs_f64();
+    let rss_held = stats::rss_kib();
+    let conns_held = stats::connections(server, servers).await;
+    tokio::time::sleep(s.hold).await;
+    let lost = locker.lost();
+    let released_at = Instant::now();
+    for key in &held {
+        if let Err(e) = locker.release(key).await {
+            t.error(e);
+        }
+    }
+    let release_s = released_at.elapsed().as_secs_f64();
+    r.acquisitions = held.len() as u64;
+    r.acq_per_s = if acquire_s > 0.0 {
+        held.len() as f64 / acquire_s
+    } else {
+        0.0
+    };
+    r.errors = t.errors;
+    r.error_sample = t.error_sample;
+    r.abandoned = t.abandoned;
+    r.many = Some(ManyKeys {
+        keys,
+        held: held.len(),
+        acquire_s,
+        held_s: s.hold.as_secs_f64(),
+        release_s,
+        lost,
+        rss_kib_before: rss_before,
+        rss_kib_held: rss_held,
+        server_connections_before: conns_before,
+        server_connections_held: conns_held,
+    });
+}

@@ -1,0 +1,115 @@
+//! The scenarios and the two profiles (smoke, full).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// What a scenario exercises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScenarioKind {
+    /// One task, acquire + release in a loop on one key.
+    Uncontended,
+    /// `tasks` tasks, each on its own key.
+    ParallelKeys,
+    /// `tasks` tasks on one key.
+    Contended,
+    /// One client takes `keys` locks, holds them all for `hold`, releases them.
+    ManyKeys {
+        /// How many locks are held at once.
+        keys: usize,
+    },
+}
+
+/// One column of the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Scenario {
+    /// Short unique name (`contended-16-h20-t20`).
+    pub name: String,
+    /// What it exercises.
+    pub kind: ScenarioKind,
+    /// Concurrent tasks (each with its own client and connection).
+    pub tasks: usize,
+    /// Time spent inside the critical section per acquisition.
+    #[serde(with = "millis")]
+    pub hold: Duration,
+    /// Time between a release and the task's next attempt.
+    #[serde(with = "millis")]
+    pub think: Duration,
+    /// How long the cell measures.
+    #[serde(with = "millis")]
+    pub duration: Duration,
+}
+
+mod millis {
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+}
+
+impl Scenario {
+    fn new(kind: ScenarioKind, tasks: usize, hold_ms: u64, think_ms: u64, secs: f64) -> Self {
+        let name = match kind {
+            ScenarioKind::Uncontended => "uncontended".to_owned(),
+            ScenarioKind::ParallelKeys => format!("parallel-{tasks}"),
+            ScenarioKind::Contended => format!("contended-{tasks}-h{hold_ms}-t{think_ms}"),
+            ScenarioKind::ManyKeys { keys } => format!("many-keys-{keys}"),
+        };
+        Scenario {
+            name,
+            kind,
+            tasks,
+            hold: Duration::from_millis(hold_ms),
+            think: Duration::from_millis(think_ms),
+            duration: Duration::from_secs_f64(secs),
+        }
+    }
+
+    /// Whether a bare round trip (a floor, not a lock) can run this scenario.
+    pub fn without_exclusion(&self) -> bool {
+        matches!(
+            self.kind,
+            ScenarioKind::Uncontended | ScenarioKind::ParallelKeys
+        )
+    }
+}
+
+/// Which matrix to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// A tiny subset (about 10 s for every implementation): what CI runs.
+    Smoke,
+    /// The whole matrix (under 10 minutes with every backend).
+    Full,
+}
+
+impl Profile {
+    /// The scenarios of this profile, in run order.
+    pub fn scenarios(self) -> Vec<Scenario> {
+        use ScenarioKind::*;
+        match self {
+            Profile::Smoke => vec![
+                Scenario::new(Uncontended, 1, 0, 0, 0.3),
+                Scenario::new(Contended, 6, 2, 0, 0.4),
+                Scenario::new(ManyKeys { keys: 50 }, 1, 300, 0, 0.3),
+            ],
+            Profile::Full => {
+                let mut v = vec![
+                    Scenario::new(Uncontended, 1, 0, 0, 3.0),
+                    Scenario::new(ParallelKeys, 16, 0, 0, 2.0),
+                ];
+                for tasks in [16, 50] {
+                    for hold in [0, 5, 20] {
+                        for think in [0, 20] {
+                            v.push(Scenario::new(Contended, tasks, hold, think, 2.5));
+                        }
+                    }
+                }
+                v.push(Scenario::new(ManyKeys { keys: 10_000 }, 1, 8_000, 0, 8.0));
+                v
+            }
+        }
+    }
+}

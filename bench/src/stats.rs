@@ -1,0 +1,414 @@
+//! Per-cell measurements, and the server-side counters read around a cell.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    time::Instant,
+};
+
+use crate::{runner::Kind, Scenario};
+
+/// One acquisition: attempt started, acquired, release started, release done.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rec {
+    pub(crate) task: usize,
+    pub(crate) t0: Instant,
+    pub(crate) t1: Instant,
+    pub(crate) t2: Instant,
+    pub(crate) t3: Instant,
+}
+
+/// The many-keys scenario's own numbers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ManyKeys {
+    /// Locks asked for.
+    pub keys: usize,
+    /// Locks obtained.
+    pub held: usize,
+    /// Seconds to take them all, one after another.
+    pub acquire_s: f64,
+    /// Seconds they were all held (renewal had to keep up meanwhile).
+    pub held_s: f64,
+    /// Seconds to release them all.
+    pub release_s: f64,
+    /// Locks found lost after the hold (renewal did not keep up).
+    pub lost: usize,
+    /// Resident memory of the bench process before, KiB (Linux only).
+    pub rss_kib_before: Option<u64>,
+    /// Resident memory while all were held, KiB.
+    pub rss_kib_held: Option<u64>,
+    /// Clients connected to the server before (all clients, not only ours).
+    pub server_connections_before: Option<u64>,
+    /// Clients connected to the server while all were held.
+    pub server_connections_held: Option<u64>,
+}
+
+/// One JSON line: one implementation on one scenario.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellResult {
+    /// Implementation name.
+    pub implementation: String,
+    /// Fenced, peer or floor.
+    pub kind: Kind,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Acquisitions completed inside the measured window.
+    pub acquisitions: u64,
+    /// Acquisitions per second of the window.
+    pub acq_per_s: f64,
+    /// Σ measured hold time (clipped to the window) / window; summed over
+    /// keys, so it can exceed 1 for parallel keys.
+    pub efficiency: f64,
+    /// Acquire + release, p50 (ms).
+    pub cycle_p50_ms: f64,
+    /// Acquire + release, p99 (ms).
+    pub cycle_p99_ms: f64,
+    /// Wait (attempt start → acquired) p50 (ms).
+    pub wait_p50_ms: f64,
+    /// Wait p99 (ms).
+    pub wait_p99_ms: f64,
+    /// Longest wait (ms).
+    pub wait_max_ms: f64,
+    /// Hand-offs to a different, already waiting task: release start →
+    /// acquired, p50 (ms). Contended scenarios only.
+    pub handoff_p50_ms: Option<f64>,
+    /// Hand-off gap p99 (ms).
+    pub handoff_p99_ms: Option<f64>,
+    /// How many hand-offs were measured.
+    pub handoff_samples: usize,
+    /// Hand-off gap percentiles 0, 1, …, 100 (ms), for the CDF plot.
+    pub handoff_cdf_ms: Vec<f64>,
+    /// Of the releases while another task was waiting, the share re-acquired
+    /// by the releasing task (barging).
+    pub barging_share: Option<f64>,
+    /// Acquisitions per task inside the window.
+    pub per_task: Vec<u64>,
+    /// Fewest acquisitions of one task.
+    pub per_task_min: u64,
+    /// Most acquisitions of one task.
+    pub per_task_max: u64,
+    /// Jain fairness index of `per_task` (1 = equal, 1/n = one task got all).
+    pub jain: Option<f64>,
+    /// Server commands per acquisition (all clients of the server count:
+    /// shared servers make this an upper bound).
+    pub server_cmds_per_acq: Option<f64>,
+    /// Failed operations (acquire, release, setup).
+    pub errors: u64,
+    /// The first error's message.
+    pub error_sample: Option<String>,
+    /// Waits that gave up after the window closed (not errors).
+    pub abandoned: u64,
+    /// Times the in-process holder count was already ≥ 1 at an acquisition. Must be 0.
+    pub violations: u64,
+    /// Many-keys numbers.
+    pub many: Option<ManyKeys>,
+}
+
+impl CellResult {
+    pub(crate) fn empty(implementation: &str, kind: Kind, scenario: &Scenario) -> Self {
+        CellResult {
+            implementation: implementation.to_owned(),
+            kind,
+            scenario: scenario.clone(),
+            acquisitions: 0,
+            acq_per_s: 0.0,
+            efficiency: 0.0,
+            cycle_p50_ms: 0.0,
+            cycle_p99_ms: 0.0,
+            wait_p50_ms: 0.0,
+            wait_p99_ms: 0.0,
+            wait_max_ms: 0.0,
+            handoff_p50_ms: None,
+            handoff_p99_ms: None,
+            handoff_samples: 0,
+            handoff_cdf_ms: Vec::new(),
+            barging_share: None,
+            per_task: Vec::new(),
+            per_task_min: 0,
+            per_task_max: 0,
+            jain: None,
+            server_cmds_per_acq: None,
+            errors: 0,
+            error_sample: None,
+            abandoned: 0,
+            violations: 0,
+            many: None,
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The `p` quantile (0..=1) of a sorted slice, nearest rank.
+pub(crate) fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// Jain's fairness index: (Σx)² / (n·Σx²).
+pub(crate) fn jain(xs: &[u64]) -> Option<f64> {
+    let sum: f64 = xs.iter().map(|&x| x as f64).sum();
+    let sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    (sq > 0.0).then(|| sum * sum / (xs.len() as f64 * sq))
+}
+
+pub(crate) fn analyze(
+    r: &mut CellResult,
+    mut recs: Vec<Rec>,
+    s: &Scenario,
+    start: Instant,
+    deadline: Instant,
+) {
+    let window = deadline - start;
+    recs.sort_by_key(|x| x.t1);
+    let mut per_task = vec![0u64; s.tasks];
+    let mut held = Duration::ZERO;
+    for x in &recs {
+        if x.t1 < deadline {
+            per_task[x.task] += 1;
+        }
+        let a = x.t1.max(start);
+        let b = x.t2.min(deadline);
+        if b > a {
+            held += b - a;
+        }
+    }
+    r.acquisitions = per_task.iter().sum();
+    r.acq_per_s = r.acquisitions as f64 / window.as_secs_f64();
+    r.efficiency = held.as_secs_f64() / window.as_secs_f64();
+    let cycles = sorted(recs.iter().map(|x| ms(x.t3 - x.t0)).collect());
+    let waits = sorted(recs.iter().map(|x| ms(x.t1 - x.t0)).collect());
+    r.cycle_p50_ms = quantile(&cycles, 0.5);
+    r.cycle_p99_ms = quantile(&cycles, 0.99);
+    r.wait_p50_ms = quantile(&waits, 0.5);
+    r.wait_p99_ms = quantile(&waits, 0.99);
+    r.wait_max_ms = waits.last().copied().unwrap_or(0.0);
+    r.per_task_min = per_task.iter().copied().min().unwrap_or(0);
+    r.per_task_max = per_task.iter().copied().max().unwrap_or(0);
+    r.jain = jain(&per_task);
+    r.per_task = per_task;
+    if s.kind == crate::ScenarioKind::Contended {
+        handoffs(r, &recs);
+    }
+}
+
+/// Hand-off gaps and barging, from acquisitions sorted by acquire time.
+fn handoffs(r: &mut CellResult, recs: &[Rec]) {
+    let n = recs.len();
+    if n < 2 {
+        return;
+    }
+    // next_other[i]: the first later acquisition by a task other than recs[i]'s.
+    let mut next_other = vec![None; n];
+    for i in (0..n - 1).rev() {
+        next_other[i] = if recs[i + 1].task != recs[i].task {
+            Some(i + 1)
+        } else {
+            next_other[i + 1]
+        };
+    }
+    let mut gaps = Vec::new();
+    let (mut contested, mut barged) = (0u64, 0u64);
+    for i in 0..n - 1 {
+        let (a, b) = (&recs[i], &recs[i + 1]);
+        // Was another task already waiting when `a` released?
+        let other_waiting = next_other[i].is_some_and(|j| recs[j].t0 <= a.t2);
+        if !other_waiting {
+            continue;
+        }
+        contested += 1;
+        if b.task == a.task {
+            barged += 1;
+        } else if b.t0 <= a.t2 {
+            gaps.push(ms(b.t1.saturating_duration_since(a.t2)));
+        }
+    }
+    if contested > 0 {
+        r.barging_share = Some(barged as f64 / contested as f64);
+    }
+    let gaps = sorted(gaps);
+    r.handoff_samples = gaps.len();
+    if !gaps.is_empty() {
+        r.handoff_p50_ms = Some(quantile(&gaps, 0.5));
+        r.handoff_p99_ms = Some(quantile(&gaps, 0.99));
+        r.handoff_cdf_ms = (0..=100)
+            .map(|p| quantile(&gaps, p as f64 / 100.0))
+            .collect();
+    }
+}
+
+/// Which server an implementation talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Server {
+    /// Embedded (SQLite): nothing to count.
+    None,
+    /// MariaDB / MySQL.
+    MySql,
+    /// Redis.
+    Redis,
+    /// etcd.
+    Etcd,
+}
+
+/// Where the servers are (the test services by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Servers {
+    /// `mysql://…/db`.
+    pub mysql: String,
+    /// `redis://host:port`.
+    pub redis: String,
+    /// `http://host:port` of etcd.
+    pub etcd: String,
+}
+
+impl Servers {
+    /// `FENCED_TEST_MYSQL_URL`, `FENCED_TEST_REDIS_URL`, `FENCED_TEST_ETCD_URL`,
+    /// else the local test services of `scripts/services.sh`.
+    pub fn from_env() -> Self {
+        let env_or = |var: &str, default: &str| {
+            std::env::var(var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        Servers {
+            mysql: env_or("FENCED_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+            redis: env_or("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+            etcd: env_or("FENCED_TEST_ETCD_URL", "http://127.0.0.1:2379"),
+        }
+    }
+
+    /// `host:port` of etcd.
+    pub(crate) fn etcd_host_port(&self) -> String {
+        let rest = self
+            .etcd
+            .split_once("://")
+            .map_or(self.etcd.as_str(), |(_, r)| r);
+        rest.split('/').next().unwrap_or(rest).to_owned()
+    }
+}
+
+/// Total commands the server has executed so far (all clients), if cheap to read.
+pub(crate) async fn commands(server: Server, servers: &Servers) -> Option<u64> {
+    match server {
+        Server::None => None,
+        Server::Redis => {
+            let info = redis_info(servers, "commandstats").await?;
+            Some(
+                info.lines()
+                    .filter_map(|l| l.split("calls=").nth(1))
+                    .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
+                    .sum(),
+            )
+        }
+        Server::MySql => mysql_status(servers, "Questions").await,
+        Server::Etcd => {
+            let body = http_get(&servers.etcd_host_port(), "/metrics").await?;
+            Some(
+                body.lines()
+                    .filter(|l| l.starts_with("grpc_server_started_total{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>() as u64,
+            )
+        }
+    }
+}
+
+/// Clients connected to the server (all clients), if cheap to read.
+pub(crate) async fn connections(server: Server, servers: &Servers) -> Option<u64> {
+    match server {
+        Server::Redis => redis_info(servers, "clients")
+            .await?
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_clients:")?.trim().parse().ok()),
+        Server::MySql => mysql_status(servers, "Threads_connected").await,
+        Server::None | Server::Etcd => None,
+    }
+}
+
+pub(crate) async fn redis_info(servers: &Servers, section: &str) -> Option<String> {
+    let client = redis::Client::open(servers.redis.as_str()).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async::<String>(&mut conn)
+        .await
+        .ok()
+}
+
+async fn mysql_status(servers: &Servers, name: &str) -> Option<u64> {
+    use sqlx::{Connection, Row};
+    let mut conn = sqlx::MySqlConnection::connect(&servers.mysql).await.ok()?;
+    let row = sqlx::query("SHOW GLOBAL STATUS WHERE Variable_name = ?")
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .ok()?;
+    let v: String = row.try_get(1).ok()?;
+    let _ = conn.close().await;
+    v.parse().ok()
+}
+
+pub(crate) async fn http_get(host_port: &str, path: &str) -> Option<String> {
+    let io = async {
+        let mut s = TcpStream::connect(host_port).await.ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {host_port}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(3), io)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Resident set size of this process in KiB (Linux `/proc`), else `None`.
+pub(crate) fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_bounds() {
+        assert_eq!(jain(&[5, 5, 5, 5]), Some(1.0));
+        let one = jain(&[10, 0, 0, 0]).unwrap_or(0.0);
+        assert!((one - 0.25).abs() < 1e-9, "{one}");
+        assert_eq!(jain(&[0, 0]), None);
+    }
+
+    #[test]
+    fn quantiles() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(quantile(&v, 0.0), 1.0);
+        assert_eq!(quantile(&v, 0.5), 3.0);
+        assert_eq!(quantile(&v, 1.0), 5.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run the full `fenced bench` matrix (every backend, etcd included, plus the
+# peers) against the local services and write BENCHMARKS.md, the SVG plots and
+# bench/results/results.jsonl from that one run. Takes under 10 minutes.
+#
+#   scripts/bench.sh            # full matrix
+#   scripts/bench.sh --smoke    # the 10-second subset (does not touch BENCHMARKS.md)
+#
+# The hand-written analysis in bench/NOTES.md is appended to BENCHMARKS.md.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+bash scripts/services.sh
+
+# etcd is an opt-in feature of the facade (it needs protoc, which services.sh installs).
+cargo build --release -p fenced --features etcd -j 2
+
+if [ "${1:-}" = "--smoke" ]; then
+    exec ./target/release/fenced bench --smoke --out "${TMPDIR:-/tmp}/fenced-bench-smoke"
+fi
+
+FENCED_LOG="${FENCED_LOG:-error}" ./target/release/fenced bench \
+    --out bench/results --markdown BENCHMARKS.md --notes bench/NOTES.md
