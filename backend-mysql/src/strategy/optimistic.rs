@@ -134,6 +134,53 @@ impl Optimistic {
     }
 }
 
+impl Optimistic {
+    async fn release_once(
+        &self,
+        lease: &Lease,
+    ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
+        let bind = |sql: SqlStr| {
+            sqlx::query(sql)
+                .bind(lease.key.as_bytes())
+                .bind(lease.owner.as_str().as_bytes())
+                .bind(lease.token.get())
+        };
+        let done = bind(self.release_last.clone()).execute(&self.pool).await?;
+        if done.rows_affected() == 1 {
+            notify_released(&self.scope, &lease.key);
+            return Ok(ReleaseOutcome::Released);
+        }
+        // Slow path (re-entered, expired or foreign lease): decide under a row
+        // lock, so concurrent releases of re-entered entries never race.
+        let mut tx = self.pool.begin().await?;
+        let row = bind(self.lock_own.clone()).fetch_optional(&mut *tx).await?;
+        let outcome = match row {
+            Some(r) => {
+                let count: u32 = r.try_get(0)?;
+                if count > 1 {
+                    bind(self.release_one.clone()).execute(&mut *tx).await?;
+                    ReleaseOutcome::StillHeld {
+                        remaining: count - 1,
+                    }
+                } else {
+                    bind(self.release_last.clone()).execute(&mut *tx).await?;
+                    ReleaseOutcome::Released
+                }
+            }
+            None => ReleaseOutcome::NotHeld,
+        };
+        tx.commit().await?;
+        match outcome {
+            ReleaseOutcome::Released => notify_released(&self.scope, &lease.key),
+            ReleaseOutcome::NotHeld => {
+                tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held")
+            }
+            _ => {}
+        }
+        Ok(outcome)
+    }
+}
+
 #[async_trait]
 impl DistributedLock for Optimistic {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
@@ -207,57 +254,19 @@ impl DistributedLock for Optimistic {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let bind = |sql: SqlStr| {
-            sqlx::query(sql)
-                .bind(lease.key.as_bytes())
-                .bind(lease.owner.as_str().as_bytes())
-                .bind(lease.token.get())
-        };
-        let done = bind(self.release_last.clone())
-            .execute(&self.pool)
-            .await
-            .db()?;
-        if done.rows_affected() == 1 {
-            notify_released(&self.scope, &lease.key);
-            return Ok(ReleaseOutcome::Released);
-        }
-        // Slow path (re-entered, expired or foreign lease): decide under a row
-        // lock, so concurrent releases of re-entered entries never race.
-        let mut tx = self.pool.begin().await.db()?;
-        let row = bind(self.lock_own.clone())
-            .fetch_optional(&mut *tx)
-            .await
-            .db()?;
-        let outcome = match row {
-            Some(r) => {
-                let count: u32 = r.try_get(0).db()?;
-                if count > 1 {
-                    bind(self.release_one.clone())
-                        .execute(&mut *tx)
-                        .await
-                        .db()?;
-                    ReleaseOutcome::StillHeld {
-                        remaining: count - 1,
-                    }
-                } else {
-                    bind(self.release_last.clone())
-                        .execute(&mut *tx)
-                        .await
-                        .db()?;
-                    ReleaseOutcome::Released
+        // A deadlock victim (concurrent releases of re-entered entries) changed
+        // nothing: its statement or transaction was rolled back. Try again.
+        let mut attempt: u64 = 0;
+        loop {
+            match self.release_once(lease).await {
+                Err(e) if error::is_lock_conflict(&e) && attempt < 5 => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(attempt * 3))
+                        .await;
                 }
+                other => return other.map_err(error::map),
             }
-            None => ReleaseOutcome::NotHeld,
-        };
-        tx.commit().await.db()?;
-        match outcome {
-            ReleaseOutcome::Released => notify_released(&self.scope, &lease.key),
-            ReleaseOutcome::NotHeld => {
-                tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held")
-            }
-            _ => {}
         }
-        Ok(outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -217,6 +217,71 @@ impl UniqueKey {
     }
 }
 
+impl UniqueKey {
+    async fn release_once(
+        &self,
+        lease: &Lease,
+    ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
+        let id = lease.token.get();
+        let owner = lease.owner.as_str().as_bytes();
+        let done = sqlx::query(self.release_last.clone())
+            .bind(id)
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 1 {
+            notify_released(&self.scope, &lease.key);
+            return Ok(ReleaseOutcome::Released);
+        }
+        // Slow path (re-entered, expired or foreign lease): decide under a row
+        // lock, so concurrent releases of re-entered entries never race
+        // (separate statements could delete a row another entry just re-took).
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(self.lock_own.clone())
+            .bind(id)
+            .bind(owner)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let outcome = match row {
+            None => ReleaseOutcome::NotHeld,
+            Some(r) => {
+                let count: u32 = r.try_get(0)?;
+                let current: i64 = r.try_get(1)?;
+                if current != 0 && count > 1 {
+                    sqlx::query(self.release_one.clone())
+                        .bind(id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?;
+                    ReleaseOutcome::StillHeld {
+                        remaining: count - 1,
+                    }
+                } else {
+                    // Current and last: release. Expired: our own dead row, clean it up.
+                    sqlx::query(self.delete_own.clone())
+                        .bind(id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?;
+                    if current != 0 {
+                        ReleaseOutcome::Released
+                    } else {
+                        ReleaseOutcome::NotHeld
+                    }
+                }
+            }
+        };
+        tx.commit().await?;
+        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
+            notify_released(&self.scope, &lease.key);
+        }
+        if outcome == ReleaseOutcome::NotHeld {
+            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
+        }
+        Ok(outcome)
+    }
+}
+
 #[async_trait]
 impl DistributedLock for UniqueKey {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
@@ -284,67 +349,19 @@ impl DistributedLock for UniqueKey {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let id = lease.token.get();
-        let owner = lease.owner.as_str().as_bytes();
-        let done = sqlx::query(self.release_last.clone())
-            .bind(id)
-            .bind(owner)
-            .execute(&self.pool)
-            .await
-            .db()?;
-        if done.rows_affected() == 1 {
-            notify_released(&self.scope, &lease.key);
-            return Ok(ReleaseOutcome::Released);
-        }
-        // Slow path (re-entered, expired or foreign lease): decide under a row
-        // lock, so concurrent releases of re-entered entries never race
-        // (separate statements could delete a row another entry just re-took).
-        let mut tx = self.pool.begin().await.db()?;
-        let row = sqlx::query(self.lock_own.clone())
-            .bind(id)
-            .bind(owner)
-            .fetch_optional(&mut *tx)
-            .await
-            .db()?;
-        let outcome = match row {
-            None => ReleaseOutcome::NotHeld,
-            Some(r) => {
-                let count: u32 = r.try_get(0).db()?;
-                let current: i64 = r.try_get(1).db()?;
-                if current != 0 && count > 1 {
-                    sqlx::query(self.release_one.clone())
-                        .bind(id)
-                        .bind(owner)
-                        .execute(&mut *tx)
-                        .await
-                        .db()?;
-                    ReleaseOutcome::StillHeld {
-                        remaining: count - 1,
-                    }
-                } else {
-                    // Current and last: release. Expired: our own dead row, clean it up.
-                    sqlx::query(self.delete_own.clone())
-                        .bind(id)
-                        .bind(owner)
-                        .execute(&mut *tx)
-                        .await
-                        .db()?;
-                    if current != 0 {
-                        ReleaseOutcome::Released
-                    } else {
-                        ReleaseOutcome::NotHeld
-                    }
+        // A deadlock victim (concurrent releases of re-entered entries) changed
+        // nothing: its statement or transaction was rolled back. Try again.
+        let mut attempt: u64 = 0;
+        loop {
+            match self.release_once(lease).await {
+                Err(e) if error::is_lock_conflict(&e) && attempt < 5 => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(attempt * 3))
+                        .await;
                 }
+                other => return other.map_err(error::map),
             }
-        };
-        tx.commit().await.db()?;
-        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
-            notify_released(&self.scope, &lease.key);
         }
-        if outcome == ReleaseOutcome::NotHeld {
-            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
-        }
-        Ok(outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
