@@ -61,7 +61,7 @@ pub async fn implementations(
                     variants.push((
                         format!("fenced/mysql-{s}"),
                         format!(
-                            "{}?strategy={s}&table=fb_{id}_{}&max_connections=4",
+                            "{}?strategy={s}&table=fb_{id}_{}&max_connections=2",
                             servers.mysql,
                             &s[..3]
                         ),
