@@ -17,7 +17,7 @@ fi
 bash scripts/services.sh
 
 # etcd is an opt-in feature of the facade (it needs protoc, which services.sh installs).
-cargo build --release -p fenced --features etcd -j 2
+cargo build --release -p fenced --features etcd,bench -j 2
 
 if [ "${1:-}" = "--smoke" ]; then
     exec ./target/release/fenced bench --smoke --out "${TMPDIR:-/tmp}/fenced-bench-smoke"

@@ -30,8 +30,8 @@ cargo fmt --all -- --check
 
 banner "cargo clippy"
 cargo clippy --workspace --all-targets -j 2 -- -D warnings
-# The facade's etcd feature is opt-in (it needs protoc); lint it too.
-cargo clippy -p fenced --all-targets --features etcd -j 2 -- -D warnings
+# The facade's etcd and bench features are opt-in; lint them too.
+cargo clippy -p fenced --all-targets --features etcd,bench -j 2 -- -D warnings
 
 banner "cargo test"
 # fenced/etcd: the facade and CLI are tested against every backend.

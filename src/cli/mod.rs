@@ -1,5 +1,6 @@
 //! Argument parsing, exit codes and the small subcommands.
 
+#[cfg(feature = "bench")]
 mod bench;
 mod run;
 
@@ -61,7 +62,9 @@ pub(crate) enum Command {
     Release(ReleaseArgs),
     /// Create or upgrade the schema of an SQL store (idempotent).
     Migrate,
-    /// Measure every backend side by side with the locks users would pick instead.
+    /// Measure every backend side by side with the locks users would pick instead
+    /// (built with the `bench` feature; see scripts/bench.sh).
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
 }
 
@@ -163,6 +166,7 @@ pub(crate) async fn dispatch(cli: Cli) -> u8 {
         Command::Status(args) => status(cli.url, args).await,
         Command::Release(args) => release(cli.url, args).await,
         Command::Migrate => migrate(cli.url).await,
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench::bench(args).await,
     }
 }
