@@ -356,8 +356,7 @@ impl DistributedLock for UniqueKey {
             match self.release_once(lease).await {
                 Err(e) if error::is_lock_conflict(&e) && attempt < 5 => {
                     attempt += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(attempt * 3))
-                        .await;
+                    tokio::time::sleep(std::time::Duration::from_millis(attempt * 3)).await;
                 }
                 other => return other.map_err(error::map),
             }
