@@ -100,9 +100,13 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         }
         print(&format!("wrote {}\n", md.display()));
     }
-    let broken = results.iter().any(|r| r.errors > 0 || r.violations > 0);
+    // A violation anywhere is fatal; errors count only for fenced's own rows:
+    // the peers' errors (e.g. the naive lock's InnoDB deadlocks) are data.
+    let broken = results
+        .iter()
+        .any(|r| r.violations > 0 || (r.errors > 0 && r.implementation.starts_with("fenced/")));
     if broken {
-        say("some cells had errors or mutual-exclusion violations (see the table)");
+        say("some fenced cells had errors, or a cell had mutual-exclusion violations (see the table)");
         1
     } else {
         0
