@@ -5,7 +5,7 @@ use std::time::Duration;
 use fenced_api::{FencingToken, LockInfo, LockKey, Owner, Result};
 use sqlx::{mysql::MySqlRow, Row};
 
-use crate::error::SqlResultExt;
+use crate::error::{self, SqlResultExt};
 
 pub(crate) mod optimistic;
 pub(crate) mod row_lock;
@@ -31,4 +31,24 @@ pub(crate) fn info_from_row(key: &LockKey, row: &MySqlRow) -> Result<LockInfo> {
         Duration::from_micros(remaining_us.max(0) as u64),
         count,
     ))
+}
+
+/// Runs a statement (or transaction) that may lose a deadlock or a lock wait
+/// to a concurrent one — concurrent releases of re-entered entries do — and
+/// retries it a few times: the loser was rolled back and changed nothing.
+pub(crate) async fn retry_lock_conflicts<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let mut attempt: u64 = 0;
+    loop {
+        match op().await {
+            Err(e) if error::is_lock_conflict(&e) && attempt < 5 => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(attempt * 3)).await;
+            }
+            other => return other.map_err(error::map),
+        }
+    }
 }

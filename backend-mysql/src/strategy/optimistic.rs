@@ -19,7 +19,7 @@ use fenced_api::{
 use sqlx::{MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use super::{info_from_row, micros};
+use super::{info_from_row, micros, retry_lock_conflicts};
 use crate::error::{self, SqlResultExt};
 use crate::sql;
 
@@ -254,18 +254,7 @@ impl DistributedLock for Optimistic {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        // A deadlock victim (concurrent releases of re-entered entries) changed
-        // nothing: its statement or transaction was rolled back. Try again.
-        let mut attempt: u64 = 0;
-        loop {
-            match self.release_once(lease).await {
-                Err(e) if error::is_lock_conflict(&e) && attempt < 5 => {
-                    attempt += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(attempt * 3)).await;
-                }
-                other => return other.map_err(error::map),
-            }
-        }
+        retry_lock_conflicts(|| self.release_once(lease)).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
