@@ -311,6 +311,10 @@ impl Locker for SqlLocker {
                     match r {
                         Ok(_) => return Ok(true),
                         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
+                        // Concurrent inserts of one key deadlock in InnoDB (each waits
+                        // for a shared lock on the duplicate); the article's loop
+                        // treats any failed insert as "taken, try again later".
+                        Err(e) if is_deadlock(&e) => {}
                         Err(e) => return Err(e.into()),
                     }
                     if Instant::now() + NAIVE_RETRY > give_up {
@@ -370,14 +374,24 @@ impl Locker for SqlLocker {
                 }
             }
             PeerKind::NaiveInsert => {
-                let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+                let sql = format!(
                     "DELETE FROM `{}` WHERE lock_key = ? AND owner = ?",
                     self.naive_table
-                )))
-                .bind(key)
-                .bind(&self.owner)
-                .execute(&mut self.conn)
-                .await?;
+                );
+                // The DELETE can be the deadlock victim too; a naive user retries
+                // it (otherwise the key stays taken until someone reaps it).
+                let mut attempts = 0;
+                let done = loop {
+                    let r = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                        .bind(key)
+                        .bind(&self.owner)
+                        .execute(&mut self.conn)
+                        .await;
+                    match r {
+                        Err(e) if is_deadlock(&e) && attempts < 10 => attempts += 1,
+                        r => break r?,
+                    }
+                };
                 if done.rows_affected() == 1 {
                     Ok(())
                 } else {
@@ -388,4 +402,9 @@ impl Locker for SqlLocker {
             PeerKind::RedisPing | PeerKind::Rslock => Err(BenchError::new("not a MySQL peer")),
         }
     }
+}
+
+/// MySQL error 1213 (SQLSTATE 40001): the statement was chosen as a deadlock victim.
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("40001"))
 }
