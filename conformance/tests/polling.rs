@@ -151,3 +151,201 @@ async fn polling_times_out_exactly_at_the_bound() {
     assert!(matches!(err, fenced_api::Error::Timeout { .. }), "{err}");
     assert_eq!(start.elapsed(), Duration::from_millis(1_234));
 }
+
+/// A `PollingLock` client that counts the tries reaching the store.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<dyn DistributedLock>,
+    scope: String,
+    tries: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[async_trait]
+impl DistributedLock for Counted {
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.tries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.try_acquire(key, opts).await
+    }
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        acquire_polling(self, &self.scope, key, opts, Backoff::default()).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.inner.inspect(key).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.inner.force_release(key).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// A counted client; `tries` may be shared between clients.
+fn counted(h: &PollingHarness, inner: Arc<dyn DistributedLock>, tries: &Tries) -> Arc<Counted> {
+    Arc::new(Counted {
+        inner,
+        scope: h.scope.clone(),
+        tries: Arc::clone(tries),
+    })
+}
+
+type Tries = Arc<std::sync::atomic::AtomicU64>;
+
+fn tries_of(t: &Tries) -> u64 {
+    t.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn long_opts() -> LockOptions {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Waiters of one process are served in arrival order, however their
+/// backoff timers happen to fall.
+#[tokio::test(start_paused = true)]
+async fn local_waiters_are_served_first_come_first_served() {
+    let h = PollingHarness::new();
+    let key = LockKey::new("fifo").unwrap();
+    let holder = h.client().await.unwrap();
+    let first = holder.acquire(&key, &long_opts()).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let c = h.client().await.unwrap();
+        let (key, order) = (key.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let lease = c.acquire(&key, &long_opts()).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(7)).await;
+            c.release(&lease).await.unwrap();
+        }));
+        // Arrivals 37 ms apart: each waiter is at a different point of its backoff.
+        tokio::time::sleep(Duration::from_millis(37)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    holder.release(&first).await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+}
+
+/// Only the head of the line polls the store: eight waiters behind a holder
+/// of another process cost about as many tries as one.
+#[tokio::test(start_paused = true)]
+async fn only_the_head_of_the_line_polls() {
+    let h = PollingHarness::new();
+    let key = LockKey::new("one-poller").unwrap();
+    // The holder took the key with a bare try (as another process would):
+    // this process knows nothing of it, so its head must poll.
+    let holder = h.client().await.unwrap();
+    let held = holder
+        .try_acquire(&key, &long_opts())
+        .await
+        .unwrap()
+        .unwrap();
+    let tries = Tries::default();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let c = counted(&h, h.client().await.unwrap(), &tries);
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = c.acquire(&key, &long_opts()).await.unwrap();
+            c.release(&lease).await.unwrap();
+        }));
+    }
+    // 4 s of polling at the 200 ms backoff cap: ~25 tries for one poller,
+    // ~200 if all eight polled.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during_hold = tries_of(&tries);
+    assert!(
+        during_hold <= 40,
+        "{during_hold} tries while one holder held the key"
+    );
+    holder.release(&held).await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// While a task of this process holds the key, the waiters do not poll it
+/// at all: they wait for its release.
+#[tokio::test(start_paused = true)]
+async fn a_local_holder_is_waited_for_not_polled() {
+    let h = PollingHarness::new();
+    let key = LockKey::new("local-holder").unwrap();
+    let holder = h.client().await.unwrap();
+    let tries = Tries::default();
+    let waiter = counted(&h, h.client().await.unwrap(), &tries);
+    let held = holder.acquire(&key, &long_opts()).await.unwrap();
+    let task = {
+        let key = key.clone();
+        tokio::spawn(async move { waiter.acquire(&key, &long_opts()).await })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        tries_of(&tries),
+        0,
+        "the waiter polled a key held in its own process"
+    );
+    holder.release(&held).await.unwrap();
+    let lease = task.await.unwrap().unwrap();
+    assert!(lease.token > held.token);
+    assert_eq!(tries_of(&tries), 1);
+}
+
+/// A head that gives up (its future dropped) hands the turn on; an owner
+/// that already holds a reentrant key is never queued behind waiters that
+/// wait for it.
+#[tokio::test(start_paused = true)]
+async fn dropped_head_hands_on_and_reentry_skips_the_line() {
+    let h = PollingHarness::new();
+    let key = LockKey::new("handover").unwrap();
+    let owner = fenced_api::Owner::random();
+    let re = LockOptions::builder()
+        .ttl(Duration::from_secs(60))
+        .owner(owner.as_str())
+        .reentrant(true)
+        .build()
+        .unwrap();
+    let holder = h.client().await.unwrap();
+    let held = holder.acquire(&key, &re).await.unwrap();
+    let head = {
+        let (c, key) = (h.client().await.unwrap(), key.clone());
+        tokio::spawn(async move { c.acquire(&key, &long_opts()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = {
+        let (c, key) = (h.client().await.unwrap(), key.clone());
+        tokio::spawn(async move { c.acquire(&key, &long_opts()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Re-entering while two waiters queue: granted at once, not after them.
+    let again = tokio::time::timeout(Duration::from_secs(1), holder.acquire(&key, &re))
+        .await
+        .expect("re-entry queued behind waiters")
+        .unwrap();
+    assert_eq!(again.token, held.token);
+    head.abort();
+    assert!(head.await.unwrap_err().is_cancelled());
+    holder.release(&again).await.unwrap();
+    holder.release(&held).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter never got the turn")
+        .unwrap()
+        .unwrap();
+    assert!(got.token > held.token);
+}

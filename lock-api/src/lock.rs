@@ -74,7 +74,8 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// Takes `key`, waiting as `opts.wait()` allows.
     ///
     /// Backends without a native wait use [`wait::acquire_polling`](crate::wait::acquire_polling):
-    /// backoff with jitter, woken early by releases in the same process.
+    /// a FIFO line of the waiters in this process whose head alone polls, with
+    /// backoff and jitter, woken early by releases in the same process.
     ///
     /// # Errors
     ///

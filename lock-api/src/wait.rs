@@ -5,10 +5,13 @@
 //! exponentially with jitter, never sleeps past the caller's wait bound, and is
 //! woken at once when a release of the same key happens *in the same process*
 //! (through [`notify_released`]), so local hand-offs cost no sleep at all.
+//! Waiters of one process queue in a FIFO line per key and only the head
+//! polls, so many local waiters cost the store no more than one, and they
+//! are served in arrival order.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, OnceLock, Weak},
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
@@ -64,11 +67,79 @@ pub fn wait_deadline(policy: WaitPolicy, start: Instant) -> Option<Instant> {
     }
 }
 
-/// Wake-up channels by (scope, key); entries whose waiters are all gone are
+/// The in-process waiting line of one (scope, key).
+///
+/// Waiters of this process queue here in arrival order and only the head
+/// talks to the store, so `n` local waiters cost the store the polling of one
+/// and a release by a local holder goes to the longest-waiting local task
+/// instead of whichever poll happens to land first (the source articles'
+/// "大量轮询会拖垮数据库", and the unfairness of plain polling).
+#[derive(Default)]
+struct Line {
+    state: Mutex<LineState>,
+    /// Signalled when the head leaves the line or the key is released locally.
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct LineState {
+    waiting: VecDeque<u64>,
+    next_ticket: u64,
+    /// Local deadline of a lease granted through this line and not yet
+    /// released here: while it runs, the head waits for the release signal
+    /// instead of polling a key that a task of this very process holds.
+    held_until: Option<Instant>,
+}
+
+impl Line {
+    fn state(&self) -> std::sync::MutexGuard<'_, LineState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A place in a [`Line`]; leaving it (grant, timeout, error or a dropped
+/// future) hands the head position on.
+struct Ticket {
+    line: Arc<Line>,
+    id: u64,
+}
+
+impl Ticket {
+    fn join(line: Arc<Line>) -> Self {
+        let id = {
+            let mut st = line.state();
+            let id = st.next_ticket;
+            st.next_ticket = st.next_ticket.wrapping_add(1);
+            st.waiting.push_back(id);
+            id
+        };
+        Ticket { line, id }
+    }
+
+    fn is_head(&self) -> bool {
+        self.line.state().waiting.front() == Some(&self.id)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let was_head = {
+            let mut st = self.line.state();
+            let was_head = st.waiting.front() == Some(&self.id);
+            st.waiting.retain(|t| *t != self.id);
+            was_head
+        };
+        if was_head {
+            self.line.changed.notify_waiters();
+        }
+    }
+}
+
+/// Lines by (scope, key). Lines nobody waits in and no local lease holds are
 /// pruned when the map has doubled since the last prune (amortised O(1)).
 #[derive(Default)]
 struct Registry {
-    channels: HashMap<(String, LockKey), Weak<Notify>>,
+    lines: HashMap<(String, LockKey), Arc<Line>>,
     prune_at: usize,
 }
 
@@ -77,45 +148,58 @@ fn registry() -> &'static Mutex<Registry> {
     REGISTRY.get_or_init(Default::default)
 }
 
-/// The in-process wake-up channel for `key` in `scope`.
+/// The in-process line for `key` in `scope`.
 ///
 /// `scope` identifies the store and namespace (e.g. `"mysql://db1/test#locks"`):
 /// instances that share a store must use the same scope so that a release by
 /// one wakes the waiters of another.
-fn subscribe(scope: &str, key: &LockKey) -> Arc<Notify> {
+fn line(scope: &str, key: &LockKey) -> Arc<Line> {
     let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     let id = (scope.to_owned(), key.clone());
-    if let Some(n) = reg.channels.get(&id).and_then(Weak::upgrade) {
-        return n;
+    if let Some(l) = reg.lines.get(&id) {
+        return Arc::clone(l);
     }
-    if reg.channels.len() >= reg.prune_at {
-        reg.channels.retain(|_, w| w.strong_count() > 0);
-        reg.prune_at = (reg.channels.len() * 2).max(64);
+    if reg.lines.len() >= reg.prune_at {
+        let now = Instant::now();
+        reg.lines.retain(|_, l| {
+            Arc::strong_count(l) > 1 || l.state().held_until.is_some_and(|u| u > now)
+        });
+        reg.prune_at = (reg.lines.len() * 2).max(64);
     }
-    let n = Arc::new(Notify::new());
-    reg.channels.insert(id, Arc::downgrade(&n));
-    n
+    let l = Arc::new(Line::default());
+    reg.lines.insert(id, Arc::clone(&l));
+    l
 }
 
-/// Wakes every waiter of this process that is polling `key` in `scope`.
+/// Tells this process's waiters that `key` in `scope` was released: the
+/// head of the line tries at once.
 ///
 /// Backends call it after a successful release or force-release.
 pub fn notify_released(scope: &str, key: &LockKey) {
-    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(n) = reg
-        .channels
-        .get(&(scope.to_owned(), key.clone()))
-        .and_then(Weak::upgrade)
-    {
-        n.notify_waiters();
+    let line = {
+        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.lines.get(&(scope.to_owned(), key.clone())).cloned()
+    };
+    if let Some(l) = line {
+        l.state().held_until = None;
+        l.changed.notify_waiters();
     }
 }
 
 /// Implements [`DistributedLock::acquire`] on top of `try_acquire`.
 ///
-/// Tries at once; then sleeps with [`Backoff`] (reset whenever a local release
-/// wakes it) and tries again, until granted or the wait bound passes. The
+/// Waiters of one process (per `scope` and key) form a FIFO line and only
+/// the head tries the store: it tries at once, then sleeps with [`Backoff`]
+/// and tries again, until granted or its wait bound passes. While the key is
+/// held by a lease this helper granted in this process, the head does not
+/// poll at all: it waits for that lease's release (signalled by
+/// [`notify_released`]) or its local deadline, whichever comes first. The
 /// last attempt happens at the bound, so a release just before it still wins.
+///
+/// Fairness is therefore first-come first-served among the waiters of one
+/// process; against other processes each process's head competes by polling.
+/// A reentrant request tries once before queueing, so an owner that already
+/// holds the key is never stuck behind waiters that wait for it.
 ///
 /// # Errors
 ///
@@ -124,8 +208,8 @@ pub fn notify_released(scope: &str, key: &LockKey) {
 ///
 /// # Cancel safety
 ///
-/// Cancel safe as far as `try_acquire` is: dropping the future between
-/// attempts leaves nothing behind.
+/// Cancel safe as far as `try_acquire` is: dropping the future leaves the
+/// line (the next waiter becomes head) and leaves nothing in the store.
 pub async fn acquire_polling<L: DistributedLock + ?Sized>(
     lock: &L,
     scope: &str,
@@ -135,35 +219,74 @@ pub async fn acquire_polling<L: DistributedLock + ?Sized>(
 ) -> Result<Lease> {
     let start = Instant::now();
     let deadline = wait_deadline(opts.wait(), start);
-    let signal = subscribe(scope, key);
-    let mut attempt = 0u32;
-    loop {
-        // Register for the wake-up *before* trying, so a release between the
-        // failed try and the sleep is not missed.
-        let notified = signal.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-
+    let timeout = || Error::Timeout {
+        key: key.clone(),
+        waited: start.elapsed(),
+    };
+    if opts.wait() == WaitPolicy::NoWait || opts.is_reentrant() {
         if let Some(lease) = lock.try_acquire(key, opts).await? {
-            if attempt > 0 {
-                tracing::debug!(key = %key, attempts = attempt + 1, waited_ms = start.elapsed().as_millis() as u64, "acquired after waiting");
-            }
             return Ok(lease);
         }
+        if opts.wait() == WaitPolicy::NoWait {
+            return Err(timeout());
+        }
+    }
+    let line = line(scope, key);
+    let ticket = Ticket::join(Arc::clone(&line));
+
+    // Wait for the head position without touching the store.
+    loop {
+        // Register for the signal *before* looking, so a change between the
+        // look and the sleep is not missed.
+        let changed = line.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if ticket.is_head() {
+            break;
+        }
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    _ = &mut changed => {}
+                    _ = tokio::time::sleep_until(d) => return Err(timeout()),
+                }
+            }
+            None => changed.await,
+        }
+    }
+
+    let mut attempt = 0u32;
+    loop {
+        let changed = line.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+
         let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Err(Error::Timeout {
-                key: key.clone(),
-                waited: now - start,
-            });
-        }
-        let mut wake = now + backoff.delay(attempt);
-        if let Some(d) = deadline {
-            wake = wake.min(d);
-        }
-        attempt = attempt.saturating_add(1);
+        let held_locally = line.state().held_until.filter(|u| *u > now);
+        let wake = match held_locally {
+            // A task of this process holds the key: its release wakes us;
+            // its local deadline is when the store may free it by expiry.
+            Some(until) => until,
+            None => {
+                if let Some(lease) = lock.try_acquire(key, opts).await? {
+                    if attempt > 0 {
+                        tracing::debug!(key = %key, attempts = attempt + 1, waited_ms = start.elapsed().as_millis() as u64, "acquired after waiting");
+                    }
+                    line.state().held_until = Some(lease.deadline);
+                    drop(ticket);
+                    return Ok(lease);
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(timeout());
+                }
+                attempt = attempt.saturating_add(1);
+                now + backoff.delay(attempt - 1)
+            }
+        };
+        let wake = deadline.map_or(wake, |d| wake.min(d));
         tokio::select! {
-            _ = &mut notified => attempt = 0,
+            _ = &mut changed => attempt = 0,
             _ = tokio::time::sleep_until(wake) => {}
         }
     }
@@ -214,19 +337,48 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn notify_reaches_subscribers_of_same_scope_and_key_only() {
+    async fn release_signal_reaches_the_line_of_same_scope_and_key_only() {
         let k = LockKey::new("k").unwrap();
-        let a = subscribe("s1", &k);
-        let b = subscribe("s1", &k);
+        let a = line("s1", &k);
+        let b = line("s1", &k);
         assert!(Arc::ptr_eq(&a, &b));
-        let other = subscribe("s2", &k);
+        let other = line("s2", &k);
         assert!(!Arc::ptr_eq(&a, &other));
-        let n = a.notified();
+        a.state().held_until = Some(Instant::now() + Duration::from_secs(60));
+        let n = a.changed.notified();
         tokio::pin!(n);
         n.as_mut().enable();
+        let o = other.changed.notified();
+        tokio::pin!(o);
+        o.as_mut().enable();
         notify_released("s1", &k);
         tokio::time::timeout(Duration::from_secs(1), n)
             .await
             .unwrap();
+        assert!(
+            a.state().held_until.is_none(),
+            "release clears the local holder"
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), o)
+                .await
+                .is_err(),
+            "another scope was woken"
+        );
+    }
+
+    #[test]
+    fn tickets_queue_in_order_and_hand_the_head_on_when_dropped() {
+        let l = Arc::new(Line::default());
+        let t1 = Ticket::join(Arc::clone(&l));
+        let t2 = Ticket::join(Arc::clone(&l));
+        let t3 = Ticket::join(Arc::clone(&l));
+        assert!(t1.is_head() && !t2.is_head() && !t3.is_head());
+        drop(t2); // leaving from the middle keeps the order of the rest
+        assert!(t1.is_head() && !t3.is_head());
+        drop(t1);
+        assert!(t3.is_head());
+        drop(t3);
+        assert!(l.state().waiting.is_empty());
     }
 }
