@@ -1,0 +1,10 @@
+//! Fault injection for `fenced` (issue 8): the tools that break things on
+//! purpose, so the safety suite can show the locks still hold.
+//!
+//! * `private` — private server instances (MariaDB, redis-server, etcd single
+//!   and 3-member) on their own ports and data directories, so destructive
+//!   tests never disturb the shared services.
+//!
+//! Everything here targets loopback only and is bounded in count and time.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
