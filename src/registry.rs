@@ -82,7 +82,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 }
 
 /// Creates or upgrades the schema of the store named by `url` (SQL stores;
-/// a no-op for the others). Idempotent.
+/// for the others it only checks the URL and returns `Ok(false)`). Idempotent.
 ///
 /// # Errors
 ///
@@ -91,7 +91,25 @@ pub async fn migrate(url: &str) -> Result<bool> {
     let driver = driver_for(url)?;
     match driver.migrate {
         Some(m) => m(url.to_owned()).await.map(|()| true),
-        None => Ok(false),
+        None => {
+            // Nothing to create, but a malformed URL is still an error: a
+            // deployment script that runs `fenced migrate` first should
+            // learn about a typo there, not at the first lock.
+            check_url(driver.name, url)?;
+            Ok(false)
+        }
+    }
+}
+
+/// Parses the URL of a store without a schema, without connecting.
+fn check_url(driver: &str, url: &str) -> Result<()> {
+    match driver {
+        "memory" => MemoryLock::check_url(url),
+        #[cfg(feature = "redis")]
+        "redis" => fenced_redis::RedisConfig::from_url(url).map(drop),
+        #[cfg(feature = "etcd")]
+        "etcd" => fenced_etcd::EtcdConfig::from_url(url).map(drop),
+        _ => Ok(()),
     }
 }
 
@@ -101,13 +119,19 @@ pub async fn migrate(url: &str) -> Result<bool> {
 /// # Errors
 ///
 /// [`Error::Config`] when neither is available (no `sqlite` feature and no
-/// `FENCED_URL`, or no home directory to put the file in).
+/// `FENCED_URL`, or no home directory to put the file in), or when
+/// `FENCED_URL` is set but not valid UTF-8.
 pub fn default_url() -> Result<String> {
-    if let Some(url) = std::env::var("FENCED_URL")
-        .ok()
-        .filter(|u| !u.trim().is_empty())
-    {
-        return Ok(url);
+    match std::env::var("FENCED_URL") {
+        Ok(url) if !url.trim().is_empty() => return Ok(url),
+        // Set but unreadable: falling back to the local file would silently
+        // split the fleet between two stores.
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(Error::config(
+                "FENCED_URL is not valid UTF-8; fix the variable (the URL is not shown: it may hold a password)",
+            ))
+        }
+        _ => {}
     }
     #[cfg(feature = "sqlite")]
     {

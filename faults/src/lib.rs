@@ -1,6 +1,9 @@
 //! Fault injection for `fenced` (issue 8): the tools that break things on
 //! purpose, so the safety suite can show the locks still hold.
 //!
+//! * [`proxy`] — a TCP fault proxy between a client and a server (latency,
+//!   one-way delay, blackhole without RST, connection cut, refused
+//!   connections, a dropped reply);
 //! * `private` — private server instances (MariaDB, redis-server, etcd single
 //!   and 3-member) on their own ports and data directories, so destructive
 //!   tests never disturb the shared services.
@@ -8,3 +11,10 @@
 //! Everything here targets loopback only and is bounded in count and time.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod history;
+pub mod private;
+pub mod proxy;
+pub mod report;
+pub mod resource;
+pub mod scenario;

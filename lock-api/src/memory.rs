@@ -267,14 +267,32 @@ impl MemoryLock {
 }
 
 impl MemoryLock {
+    /// Checks a `memory://` URL: it takes no host, path or parameter, so
+    /// anything after the scheme is a mistake worth reporting (a typo such
+    /// as `memory://?prefix=x` must not pass silently).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`](crate::Error::Config) for anything but `memory://`.
+    pub fn check_url(url: &str) -> crate::Result<()> {
+        match url.strip_prefix("memory://") {
+            Some("") => Ok(()),
+            Some(_) => Err(crate::Error::config(
+                "`memory://` takes no host, path or parameters",
+            )),
+            None => Err(crate::Error::config("expected a memory:// url")),
+        }
+    }
+
     /// The `memory://` driver. Every `connect` makes a **new, empty** store:
     /// in-process locks cannot be shared through a URL.
     pub fn driver() -> crate::Driver {
         crate::Driver {
             name: "memory",
             schemes: &["memory"],
-            connect: |_url| {
-                Box::pin(async {
+            connect: |url| {
+                Box::pin(async move {
+                    Self::check_url(&url)?;
                     Ok(std::sync::Arc::new(MemoryLock::new())
                         as std::sync::Arc<dyn DistributedLock>)
                 })

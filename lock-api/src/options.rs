@@ -57,9 +57,18 @@ impl Owner {
         Ok(Owner(Arc::from(owner)))
     }
 
-    /// A fresh random owner (UUID v4, 122 random bits).
+    /// A fresh random owner: 128 bits from the operating system's CSPRNG,
+    /// as 32 lowercase hex digits. The owner is the capability to extend
+    /// and release a lock (see SECURITY.md), so it must not be guessable.
     pub fn random() -> Self {
-        Owner(Arc::from(uuid::Uuid::new_v4().to_string()))
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            // No OS entropy at all (never seen on a supported platform):
+            // a v4 UUID still carries 122 random bits.
+            bytes = uuid::Uuid::new_v4().into_bytes();
+        }
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Owner(Arc::from(hex))
     }
 
     /// The owner as a string.

@@ -13,20 +13,45 @@ use crate::{Error, Result};
 /// assert_eq!(redact("mysql://app:hunter2@db:3306/app"), "mysql://app:***@db:3306/app");
 /// assert_eq!(redact("redis://:hunter2@cache/0#insecure"), "redis://:***@cache/0#insecure");
 /// assert_eq!(redact("etcd://h1:2379,h2:2379/ns"), "etcd://h1:2379,h2:2379/ns");
+/// // Unencoded reserved characters in the password are hidden too.
+/// assert_eq!(redact("mysql://app:pa/ss?#@db/app"), "mysql://app:***@db/app");
+/// assert_eq!(redact("mysql://app:p@ss@db/app?x=y"), "mysql://app:***@db/app?x=y");
 /// ```
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
+    if !rest.contains('@') {
+        return url.to_owned();
+    }
+    // The userinfo ends at the first `@` followed by something that looks
+    // like a host list. Scanning for it (rather than cutting at the first
+    // `/`, `?` or `#`) keeps a password with unencoded `/`, `?`, `#` or `@`
+    // out of the output too.
+    let end = rest
+        .match_indices('@')
+        .map(|(i, _)| i)
+        .find(|&i| looks_like_hosts(&rest[i + 1..]));
+    let Some(end) = end else {
+        // No recognisable host after any `@`: hide everything.
+        return format!("{scheme}://***");
+    };
+    let (userinfo, host) = (&rest[..end], &rest[end + 1..]);
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
         None => url.to_owned(),
     }
+}
+
+/// Whether `s` starts with `host[:port][,host[:port]…]` and then ends or
+/// goes on with `/`, `?` or `#`.
+fn looks_like_hosts(s: &str) -> bool {
+    let end = s.find(['/', '?', '#']).unwrap_or(s.len());
+    let hosts = &s[..end];
+    !hosts.is_empty()
+        && hosts.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ',' | '[' | ']')
+        })
 }
 
 /// Parses a URL duration parameter: `250ms`, `5s`, `2m`, or a bare number

@@ -1,0 +1,212 @@
+//! A private `redis-server`: own port, own directory.
+
+use std::{process::Command, time::Duration};
+
+use fenced::redis::redis;
+use fenced_api::Result;
+
+use super::{fail, find_binary, free_port, send_signal, temp_dir, wait_until_up, Proc, TlsFiles};
+
+/// How a [`PrivateRedis`] persists data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RedisPersistence {
+    /// `--save "" --appendonly no`: a restart forgets everything.
+    #[default]
+    None,
+    /// `--appendonly yes --appendfsync everysec` (Redis's AOF default).
+    AofEverySec,
+    /// `--appendonly yes --appendfsync always`.
+    AofAlways,
+}
+
+/// How to start a [`PrivateRedis`].
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// Persistence mode.
+    pub persistence: RedisPersistence,
+    /// `--requirepass`: clients must AUTH with this password.
+    pub password: Option<String>,
+    /// Serve TLS only (`--port 0 --tls-port`), with these files; clients are
+    /// not asked for certificates.
+    pub tls: Option<TlsFiles>,
+    /// A read-only replica of the server on this port.
+    pub replica_of: Option<u16>,
+}
+
+/// A `redis-server` on a free loopback port. Killed and removed on drop.
+#[derive(Debug)]
+pub struct PrivateRedis {
+    dir: tempfile::TempDir,
+    port: u16,
+    options: RedisOptions,
+    proc: Proc,
+}
+
+impl PrivateRedis {
+    /// Starts the server and waits until it answers `PING`.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-server` is missing (naming `scripts/services.sh`) or does not answer.
+    pub async fn start(options: RedisOptions) -> Result<Self> {
+        let server = PrivateRedis {
+            dir: temp_dir("redis")?,
+            port: free_port()?,
+            options,
+            proc: Proc::default(),
+        };
+        server.launch().await?;
+        Ok(server)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://[:password@]127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>`
+    /// for a TLS server (certificate verified: the client must trust the CA).
+    pub fn url(&self) -> String {
+        let auth = self
+            .options
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{auth}127.0.0.1:{}", self.port)
+    }
+
+    /// A URL for admin connections: as [`url`](Self::url), but skipping
+    /// certificate verification on a TLS server.
+    pub fn admin_url(&self) -> String {
+        if self.options.tls.is_some() {
+            format!("{}/#insecure", self.url())
+        } else {
+            self.url()
+        }
+    }
+
+    /// A plain admin connection (RESP2) for commands the lock never sends.
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be reached.
+    pub async fn admin(&self) -> Result<redis::aio::MultiplexedConnection> {
+        admin_connection(&self.admin_url()).await
+    }
+
+    fn command(&self) -> Result<Command> {
+        let mut cmd = Command::new(find_binary(&["redis-server"], "Redis")?);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--daemonize", "no", "--save", ""])
+            .arg("--dir")
+            .arg(self.dir.path());
+        if let Some(primary) = self.options.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1"])
+                .arg(primary.to_string());
+        }
+        if let Some(pw) = &self.options.password {
+            cmd.arg("--requirepass").arg(pw);
+        }
+        if let Some(tls) = &self.options.tls {
+            cmd.args(["--port", "0", "--tls-port"])
+                .arg(self.port.to_string())
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "no"]);
+        }
+        match self.options.persistence {
+            RedisPersistence::None => cmd.args(["--appendonly", "no"]),
+            RedisPersistence::AofEverySec => {
+                cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"])
+            }
+            RedisPersistence::AofAlways => {
+                cmd.args(["--appendonly", "yes", "--appendfsync", "always"])
+            }
+        };
+        Ok(cmd)
+    }
+
+    async fn launch(&self) -> Result<()> {
+        self.proc.spawn(self.command()?, "redis-server")?;
+        let url = self.admin_url();
+        wait_until_up("redis-server", &self.proc, || ping(&url)).await
+    }
+
+    /// Kills the server hard (SIGKILL: no shutdown save) and starts it again
+    /// on the same port and directory.
+    ///
+    /// # Errors
+    ///
+    /// When it does not come back.
+    pub async fn restart(&self) -> Result<()> {
+        self.proc.kill();
+        self.launch().await
+    }
+
+    /// Kills the server hard and leaves it down.
+    pub fn kill(&self) {
+        self.proc.kill();
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server: SIGSTOP makes it a
+    /// silent peer — connections stay open, nothing is answered.
+    ///
+    /// # Errors
+    ///
+    /// When the server is not running or kill(1) fails.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        send_signal(self.proc.pid(), signal)
+    }
+}
+
+/// A plain admin connection (RESP2) to any Redis URL the `redis` crate accepts.
+///
+/// # Errors
+///
+/// When the server cannot be reached within 5 s.
+pub(crate) async fn admin_connection(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    install_crypto_provider();
+    let client = redis::Client::open(url).map_err(|e| fail(format!("admin client: {e}")))?;
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(fail(format!("admin connection: {e}"))),
+        Err(_) => Err(fail("admin connection: no answer within 5s")),
+    }
+}
+
+async fn ping(url: &str) -> std::result::Result<(), String> {
+    let mut conn = admin_connection(url).await.map_err(|e| e.to_string())?;
+    let pong: redis::RedisResult<String> = tokio::time::timeout(
+        Duration::from_secs(2),
+        redis::cmd("PING").query_async(&mut conn),
+    )
+    .await
+    .map_err(|_| "no PONG within 2s".to_owned())?;
+    match pong {
+        Ok(p) if p == "PONG" => Ok(()),
+        Ok(other) => Err(format!("PING answered {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// rustls needs one process-wide crypto provider; ring is the one every
+/// TLS stack in this workspace is built with.
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,242 @@
+//! RELIABILITY.md: the fault matrix's results, one row per store × fault.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use crate::scenario::{Fault, RunResult, Target};
+
+/// Aggregated results of one store × fault cell.
+#[derive(Debug, Default, Clone)]
+pub struct Cell {
+    /// Runs.
+    pub runs: usize,
+    /// Runs with fencing off (control runs).
+    pub control: bool,
+    /// Faults injected.
+    pub faults: u64,
+    /// Acquisitions granted.
+    pub acquisitions: u64,
+    /// Stale writes the resource accepted.
+    pub accepted_stale: u64,
+    /// Writes refused for a stale token.
+    pub rejected: u64,
+    /// Lost updates.
+    pub lost_updates: u64,
+    /// Releases confirmed for an overtaken holder.
+    pub non_owner_releases: usize,
+    /// Client-belief overlaps and the longest, ms.
+    pub belief_overlaps: usize,
+    /// Longest belief overlap, ms.
+    pub belief_max_ms: f64,
+    /// Loss-signal latencies, ms.
+    pub loss_ms: Vec<f64>,
+    /// Liveness after the fault, ms, per run (`None`: not live in 4 × TTL).
+    pub liveness_ms: Vec<Option<f64>>,
+    /// Retryable errors.
+    pub transient: u64,
+    /// Other errors (count and first).
+    pub errors: usize,
+    /// First error seen.
+    pub first_error: Option<String>,
+}
+
+impl Cell {
+    /// Adds one run.
+    pub fn add(&mut self, r: &RunResult) {
+        self.runs += 1;
+        self.control = !r.config.fencing;
+        self.faults += r.faults;
+        self.acquisitions += r.acquisitions;
+        self.accepted_stale += r.resource.accepted_stale;
+        self.rejected += r.resource.rejected;
+        self.lost_updates += r.resource.lost_updates;
+        self.non_owner_releases += r.non_owner_releases;
+        self.belief_overlaps += r.belief_overlaps;
+        self.belief_max_ms = self.belief_max_ms.max(r.belief_overlap_max_ms);
+        self.loss_ms.extend(&r.loss_latency_ms);
+        self.liveness_ms.push(r.liveness_ms);
+        self.transient += r.transient_errors;
+        self.errors += r.errors.len();
+        if self.first_error.is_none() {
+            self.first_error = r.errors.first().cloned();
+        }
+    }
+
+    /// Whether every safety property held in every run.
+    pub fn is_safe(&self) -> bool {
+        self.accepted_stale == 0 && self.lost_updates == 0 && self.non_owner_releases == 0
+    }
+}
+
+fn quantile(v: &[f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let i = ((s.len() - 1) as f64 * q).round() as usize;
+    s.get(i).copied()
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".into(), |x| format!("{x:.0}"))
+}
+
+/// Groups results by (control?, store, fault).
+pub fn cells(results: &[RunResult]) -> BTreeMap<(bool, usize, usize), Cell> {
+    let mut m: BTreeMap<(bool, usize, usize), Cell> = BTreeMap::new();
+    for r in results {
+        let t = Target::ALL
+            .iter()
+            .position(|t| *t == r.config.target)
+            .unwrap_or(0);
+        let f = Fault::ALL
+            .iter()
+            .position(|f| *f == r.config.fault)
+            .unwrap_or(0);
+        m.entry((!r.config.fencing, t, f)).or_default().add(r);
+    }
+    m
+}
+
+/// The markdown report.
+pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Reliability\n\nWritten by `{command}` on {machine}. Every row is one store × fault cell; \
+         every run is seeded (the seed is in `faults/results/runs.jsonl`) and can be re-run alone.\n"
+    );
+    let _ = writeln!(
+        out,
+        "How a run works: 4 clients contend for one key through their own TCP fault proxy; \
+         each holder reads a counter, works, and writes it back with its fencing token to a \
+         resource that rejects tokens lower than the highest it has seen. Client 0 suffers the \
+         fault while it holds the lock; it runs on its own thread and runtime, so a pause \
+         freezes its watchdog too (the in-process SIGSTOP). After the run a fresh client must \
+         get the key (liveness).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| store | fault | runs | faults | acquisitions | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    let all = cells(results);
+    for ((control, t, f), c) in &all {
+        let name = if *control {
+            format!("{} **(fencing off)**", Fault::ALL[*f].name())
+        } else {
+            Fault::ALL[*f].name().to_owned()
+        };
+        let live: Vec<f64> = c.liveness_ms.iter().flatten().copied().collect();
+        let not_live = c.liveness_ms.iter().filter(|l| l.is_none()).count();
+        let live_cell = if not_live > 0 {
+            format!(
+                "{} / {} (**{not_live} not live**)",
+                ms(quantile(&live, 0.5)),
+                ms(quantile(&live, 1.0))
+            )
+        } else {
+            format!(
+                "{} / {}",
+                ms(quantile(&live, 0.5)),
+                ms(quantile(&live, 1.0))
+            )
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} / {} | {} | {} | {} |",
+            Target::ALL[*t].name(),
+            name,
+            c.runs,
+            c.faults,
+            c.acquisitions,
+            c.accepted_stale,
+            c.lost_updates,
+            c.non_owner_releases,
+            c.rejected,
+            c.belief_overlaps,
+            c.belief_max_ms,
+            ms(quantile(&c.loss_ms, 0.5)),
+            ms(quantile(&c.loss_ms, 0.99)),
+            live_cell,
+            c.transient,
+            c.errors,
+        );
+    }
+    let unsafe_cells: Vec<String> = all
+        .iter()
+        .filter(|((control, _, _), c)| !control && !c.is_safe())
+        .map(|((_, t, f), _)| format!("{} × {}", Target::ALL[*t].name(), Fault::ALL[*f].name()))
+        .collect();
+    let caught = all
+        .iter()
+        .filter(|((control, _, _), c)| *control && !c.is_safe())
+        .count();
+    let controls = all.keys().filter(|(control, _, _)| *control).count();
+    let _ = writeln!(out, "\n## Verdict\n");
+    if unsafe_cells.is_empty() {
+        let _ = writeln!(
+            out,
+            "- With fencing on, no stale write was accepted, no update was lost and no release \
+             freed another holder's lock, in every cell."
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "- **Safety violated** in: {}.",
+            unsafe_cells.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "- Control runs with fencing off: {caught} of {controls} showed the violations the \
+         checks exist for (the checker can fail)."
+    );
+    let errors: Vec<String> = all
+        .iter()
+        .filter_map(|((_, t, f), c)| {
+            c.first_error.as_ref().map(|e| {
+                format!(
+                    "{} × {}: {e}",
+                    Target::ALL[*t].name(),
+                    Fault::ALL[*f].name()
+                )
+            })
+        })
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(out, "\n## First error per cell\n");
+        for e in errors {
+            let _ = writeln!(out, "- {e}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n## Reading the columns\n\n\
+         - **stale writes accepted / lost updates / non-owner releases** must be 0 with fencing on.\n\
+         - **belief overlaps**: times two clients both believed they held the key. Under a pause \
+           longer than the TTL these cannot be avoided — the paused process cannot know — which \
+           is why the resource checks tokens.\n\
+         - **loss detection**: from the lease's local deadline to the guard's loss signal \
+           (negative: noticed before the deadline, e.g. a refused renewal). After a freeze the \
+           signal can only fire when the process runs again.\n\
+         - **live after**: how long a fresh client waited for the key after the run.\n\
+         - **retryable errors**: acquires the store answered with \"try again\" (a cut \
+           connection, overload); the caller retries them.\n"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), Some(2.0));
+        assert_eq!(quantile(&[3.0, 1.0, 2.0], 1.0), Some(3.0));
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run the fault-injection matrix (every store × fault, seeded runs, plus
+# control runs with fencing off) against real servers and write
+# RELIABILITY.md and faults/results/runs.jsonl.
+#
+#   scripts/faults.sh                      # full profile: 100 runs per cell
+#   scripts/faults.sh --runs 3 --seed 42   # a quick look
+#   scripts/faults.sh --only redis         # one store (or `kill`, one fault)
+#
+# The short profile (one run per cell) runs in CI as
+# `cargo test -p fenced-faults --test short_profile`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+bash scripts/services.sh
+cargo build --release -p fenced-faults -j 2
+FENCED_LOG="${FENCED_LOG:-error}" ./target/release/fenced-faults "$@"
