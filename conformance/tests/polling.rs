@@ -281,7 +281,7 @@ async fn only_the_head_of_the_line_polls() {
 }
 
 /// While a task of this process holds the key, the waiters do not poll it
-/// at all: they wait for its release.
+/// (beyond a slow re-check): they wait for its release.
 #[tokio::test(start_paused = true)]
 async fn a_local_holder_is_waited_for_not_polled() {
     let h = PollingHarness::new();
@@ -294,16 +294,21 @@ async fn a_local_holder_is_waited_for_not_polled() {
         let key = key.clone();
         tokio::spawn(async move { waiter.acquire(&key, &long_opts()).await })
     };
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        tries_of(&tries),
-        0,
-        "the waiter polled a key held in its own process"
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    // One slow re-check a second (polling with backoff would be ~30).
+    let during = tries_of(&tries);
+    assert!(
+        during <= 5,
+        "the waiter polled a key held in its own process {during} times"
     );
     holder.release(&held).await.unwrap();
     let lease = task.await.unwrap().unwrap();
     assert!(lease.token > held.token);
-    assert_eq!(tries_of(&tries), 1);
+    assert_eq!(
+        tries_of(&tries),
+        during + 1,
+        "the release was not taken at once"
+    );
 }
 
 /// A head that gives up (its future dropped) hands the turn on; an owner
@@ -345,6 +350,51 @@ async fn dropped_head_hands_on_and_reentry_skips_the_line() {
     let got = tokio::time::timeout(Duration::from_secs(10), second)
         .await
         .expect("the second waiter never got the turn")
+        .unwrap()
+        .unwrap();
+    assert!(got.token > held.token);
+}
+
+/// A waiter behind a holder of its own process still times out at its
+/// bound (with one last try there), and notices a release it was not told
+/// about (an admin's force-release from elsewhere) within a second.
+#[tokio::test(start_paused = true)]
+async fn local_holder_wait_respects_the_bound_and_rechecks() {
+    let h = PollingHarness::new();
+    let key = LockKey::new("bounded-local").unwrap();
+    let holder = h.client().await.unwrap();
+    let held = holder.acquire(&key, &long_opts()).await.unwrap();
+    let tries = Tries::default();
+    let waiter = counted(&h, h.client().await.unwrap(), &tries);
+    let bounded = LockOptions::builder()
+        .ttl(Duration::from_secs(60))
+        .wait_timeout(Duration::from_millis(2_500))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let err = waiter.acquire(&key, &bounded).await.unwrap_err();
+    assert!(matches!(err, fenced_api::Error::Timeout { .. }), "{err}");
+    assert_eq!(start.elapsed(), Duration::from_millis(2_500));
+    // Re-checks at 1 s and 2 s, the last try at the bound: no spinning.
+    assert!(
+        (2..=4).contains(&tries_of(&tries)),
+        "{} tries",
+        tries_of(&tries)
+    );
+
+    // A release this process is not told about (the inner store of another
+    // client frees the key without the wake-up signal).
+    let task = {
+        let (w, key) = (Arc::clone(&waiter), key.clone());
+        tokio::spawn(async move { w.acquire(&key, &long_opts()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The same store, without the polling wrapper: no wake-up signal.
+    let silent = h.inner.memory_client();
+    assert!(silent.force_release(&key).await.unwrap());
+    let got = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the waiter never noticed the release")
         .unwrap()
         .unwrap();
     assert!(got.token > held.token);

@@ -256,18 +256,25 @@ pub async fn acquire_polling<L: DistributedLock + ?Sized>(
     }
 
     let mut attempt = 0u32;
+    let mut last_try = Instant::now();
     loop {
         let changed = line.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
 
         let now = Instant::now();
+        // A task of this process holds the key: its release wakes us and
+        // its local deadline is when the store may free it by expiry, so
+        // polling in between would only load the store. A slow re-check
+        // still catches a release this process cannot see (an admin's
+        // force-release elsewhere).
         let held_locally = line.state().held_until.filter(|u| *u > now);
+        let at_bound = deadline.is_some_and(|d| now >= d);
         let wake = match held_locally {
-            // A task of this process holds the key: its release wakes us;
-            // its local deadline is when the store may free it by expiry.
-            Some(until) => until,
-            None => {
+            Some(until) if !at_bound && now < last_try + LOCAL_HOLDER_RECHECK => {
+                until.min(last_try + LOCAL_HOLDER_RECHECK)
+            }
+            _ => {
                 if let Some(lease) = lock.try_acquire(key, opts).await? {
                     if attempt > 0 {
                         tracing::debug!(key = %key, attempts = attempt + 1, waited_ms = start.elapsed().as_millis() as u64, "acquired after waiting");
@@ -276,12 +283,15 @@ pub async fn acquire_polling<L: DistributedLock + ?Sized>(
                     drop(ticket);
                     return Ok(lease);
                 }
-                let now = Instant::now();
-                if deadline.is_some_and(|d| now >= d) {
+                last_try = Instant::now();
+                if deadline.is_some_and(|d| last_try >= d) {
                     return Err(timeout());
                 }
                 attempt = attempt.saturating_add(1);
-                now + backoff.delay(attempt - 1)
+                match held_locally {
+                    Some(until) => until.min(last_try + LOCAL_HOLDER_RECHECK),
+                    None => last_try + backoff.delay(attempt - 1),
+                }
             }
         };
         let wake = deadline.map_or(wake, |d| wake.min(d));
@@ -291,6 +301,10 @@ pub async fn acquire_polling<L: DistributedLock + ?Sized>(
         }
     }
 }
+
+/// How often the head of a line re-checks a key held by a task of its own
+/// process (whose release it would otherwise be told about).
+const LOCAL_HOLDER_RECHECK: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
