@@ -1,61 +1,81 @@
 -- fenced-redis: take a lock, re-enter it, or queue for it. One atomic step.
 --
--- KEYS[1]  lock hash   {prefix/key}:l   fields owner, token, count; PX = the lease
--- KEYS[2]  fence       {prefix/key}:f   the last token granted for this key
--- KEYS[3]  queue       {prefix/key}:q   waiters, zset member = waiter id, score = liveness deadline (ms)
 -- ARGV[1]  owner
--- ARGV[2]  ttl in ms (validated by the client: 10 ms .. 24 h)
+-- ARGV[2]  ttl in ms (validated by the client: 1 ms .. 24 h)
 -- ARGV[3]  "1" if the owner may re-enter
--- ARGV[4]  waiter id, or "" for a plain try (nothing is queued)
--- ARGV[5]  waiter liveness lease in ms
--- ARGV[6]  fence retention in ms
+-- ARGV[4]  waiter id (hex), or "" for a plain try (never queued)
+-- ARGV[5]  the waiter's wake-up channel          (waiters only)
+-- ARGV[6]  queue entry liveness in ms           (waiters only)
+-- ARGV[7]  this waiter's entry from its previous attempt, or ""
+-- ARGV[8]  that entry's score (arrival), or ""
 --
--- Returns {1, token, count}  granted (token as a decimal string)
---         {0, pttl}          held by someone else; pttl = its remaining ms
---         {-1}               held by this owner, who may not re-enter
---
--- Tokens: max(last token + 1, server time in microseconds). The server's
--- clock makes tokens keep rising even when Redis lost the fence key (restart
--- without persistence); the stored last token keeps them rising when the
--- clock steps back. Both stay below 2^53, where Lua numbers are exact.
-local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
-local owner, ttl, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[4]
+-- Returns {1, token, count}        granted by this call
+--         {2, token}               handed to this waiter earlier by a release
+--         {0, pttl}                held (or the queue goes first); not queued
+--         {0, pttl, entry, score}  held; the waiter is queued with this entry
+--         {-1}                     held by this owner, who may not re-enter
+local owner, ttl, wid = ARGV[1], tonumber(ARGV[2]), ARGV[4]
+local old = ARGV[7] or ''
+local tok, cnt, exp, q, hwid, hown = load()
+local now_ms, now_us, now_us_s = clock()
 
-local held = redis.call('HMGET', lock, 'owner', 'token', 'count')
-if held[1] then
-  if held[1] == owner then
+-- Queue the caller, keeping its place (score) if it was queued before. The
+-- queue lives RETAIN ms after it was started or last refreshed (entries of
+-- dead waiters are dropped when the key passes on; this only bounds leftovers).
+local function enqueue(pttl, started)
+  if old ~= '' then
+    redis.call('ZREM', Q, old)
+  end
+  local score = ARGV[8]
+  if not score or score == '' then
+    score = now_us_s
+  end
+  local m = (now_ms + tonumber(ARGV[6])) .. '|' .. ttl .. '|' .. wid .. '|' .. ARGV[5] .. '|' .. owner
+  redis.call('ZADD', Q, score, m)
+  if started or old ~= '' then
+    redis.call('PEXPIRE', Q, RETAIN)
+  end
+  return {0, pttl, m, score}
+end
+
+if cnt > 0 and exp > now_ms then
+  if wid ~= '' and hwid == wid then
+    return {2, tok}
+  end
+  if hown == owner then
     if ARGV[3] ~= '1' then
       return {-1}
     end
-    local count = redis.call('HINCRBY', lock, 'count', 1)
-    -- Never cut the expiry another entry of this owner relies on.
-    if redis.call('PTTL', lock) < ttl then
-      redis.call('PEXPIRE', lock, ttl)
+    -- Re-entry: the count goes up; never cut the expiry another entry relies on.
+    save(tok, cnt + 1, math.max(exp, now_ms + ttl), q, hwid, hown)
+    if old ~= '' then
+      redis.call('ZREM', Q, old)
     end
-    return {1, held[2], count}
+    return {1, tok, cnt + 1}
   end
-  if waiter ~= '' then
-    local lease = tonumber(ARGV[5])
-    local t = redis.call('TIME')
-    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('ZADD', queue, now_ms + lease, waiter)
-    redis.call('PEXPIRE', queue, lease * 2)
+  if wid == '' then
+    return {0, exp - now_ms}
   end
-  return {0, redis.call('PTTL', lock)}
+  if q == 0 then
+    save(tok, cnt, exp, 1, hwid, hown)
+  end
+  return enqueue(exp - now_ms, q == 0)
 end
 
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', fence) or '0') or 0
-local token = math.max(last + 1, now_us)
-if token >= 9007199254740992 then
-  return redis.error_reply('fenced: fencing token for ' .. lock .. ' would exceed 2^53')
+-- Free (never held, released, or the lease ran out): queued waiters first.
+if q == 1 then
+  local r, handed = hand_over(tok, now_ms, now_us, now_us_s, old)
+  if r == 'other' or r == 'more' then
+    local pttl = handed or 0
+    if wid == '' then
+      return {0, pttl}
+    end
+    return enqueue(pttl, false)
+  end
+  if r == 'empty' then
+    q = 0
+  end
 end
-local token_s = string.format('%.0f', token)
-redis.call('SET', fence, token_s, 'PX', ARGV[6])
-redis.call('HSET', lock, 'owner', owner, 'token', token_s, 'count', 1)
-redis.call('PEXPIRE', lock, ttl)
-if waiter ~= '' then
-  redis.call('ZREM', queue, waiter)
-end
-return {1, token_s, 1}
+local t = next_token(tok, now_us, now_us_s)
+save(t, 1, now_ms + ttl, q, wid, owner)
+return {1, t, 1}

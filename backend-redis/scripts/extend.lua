@@ -1,22 +1,19 @@
 -- fenced-redis: push a current lease's expiry to ttl from now. Never creates a lock.
 --
--- KEYS[1]  lock hash
 -- ARGV[1]  owner
--- ARGV[2]  token (decimal string, as granted)
+-- ARGV[2]  token (decimal, as granted)
 -- ARGV[3]  ttl in ms
 --
 -- Returns 1 extended, 0 the lease is not current (expired, released, or another holder).
-local held = redis.call('HMGET', KEYS[1], 'owner', 'token', 'count')
-if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
+local tok, cnt, exp, q, hwid, hown = load()
+local now_ms = clock()
+if cnt == 0 or exp <= now_ms or hown ~= ARGV[1] or tok ~= ARGV[2] then
   return 0
 end
-local ttl = tonumber(ARGV[3])
-if (tonumber(held[3]) or 1) > 1 then
-  -- Re-entered: never cut the expiry another entry relies on.
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-else
-  redis.call('PEXPIRE', KEYS[1], ttl)
+local e = now_ms + tonumber(ARGV[3])
+-- Re-entered: never cut the expiry another entry relies on.
+if cnt > 1 and exp > e then
+  e = exp
 end
+save(tok, cnt, e, q, hwid, hown)
 return 1

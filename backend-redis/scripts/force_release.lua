@@ -1,17 +1,14 @@
--- fenced-redis: administrative release, whoever holds the key; wakes the next live waiter.
+-- fenced-redis: administrative release, whoever holds the key; the first
+-- live waiter gets it.
 --
--- KEYS[1]  lock hash
--- KEYS[2]  waiter queue
--- ARGV[1]  release channel
---
--- Returns 1 if a current lock was removed, else 0.
-local removed = redis.call('DEL', KEYS[1])
-
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
-local next_waiter = redis.call('ZRANGE', KEYS[2], 0, 0)
-if next_waiter[1] then
-  redis.call('PUBLISH', ARGV[1], next_waiter[1])
+-- Returns 1 if a current lease was removed, else 0.
+local tok, cnt, exp, q = load()
+local now_ms, now_us, now_us_s = clock()
+local held = cnt > 0 and exp > now_ms
+if cnt > 0 or q == 1 then
+  pass_on(tok, now_ms, now_us, now_us_s, q)
 end
-return removed
+if held then
+  return 1
+end
+return 0

@@ -1,20 +1,31 @@
--- fenced-redis: a waiter gives up (timeout or cancelled future). If the key is
--- free, the wake-up it may have been sent passes to the next live waiter.
+-- fenced-redis: a waiter gives up (timeout, cancelled future, error). Its
+-- entry leaves the queue; a lease handed to it that it never claimed passes
+-- to the next live waiter.
 --
--- KEYS[1]  lock hash
--- KEYS[2]  waiter queue
--- ARGV[1]  release channel
--- ARGV[2]  waiter id
+-- ARGV[1]  waiter id
+-- ARGV[2]  its queue entry, or "" when unknown (its queued attempt was cut short)
 --
--- Returns 1.
-redis.call('ZREM', KEYS[2], ARGV[2])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
-  local next_waiter = redis.call('ZRANGE', KEYS[2], 0, 0)
-  if next_waiter[1] then
-    redis.call('PUBLISH', ARGV[1], next_waiter[1])
+-- Returns 1 if an unclaimed lease was passed on, else 0.
+local id, m = ARGV[1], ARGV[2]
+if m ~= '' then
+  redis.call('ZREM', Q, m)
+else
+  for _, e in ipairs(redis.call('ZRANGE', Q, 0, -1)) do
+    if string.match(e, '^%d+|%d+|(%x+)|') == id then
+      redis.call('ZREM', Q, e)
+    end
   end
 end
-return 1
+local tok, cnt, exp, q, hwid = load()
+local now_ms, now_us, now_us_s = clock()
+if cnt > 0 and exp > now_ms then
+  if hwid == id then
+    pass_on(tok, now_ms, now_us, now_us_s, q)
+    return 1
+  end
+  return 0
+end
+if q == 1 then
+  pass_on(tok, now_ms, now_us, now_us_s, q)
+end
+return 0

@@ -13,8 +13,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on one command's reply.
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default cap on how long a waiter sleeps between two checks of a held key
-/// when no release message reaches it (the fallback behind pub/sub).
-pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_millis(250);
+/// when no hand-over message reaches it (the fallback behind pub/sub; each
+/// check also refreshes the waiter's place in the queue).
+pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A validated key prefix: the namespace two applications sharing one Redis
 /// use to keep their locks apart.
@@ -98,8 +99,9 @@ impl RedisConfig {
     ///
     /// fenced's parameters: `prefix` (the namespace, default `fenced`),
     /// `connect_timeout` and `operation_timeout` (`500ms`, `5s`; default 5 s
-    /// each), `recheck_interval` (default 250 ms: how long a waiter sleeps at
-    /// most when no release message reaches it). Every other parameter goes to
+    /// each), `recheck_interval` (default 1 s: how long a waiter sleeps at
+    /// most when no hand-over message reaches it; a waiter's place in the
+    /// queue lapses after three missed re-checks plus a second). Every other parameter goes to
     /// the `redis` crate. The connection always speaks RESP3 (Redis ≥ 6), which
     /// lets one connection carry both the scripts and the release subscriptions.
     ///
@@ -220,7 +222,7 @@ mod tests {
     fn url_table() {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
-        let defaults = (s(5), s(5), ms(250));
+        let defaults = (s(5), s(5), s(1));
         let cases = [
             Case {
                 url: "redis://127.0.0.1:6379",

@@ -4,8 +4,8 @@ use fenced_api::LockKey;
 
 use crate::config::Prefix;
 
-/// The Redis names of one lock. All share the hash tag `{prefix/key}`, so in
-/// a Redis Cluster they sit in one slot and every script touches one node.
+/// The Redis names of one lock. Both share the hash tag `{prefix/key}`, so
+/// in a Redis Cluster they sit in one slot and every script touches one node.
 ///
 /// The mapping is injective: the prefix cannot contain `/` (it ends at the
 /// first one), and every name is the tag followed by a two-byte role, so no
@@ -14,26 +14,48 @@ use crate::config::Prefix;
 /// byte-exact and never as patterns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
-    /// Hash `owner`, `token`, `count`, with the lease as its PX expiry.
+    /// The state string: last token, hold count, expiry, holder (see
+    /// `scripts/prelude.lua`).
     pub(crate) lock: String,
-    /// The last token granted for the key.
-    pub(crate) fence: String,
-    /// Waiters: zset of waiter id → liveness deadline (ms, server clock).
+    /// Waiters in arrival order: zset of entry → arrival time (µs, server clock).
     pub(crate) queue: String,
-    /// Pub/sub channel on which a release names the waiter to wake.
-    pub(crate) channel: String,
 }
 
 impl Keys {
     pub(crate) fn new(prefix: &Prefix, key: &LockKey) -> Self {
-        let tag = format!("{{{}/{}}}", prefix.as_str(), key.as_str());
-        Keys {
-            lock: format!("{tag}:l"),
-            fence: format!("{tag}:f"),
-            queue: format!("{tag}:q"),
-            channel: format!("{tag}:c"),
-        }
+        let (p, k) = (prefix.as_str(), key.as_str());
+        let mut lock = String::with_capacity(p.len() + k.len() + 5);
+        lock.push('{');
+        lock.push_str(p);
+        lock.push('/');
+        lock.push_str(k);
+        lock.push_str("}:l");
+        let mut queue = lock.clone();
+        queue.pop();
+        queue.push('q');
+        Keys { lock, queue }
     }
+
+    /// The names of the lock whose state key is `lock` (as a hand-over
+    /// message names it), or `None` for a name this crate never writes.
+    pub(crate) fn from_lock(lock: &str) -> Option<Self> {
+        let tag = lock.strip_suffix(":l")?;
+        if !(tag.starts_with('{') && tag.ends_with('}') && tag.contains('/')) {
+            return None;
+        }
+        Some(Keys {
+            lock: lock.to_owned(),
+            queue: format!("{tag}:q"),
+        })
+    }
+}
+
+/// The wake-up channel of one client (one [`RedisLock`](crate::RedisLock)
+/// instance): `{prefix/}:w:<id>`. A lock key is never empty, so no lock's
+/// tag is `{prefix/}`; channels are not keys, and Redis Cluster does not
+/// hash them.
+pub(crate) fn wake_channel(prefix: &Prefix, client: &str) -> String {
+    format!("{{{}/}}:w:{client}", prefix.as_str())
 }
 
 #[cfg(test)]
@@ -92,11 +114,10 @@ mod tests {
         ] {
             let keys = Keys::new(&p, &LockKey::new(k).unwrap());
             let tag = hash_tag(&keys.lock);
-            for other in [&keys.fence, &keys.queue, &keys.channel] {
-                assert_eq!(hash_tag(other), tag, "{k}: {other}");
-                assert_eq!(slot(other), slot(&keys.lock), "{k}");
-            }
+            assert_eq!(hash_tag(&keys.queue), tag, "{k}: {}", keys.queue);
+            assert_eq!(slot(&keys.queue), slot(&keys.lock), "{k}");
             assert!(keys.lock.contains(k), "byte-exact key inside {}", keys.lock);
+            assert_eq!(Keys::from_lock(&keys.lock), Some(keys.clone()), "{k}");
         }
     }
 
@@ -111,17 +132,25 @@ mod tests {
             let prefix = Prefix::new(p).unwrap();
             for k in keys {
                 let names = Keys::new(&prefix, &LockKey::new(k).unwrap());
-                for (role, name) in [
-                    ("lock", &names.lock),
-                    ("fence", &names.fence),
-                    ("queue", &names.queue),
-                    ("channel", &names.channel),
-                ] {
+                for (role, name) in [("lock", &names.lock), ("queue", &names.queue)] {
                     if let Some(prev) = seen.insert(name.clone(), (p, k, role)) {
                         panic!("{name} is both {prev:?} and {:?}", (p, k, role));
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn wake_channels_are_no_lock_names() {
+        let p = Prefix::new("app").unwrap();
+        let ch = wake_channel(&p, "0123abcd");
+        assert_eq!(ch, "{app/}:w:0123abcd");
+        assert!(Keys::from_lock(&ch).is_none());
+        for bad in ["x:l", "{a}:l", "{a/b}:q", "{a/b}"] {
+            assert!(Keys::from_lock(bad).is_none(), "{bad}");
+        }
+        // An empty lock key is refused, so no lock's tag is `{prefix/}`.
+        assert!(LockKey::new("").is_err());
     }
 }

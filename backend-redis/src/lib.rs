@@ -1,6 +1,7 @@
 //! Redis backend of [fenced](https://docs.rs/fenced): leases taken and
 //! checked by Lua scripts, fencing tokens from the server's clock, waiters
-//! woken by pub/sub. Tested on Redis 7.0; needs Redis 6 or later (RESP3).
+//! served first come, first served from a queue on the server, the key
+//! handed over by pub/sub. Tested on Redis 7.0; needs Redis 6 or later (RESP3).
 //!
 //! ```no_run
 //! use std::{sync::Arc, time::Duration};
@@ -34,7 +35,7 @@
 //! being done twice (two nodes refreshing one cache, sending one e-mail
 //! twice): an occasional double grant costs a little. A **correctness** lock
 //! protects data: a double grant corrupts it. One Redis primary is a good
-//! efficiency lock — one round trip per acquire, hand-off by message. For a
+//! efficiency lock — one round trip per acquire, hand-over by message. For a
 //! correctness lock, Redis is safe only with the protected resource checking
 //! the fencing token, and even then these limits stay:
 //!
@@ -58,59 +59,100 @@
 //!
 //! # Design
 //!
-//! Each lock key has four Redis names sharing one hash tag, `{prefix/key}`:
-//! the lock hash (`:l`: owner, token, hold count; the lease is its `PX`
-//! expiry, kept by the **server's** clock), the fence (`:f`: the last token),
-//! the waiter queue (`:q`) and a release channel (`:c`). In a Redis Cluster
-//! the tag puts them in one slot, so every script touches one node — this
-//! crate connects to a single node, though: point it at the primary of the
-//! shard, or use a standalone server. Keys are byte-exact; no name is ever
-//! used as a pattern.
+//! Each lock key has two Redis keys sharing one hash tag, `{prefix/key}`:
+//! the state (`:l`, one string: last token, hold count, lease expiry on the
+//! **server's** clock, whether waiters may be queued, the waiter the lease
+//! was handed to, the holder) and the waiter queue (`:q`, a zset in arrival
+//! order). In a Redis Cluster the tag puts them in one slot, so every script
+//! touches one node — this crate connects to a single node, though: point it
+//! at the primary of the shard, or use a standalone server. Keys are
+//! byte-exact; no name is ever used as a pattern. Each client
+//! ([`RedisLock`] instance) also has a wake-up channel, `{prefix/}:w:<id>`.
 //!
-//! The scripts in `scripts/*.lua` do every step atomically (loaded with
-//! `SCRIPT LOAD`, run with EVALSHA, reloaded when the server answers NOSCRIPT
-//! after a restart or `SCRIPT FLUSH`):
+//! The scripts in `scripts/*.lua` (each is `prelude.lua`, which defines the
+//! state format and the hand-over, followed by its own file) do every step
+//! atomically. They are loaded with `SCRIPT LOAD`, run with EVALSHA, and
+//! reloaded when the server answers NOSCRIPT after a restart or
+//! `SCRIPT FLUSH`:
 //!
 //! * **acquire** grants a free key, re-enters it for the same owner when the
 //!   options say reentrant (the count goes up, the token stays, the expiry is
 //!   never shortened), answers "already held" to the same owner otherwise, and
-//!   queues the caller as a waiter when it may wait;
-//! * **extend** and **release** act only when owner **and** token match, and
-//!   never create a lock: after a restart that lost the key, `extend` reports
-//!   the lease lost rather than taking the key again;
-//! * **release** publishes the id of one live waiter on the key's channel.
+//!   queues the caller when it may wait;
+//! * **extend** and **release** act only when owner **and** token match and
+//!   the lease is current, and never create a lock: after a restart that lost
+//!   the key, `extend` reports the lease lost rather than taking the key again;
+//! * **release** hands the key to the first live waiter, if any.
+//!
+//! The common path is two round trips and eight commands counted by
+//! `INFO commandstats`: EVALSHA, GET, TIME and SET to acquire, the same to
+//! release. Nothing else is touched while nobody waits: no counter key, no
+//! queue, no message, no configuration check (persistence is read once, at
+//! connect).
 //!
 //! **Fencing tokens** are `max(last token + 1, server time in µs)`, computed
-//! in the acquire script from Redis `TIME`. The stored last token keeps them
-//! strictly rising while Redis keeps its data (clock steps back included);
-//! the clock keeps them rising when Redis loses it — a restart without
-//! persistence resets every counter to nothing, and the next grant is still
-//! above every earlier one because time has moved on. Tokens look like
-//! timestamps (about 1.8 × 10¹⁵ in 2026) and stay below 2⁵³ until the year
-//! 2255. The limit: if a Redis that lost its data also comes back with a
-//! clock set *earlier* than the last grant before the loss (a restored VM, a
-//! failover to a host whose clock lags), a token can repeat an old value.
-//! A resource that has seen a higher token then rejects the new holder's
-//! writes (it fails closed); only a token equal to the highest one seen is
-//! indistinguishable from its earlier holder. The last token of an idle key
-//! is forgotten after seven days, which only matters for a clock that steps
-//! back further than that.
+//! in the scripts from Redis `TIME`. The last token, kept in the state
+//! string while the key is free, keeps them strictly rising while Redis keeps
+//! its data (clock steps back included); the clock keeps them rising when
+//! Redis loses it — a restart without persistence resets every key to
+//! nothing, and the next grant is still above every earlier one because
+//! time has moved on. Tokens look like timestamps (about 1.8 × 10¹⁵ in 2026)
+//! and stay below 2⁵³ until the year 2255. The limit: if a Redis that lost
+//! its data also comes back with a clock set *earlier* than the last grant
+//! before the loss (a restored VM, a failover to a host whose clock lags), a
+//! token can repeat an old value. A resource that has seen a higher token
+//! then rejects the new holder's writes (it fails closed); only a token equal
+//! to the highest one seen is indistinguishable from its earlier holder. The
+//! state of an idle key is forgotten seven days after its last change, which
+//! only matters for a clock that steps back further than that.
 //!
-//! **Waiting** ([`DistributedLock::acquire`](fenced_api::DistributedLock::acquire)):
-//! a waiter subscribes to the key's channel (one subscription per client and
-//! key, shared by its waiters) and queues itself; a release wakes exactly
-//! one waiter, so a contended hand-off costs about three commands (the
-//! waiter's queued try, the release, the woken try) whatever the number of
-//! waiters. As a fallback a waiter looks again when the holder's lease ends
-//! (no message is sent on expiry) and at most every `recheck_interval`
-//! (default 250 ms) — bounded, never a tight loop. Waiters are not served in
-//! strict arrival order (`fifo: false`).
+//! **Waiting** ([`DistributedLock::acquire`](fenced_api::DistributedLock::acquire))
+//! is first come, first served across processes (`fifo: true`). A waiter
+//! that finds the key held queues itself: an entry in the key's queue,
+//! ordered by its arrival on the server's clock, naming its wake-up channel
+//! and carrying a liveness deadline. The release of a key with live waiters
+//! does not free it: in the same script it grants the key to the first live
+//! entry (a new token, the waiter's TTL) and publishes the grant on that
+//! waiter's channel, which the client routes to the waiting future — the
+//! waiter sends no further command. So nobody barges past the queue (a plain
+//! `try_acquire` of a key with live waiters gets `None`; a releasing task
+//! that asks again queues behind the others), a hand-over costs one message,
+//! and a contended acquisition costs two scripts (the release, and the
+//! queued attempt of the next waiter) — about ten commands counting those
+//! run inside the scripts.
+//!
+//! Entries of waiters that are gone do not hold the queue up: a waiter that
+//! gives up (timeout, dropped future) removes its entry, and passes on a
+//! lease handed to it meanwhile; a grant that reaches a client whose waiter
+//! is gone is passed on by that client; an entry whose channel has no
+//! listener (the process died, its connection closed) is skipped at once,
+//! since `PUBLISH` counts the receivers; and an entry whose deadline passed
+//! (a frozen or partitioned process) is skipped. A waiter refreshes its
+//! entry, keeping its place, at least every `recheck_interval` (default
+//! 1 s); the entry lapses after three missed refreshes plus a second. The
+//! residual risk: a process that freezes with its connection open after its
+//! last refresh and before its entry lapses can be handed the key, which
+//! then stays with it until the TTL — as for a holder that freezes. When a
+//! holder's lease runs out (no message is sent on expiry), the waiters look
+//! again at its expiry and the first to look hands the key to the head.
+//!
+//! A handed-over lease counts from the send time of the waiter's last queued
+//! attempt (the grant came later, so the server's expiry is never earlier);
+//! if that leaves less than half the TTL, the waiter renews it once before
+//! returning it.
 //!
 //! **Connection loss**: the connection reconnects by itself and re-subscribes;
-//! every waiter checks again. A held lease is renewed on the new connection if
-//! it is still ours; otherwise `extend` returns `LeaseLost`. A reply lost
-//! after the server applied an acquire leaves a lock nobody renews; it
-//! expires after its TTL.
+//! every waiter checks again (a grant sent meanwhile is found by its next
+//! attempt; an entry dropped while nobody listened is queued again at its
+//! old place). A held lease is renewed on the new connection if it is still
+//! ours; otherwise `extend` returns `LeaseLost`. A reply lost after the
+//! server applied an acquire leaves a lock nobody renews; it expires after
+//! its TTL.
+//!
+//! **Upgrading** from a version before the FIFO queue: the state key changed
+//! from a hash to a string under the same name, so old and new clients on
+//! one key fail loudly (`WRONGTYPE`) rather than both granting it; do not
+//! mix them on a live key.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 

@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use crate::{
     config::{check_recheck, Prefix, RedisConfig},
     error::{self, bounded, BACKEND},
+    keys,
     keys::Keys,
     persistence::{self, Persistence},
-    scripts::{self, millis_ceil, AcquireArgs, Attempt},
+    scripts::{self, millis_ceil, AcquireArgs, Attempt, Queued},
     wait::{self, Router},
 };
 
@@ -86,8 +87,10 @@ impl RedisLockBuilder {
         self
     }
 
-    /// Longest sleep of a waiter between two checks when no release message
-    /// reaches it (default 250 ms; 10 ms to 10 s).
+    /// Longest sleep of a waiter between two checks when no hand-over message
+    /// reaches it (default 1 s; 10 ms to 10 s). Each check refreshes the
+    /// waiter's place in the queue, which lapses after three missed checks
+    /// plus a second.
     pub fn recheck_interval(mut self, d: Duration) -> Self {
         self.config.recheck_interval = d;
         self
@@ -133,6 +136,7 @@ impl RedisLockBuilder {
             ))
         })?;
         let router = Arc::new(Router::new(
+            keys::wake_channel(&config.prefix, &uuid::Uuid::new_v4().simple().to_string()),
             config.operation_timeout,
             config.display_url.clone(),
         ));
@@ -225,25 +229,25 @@ impl RedisLock {
         self.inner.config.operation_timeout
     }
 
-    /// A waiter's place in the queue outlives a few missed re-checks.
-    fn waiter_lease(&self) -> Duration {
-        self.inner.config.recheck_interval * 4 + Duration::from_secs(1)
+    /// How long a waiter's queue entry stays live without a refresh: a few
+    /// missed re-checks.
+    pub(crate) fn waiter_lease(&self) -> Duration {
+        self.inner.config.recheck_interval * 3 + Duration::from_secs(1)
     }
 
-    /// One run of the acquire script; `waiter` queues the caller when busy.
+    /// One run of the acquire script; `queued` queues the caller when busy.
     pub(crate) async fn attempt(
         &self,
         keys: &Keys,
         opts: &LockOptions,
         owner: &Owner,
-        waiter: Option<&str>,
+        queued: Option<Queued<'_>>,
     ) -> Result<Attempt> {
         let args = AcquireArgs {
             owner: owner.as_str(),
             ttl_ms: millis_ceil(opts.ttl()),
             reentrant: opts.is_reentrant(),
-            waiter,
-            waiter_lease_ms: millis_ceil(self.waiter_lease()),
+            queued,
         };
         let mut conn = self.connection();
         let reply = bounded(
@@ -281,16 +285,21 @@ impl DistributedLock for RedisLock {
             Attempt::Granted { token, .. } => Ok(Some(self.lease(key, owner, token, opts, sent))),
             Attempt::Busy { .. } => Ok(None),
             Attempt::AlreadyHeld => Err(Error::AlreadyHeld { key: key.clone() }),
+            Attempt::HandedOver { .. } => Err(error::protocol(
+                "the acquire script handed a lease to a plain try",
+            )),
         }
     }
 
-    /// Waits with pub/sub wake-ups and a bounded re-check (see the crate docs).
+    /// Waits in the key's FIFO queue; a release hands the key over by
+    /// message, with a bounded re-check behind it (see the crate docs).
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future leaves the queue (a best-effort script spawned on
-    /// the current runtime; otherwise the place lapses within seconds). A
-    /// grant racing the drop is never renewed and expires after its TTL.
+    /// Dropping the future leaves the queue and passes on a lease handed to
+    /// it in the meantime (a best-effort script spawned on the current
+    /// runtime; otherwise the entry lapses within seconds). A lease granted by
+    /// the first, unqueued attempt racing the drop expires after its TTL.
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
         wait::acquire(self, key, opts).await
     }
@@ -334,7 +343,6 @@ impl DistributedLock for RedisLock {
             scripts::RELEASE
                 .key(&keys.lock)
                 .key(&keys.queue)
-                .arg(&keys.channel)
                 .arg(lease.owner.as_str())
                 .arg(lease.token.get())
                 .invoke_async(&mut conn),
@@ -384,7 +392,6 @@ impl DistributedLock for RedisLock {
             scripts::FORCE_RELEASE
                 .key(&keys.lock)
                 .key(&keys.queue)
-                .arg(&keys.channel)
                 .invoke_async(&mut conn),
         )
         .await?;
@@ -398,6 +405,7 @@ impl DistributedLock for RedisLock {
         Capabilities::none()
             .backend(BACKEND)
             .native_wait(true)
+            .fifo(true)
             .durable(self.inner.persistence.is_durable())
             .fencing(true)
             .reentrant(true)

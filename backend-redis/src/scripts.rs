@@ -1,9 +1,11 @@
 //! The Lua scripts (`scripts/*.lua`) and their replies.
 //!
-//! Each runs with EVALSHA; [`redis::Script`] loads it with `SCRIPT LOAD` and
-//! retries once when the server answers NOSCRIPT (after a restart, a
-//! failover or `SCRIPT FLUSH`). A NOSCRIPT reply means the script did not run,
-//! so the retry can never apply an operation twice.
+//! Each script is `scripts/prelude.lua` (the state format and the hand-over
+//! to the next waiter, shared by all) followed by its own file. Each runs with
+//! EVALSHA; [`redis::Script`] loads it with `SCRIPT LOAD` and retries once
+//! when the server answers NOSCRIPT (after a restart, a failover or
+//! `SCRIPT FLUSH`). A NOSCRIPT reply means the script did not run, so the
+//! retry can never apply an operation twice.
 
 use std::{sync::LazyLock, time::Duration};
 
@@ -14,8 +16,12 @@ use crate::{error, keys::Keys};
 
 macro_rules! script {
     ($name:ident, $file:literal) => {
-        pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| Script::new(include_str!(concat!("../scripts/", $file))));
+        pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!(concat!("../scripts/", $file))
+            ))
+        });
     };
 }
 
@@ -39,39 +45,51 @@ pub(crate) fn all() -> [&'static Script; 6] {
     ]
 }
 
-/// How long the last token of a key is remembered after its last grant.
-/// Only a clock stepping back by more than this (on a Redis that also lost
-/// the key) could make a token repeat; see the crate docs.
-pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-
 /// What one acquire step found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    Granted {
-        token: FencingToken,
-        count: u32,
-    },
-    /// Held by someone else, for `pttl` more (server clock), if known.
+    /// Granted by this very step: the lease counts from its send time.
+    Granted { token: FencingToken, count: u32 },
+    /// A release handed the key to this waiter earlier (the step found it).
+    HandedOver { token: FencingToken },
+    /// Held by someone else (or queued waiters go first), for `pttl` more
+    /// (server clock); `entry` is the waiter's place in the queue, if queued.
     Busy {
         pttl: Option<Duration>,
+        entry: Option<Entry>,
     },
     /// Held by this owner, who may not re-enter.
     AlreadyHeld,
 }
 
-/// Whole milliseconds, rounded up (PX has millisecond resolution, and a lease
-/// must never be shorter than asked).
+/// A waiter's place in a key's queue: the zset member and its score (the
+/// arrival time), sent back on the next attempt to keep the place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) member: String,
+    pub(crate) score: String,
+}
+
+/// Whole milliseconds, rounded up (expiries have millisecond resolution, and
+/// a lease must never be shorter than asked).
 pub(crate) fn millis_ceil(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// What a queued attempt adds to a plain try.
+pub(crate) struct Queued<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) lease_ms: u64,
+    pub(crate) entry: Option<&'a Entry>,
 }
 
 pub(crate) struct AcquireArgs<'a> {
     pub(crate) owner: &'a str,
     pub(crate) ttl_ms: u64,
     pub(crate) reentrant: bool,
-    pub(crate) waiter: Option<&'a str>,
-    pub(crate) waiter_lease_ms: u64,
+    pub(crate) queued: Option<Queued<'a>>,
 }
 
 pub(crate) async fn acquire(
@@ -79,18 +97,21 @@ pub(crate) async fn acquire(
     keys: &Keys,
     a: &AcquireArgs<'_>,
 ) -> redis::RedisResult<Value> {
-    ACQUIRE
-        .key(&keys.lock)
-        .key(&keys.fence)
-        .key(&keys.queue)
+    let mut inv = ACQUIRE.key(&keys.lock);
+    inv.key(&keys.queue)
         .arg(a.owner)
         .arg(a.ttl_ms)
-        .arg(if a.reentrant { "1" } else { "0" })
-        .arg(a.waiter.unwrap_or(""))
-        .arg(a.waiter_lease_ms)
-        .arg(millis_ceil(FENCE_RETENTION))
-        .invoke_async(conn)
-        .await
+        .arg(if a.reentrant { "1" } else { "0" });
+    if let Some(q) = &a.queued {
+        inv.arg(q.id).arg(q.channel).arg(q.lease_ms);
+        match q.entry {
+            Some(e) => inv.arg(&e.member).arg(&e.score),
+            None => inv.arg("").arg(""),
+        };
+    } else {
+        inv.arg("");
+    }
+    inv.invoke_async(conn).await
 }
 
 pub(crate) fn parse_acquire(v: Value) -> Result<Attempt> {
@@ -100,13 +121,28 @@ pub(crate) fn parse_acquire(v: Value) -> Result<Attempt> {
             token: token(items.get(1), "acquire")?,
             count: count(items.get(2), "acquire")?,
         }),
-        Some(0) => Ok(Attempt::Busy {
-            pttl: items
-                .get(1)
-                .and_then(int)
-                .and_then(|ms| u64::try_from(ms).ok())
-                .map(Duration::from_millis),
+        Some(2) => Ok(Attempt::HandedOver {
+            token: token(items.get(1), "acquire")?,
         }),
+        Some(0) => {
+            let entry = match (items.get(2).and_then(text), items.get(3).and_then(text)) {
+                (Some(member), Some(score)) => Some(Entry { member, score }),
+                (None, None) if items.len() == 2 => None,
+                _ => {
+                    return Err(error::protocol(format!(
+                        "unexpected reply to the acquire script: {items:?}"
+                    )))
+                }
+            };
+            Ok(Attempt::Busy {
+                pttl: items
+                    .get(1)
+                    .and_then(int)
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(Duration::from_millis),
+                entry,
+            })
+        }
         Some(-1) => Ok(Attempt::AlreadyHeld),
         _ => Err(error::protocol(format!(
             "unexpected reply to the acquire script: {items:?}"
@@ -217,11 +253,35 @@ mod tests {
                 count: 1
             }
         );
+        let handed = Value::Array(vec![Value::Int(2), bulk("1796033680636909")]);
+        assert_eq!(
+            parse_acquire(handed).unwrap(),
+            Attempt::HandedOver {
+                token: FencingToken::new(1_796_033_680_636_909),
+            }
+        );
         let busy = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
         assert_eq!(
             parse_acquire(busy).unwrap(),
             Attempt::Busy {
-                pttl: Some(Duration::from_millis(1500))
+                pttl: Some(Duration::from_millis(1500)),
+                entry: None,
+            }
+        );
+        let queued = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(20),
+            bulk("1796033680637|30000|ab12|{p/}:w:cd|me"),
+            bulk("1796033680636908"),
+        ]);
+        assert_eq!(
+            parse_acquire(queued).unwrap(),
+            Attempt::Busy {
+                pttl: Some(Duration::from_millis(20)),
+                entry: Some(Entry {
+                    member: "1796033680637|30000|ab12|{p/}:w:cd|me".into(),
+                    score: "1796033680636908".into(),
+                }),
             }
         );
         assert_eq!(
@@ -233,6 +293,8 @@ mod tests {
             Value::Array(vec![]),
             Value::Array(vec![Value::Int(1), bulk("0"), Value::Int(1)]),
             Value::Array(vec![Value::Int(1), bulk("x"), Value::Int(1)]),
+            Value::Array(vec![Value::Int(2)]),
+            Value::Array(vec![Value::Int(0), Value::Int(5), bulk("member only")]),
             Value::Array(vec![Value::Int(7)]),
         ] {
             assert!(parse_acquire(bad.clone()).is_err(), "{bad:?}");

@@ -1,27 +1,37 @@
-//! Waiting for a held key: pub/sub wake-ups, one waiter at a time.
+//! Waiting for a held key: a FIFO queue on the server, hand-over by message.
 //!
-//! A waiter queues itself (the acquire script adds its id to the key's queue
-//! zset with a liveness deadline) and sleeps. A release removes the lock and
-//! publishes, on the key's channel, the id of **one** live waiter; only that
-//! waiter tries again. So a hand-off costs the release plus one acquire, not
-//! one acquire per waiter (no thundering herd), and nobody polls in a tight
-//! loop. Behind the messages sits a bounded re-check: a waiter wakes at the
-//! holder's expiry (no message is sent when a lease runs out) or after the
-//! re-check interval (default 250 ms), whichever comes first, which also
-//! refreshes its place in the queue and covers lost messages and waiters that
-//! died without leaving.
+//! A waiter that finds the key held queues itself: the acquire script adds
+//! an entry to the key's queue (a zset ordered by arrival time on the
+//! server's clock) naming the waiter, its wake-up channel and a liveness
+//! deadline. A release does not free a key that has live waiters: in the
+//! same script it hands the lease to the first live entry (new token, the
+//! waiter's TTL, the waiter's id recorded with it) and publishes the grant on
+//! that waiter's channel. Nobody can barge past the queue — a plain
+//! `try_acquire` of a key with live waiters gets `None` — and a hand-over
+//! costs the release plus one message: the waiter does not run another
+//! command to take the key.
 //!
-//! Subscriptions live on the lock's own RESP3 connection. One SUBSCRIBE per
-//! key serves every waiter of this client, and lingers a few seconds after
-//! the last one leaves so a busy key is not subscribed over and over.
+//! Each client ([`RedisLock`] instance) has one wake-up channel, subscribed
+//! on its own RESP3 connection the first time one of its waiters queues, and
+//! kept. An entry is live while its deadline has not passed and a connection
+//! listens on its channel (`PUBLISH` counts the receivers), so the waiters of
+//! a dead process are skipped at once. A waiter refreshes its entry, keeping
+//! its place, when it re-checks: at the holder's expiry (no message is sent
+//! when a lease runs out; the first waiter to look hands the key to the
+//! head) and at least every re-check interval (default 1 s). A waiter that
+//! gives up removes its entry, and passes on a lease handed to it that it
+//! never claimed; a grant that reaches a client whose waiter is gone is
+//! passed on the same way.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard, OnceLock, Weak},
+    sync::{Arc, Mutex, MutexGuard, OnceLock},
     time::Duration,
 };
 
-use fenced_api::{wait::wait_deadline, Error, Lease, LockKey, LockOptions, Result};
+use fenced_api::{
+    wait::wait_deadline, Error, FencingToken, Lease, LockKey, LockOptions, Owner, Result,
+};
 use redis::{aio::ConnectionManager, PushInfo, PushKind};
 use tokio::{
     sync::{Notify, OnceCell},
@@ -31,38 +41,65 @@ use tokio::{
 use crate::{
     error::{self, bounded},
     keys::Keys,
-    scripts::{self, Attempt},
+    scripts::{self, millis_ceil, Attempt, Entry, Queued},
     RedisLock,
 };
 
-/// How long an unused subscription is kept before UNSUBSCRIBE.
-const LINGER: Duration = Duration::from_secs(5);
-
-/// Routes release messages from the connection to the waiters of this client.
+/// Routes hand-over messages from the connection to this client's waiters.
 pub(crate) struct Router {
     conn: OnceLock<ConnectionManager>,
-    channels: Mutex<HashMap<String, Channel>>,
-    /// Serialises SUBSCRIBE and UNSUBSCRIBE, so that a subscription made
-    /// right after a lingering one was dropped is sent after its UNSUBSCRIBE.
-    sub_lock: tokio::sync::Mutex<()>,
+    /// This client's wake-up channel.
+    channel: String,
+    /// Set once the server confirmed the subscription.
+    subscribed: OnceCell<()>,
+    waiters: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
     timeout: Duration,
     server: String,
 }
 
-struct Channel {
-    waiters: HashMap<Arc<str>, Arc<Notify>>,
-    /// Set once the server confirmed the subscription.
-    subscribed: Arc<OnceCell<()>>,
-    idle_since: Option<Instant>,
-    sweeper: bool,
+/// Where a hand-over for one waiter lands.
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    grant: Mutex<Option<FencingToken>>,
+}
+
+impl Slot {
+    fn take(&self) -> Option<FencingToken> {
+        self.grant.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A hand-over message: `g|<token>|<waiter id>|<lock state key>`.
+#[derive(Debug, PartialEq, Eq)]
+struct Grant<'a> {
+    token: FencingToken,
+    waiter: &'a str,
+    lock: &'a str,
+}
+
+fn parse_grant(payload: &str) -> Option<Grant<'_>> {
+    let mut parts = payload.splitn(4, '|');
+    if parts.next()? != "g" {
+        return None;
+    }
+    let token = parts.next()?.parse::<u64>().ok().filter(|t| *t >= 1)?;
+    let waiter = parts.next()?;
+    let lock = parts.next()?;
+    Some(Grant {
+        token: FencingToken::new(token),
+        waiter,
+        lock,
+    })
 }
 
 impl Router {
-    pub(crate) fn new(timeout: Duration, server: String) -> Self {
+    pub(crate) fn new(channel: String, timeout: Duration, server: String) -> Self {
         Router {
             conn: OnceLock::new(),
-            channels: Mutex::new(HashMap::new()),
-            sub_lock: tokio::sync::Mutex::new(()),
+            channel,
+            subscribed: OnceCell::new(),
+            waiters: Mutex::new(HashMap::new()),
             timeout,
             server,
         }
@@ -72,70 +109,13 @@ impl Router {
         let _ = self.conn.set(conn);
     }
 
-    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
-        // The maps stay consistent even if a holder panicked: recover.
-        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    fn waiters(&self) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Slot>>> {
+        // The map stays consistent even if a holder panicked: recover.
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Called by the connection for every push message; must not block.
-    pub(crate) fn on_push(&self, info: PushInfo) {
-        match info.kind {
-            PushKind::Message => {
-                let (Some(channel), Some(waiter)) = (
-                    info.data.first().and_then(scripts::text),
-                    info.data.get(1).and_then(scripts::text),
-                ) else {
-                    return;
-                };
-                if let Some(n) = self
-                    .channels()
-                    .get(&channel)
-                    .and_then(|c| c.waiters.get(waiter.as_str()))
-                {
-                    n.notify_one();
-                }
-            }
-            // Messages may have been lost while the connection was down:
-            // every waiter looks again.
-            PushKind::Disconnection => {
-                for n in self.channels().values().flat_map(|c| c.waiters.values()) {
-                    n.notify_one();
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Joins `channel` locally (no I/O).
-    fn register(self: &Arc<Self>, channel: &str) -> Registration {
-        let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
-        let notify = Arc::new(Notify::new());
-        let mut map = self.channels();
-        let entry = map.entry(channel.to_owned()).or_insert_with(|| Channel {
-            waiters: HashMap::new(),
-            subscribed: Arc::new(OnceCell::new()),
-            idle_since: None,
-            sweeper: false,
-        });
-        entry.waiters.insert(Arc::clone(&id), Arc::clone(&notify));
-        entry.idle_since = None;
-        Registration {
-            router: Arc::clone(self),
-            channel: channel.to_owned(),
-            id,
-            notify,
-            subscribed: Arc::clone(&entry.subscribed),
-            leave: None,
-        }
-    }
-
-    /// Joins `channel` only if this client is already subscribed to it.
-    fn register_if_subscribed(self: &Arc<Self>, channel: &str) -> Option<Registration> {
-        let subscribed = self
-            .channels()
-            .get(channel)
-            .is_some_and(|c| c.subscribed.initialized());
-        subscribed.then(|| self.register(channel))
+    fn is_subscribed(&self) -> bool {
+        self.subscribed.initialized()
     }
 
     fn connection(&self) -> Result<ConnectionManager> {
@@ -145,142 +125,176 @@ impl Router {
             .ok_or_else(|| error::protocol("the connection is not set up"))
     }
 
-    /// Unsubscribes from a channel once it has been idle for [`LINGER`].
-    async fn sweep(router: Weak<Router>, channel: String) {
-        let mut until = Instant::now() + LINGER;
-        loop {
-            tokio::time::sleep_until(until).await;
-            let Some(router) = router.upgrade() else {
-                return;
-            };
-            let _serial = router.sub_lock.lock().await;
-            let unsubscribe = {
-                let mut map = router.channels();
-                let Some(entry) = map.get_mut(&channel) else {
+    /// Called by the connection for every push message; must not block.
+    pub(crate) fn on_push(&self, info: PushInfo) {
+        match info.kind {
+            PushKind::Message => {
+                let (Some(channel), Some(payload)) = (
+                    info.data.first().and_then(scripts::text),
+                    info.data.get(1).and_then(scripts::text),
+                ) else {
                     return;
                 };
-                match entry.idle_since {
-                    Some(since) if entry.waiters.is_empty() => {
-                        if since + LINGER > Instant::now() {
-                            until = since + LINGER;
-                            None
-                        } else {
-                            map.remove(&channel).map(|c| c.subscribed.initialized())
-                        }
-                    }
-                    _ => {
-                        entry.sweeper = false;
-                        return;
-                    }
-                }
-            };
-            match unsubscribe {
-                None => continue,
-                Some(false) => return,
-                Some(true) => {
-                    if let Ok(mut conn) = router.connection() {
-                        let unsub = conn.unsubscribe(&channel);
-                        if let Err(e) =
-                            bounded(router.timeout, "UNSUBSCRIBE", &router.server, unsub).await
-                        {
-                            tracing::debug!(channel, error = %e, "unsubscribe failed");
-                        }
-                    }
+                if channel != self.channel {
                     return;
+                }
+                let Some(grant) = parse_grant(&payload) else {
+                    tracing::debug!(payload, "unexpected message on the wake-up channel");
+                    return;
+                };
+                let slot = self.waiters().get(grant.waiter).cloned();
+                match slot {
+                    Some(slot) => {
+                        *slot.grant.lock().unwrap_or_else(|p| p.into_inner()) = Some(grant.token);
+                        slot.notify.notify_one();
+                    }
+                    // The waiter is gone (cancelled, timed out): pass the key on.
+                    None => self.give_back(&grant),
                 }
             }
+            // Messages may have been lost while the connection was down:
+            // every waiter looks again.
+            PushKind::Disconnection => {
+                for slot in self.waiters().values() {
+                    slot.notify.notify_one();
+                }
+            }
+            _ => {}
         }
     }
-}
 
-/// One waiter's place: its local wake-up, and (once queued on the server)
-/// what to remove when it leaves without the lock.
-struct Registration {
-    router: Arc<Router>,
-    channel: String,
-    id: Arc<str>,
-    notify: Arc<Notify>,
-    subscribed: Arc<OnceCell<()>>,
-    leave: Option<LeaveTicket>,
-}
-
-/// What a waiter that gives up must remove from the server's queue.
-struct LeaveTicket {
-    conn: ConnectionManager,
-    keys: Keys,
-}
-
-impl Registration {
-    fn is_subscribed(&self) -> bool {
-        self.subscribed.initialized()
+    /// Passes on a lease handed to a waiter of this client that no longer
+    /// waits (the leave script does nothing if the waiter claimed it).
+    fn give_back(&self, grant: &Grant<'_>) {
+        let (Some(keys), Ok(conn), Ok(rt)) = (
+            Keys::from_lock(grant.lock),
+            self.connection(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        tracing::debug!(lock = grant.lock, token = %grant.token, "passing on a hand-over nobody waits for");
+        rt.spawn(leave(
+            conn,
+            keys,
+            Arc::from(grant.waiter),
+            None,
+            self.timeout,
+        ));
     }
 
-    /// Subscribes to the channel (once per client and channel).
+    /// A new waiter (no I/O).
+    fn register(self: &Arc<Self>) -> Registration {
+        let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
+        let slot = Arc::new(Slot::default());
+        self.waiters().insert(Arc::clone(&id), Arc::clone(&slot));
+        Registration {
+            router: Arc::clone(self),
+            id,
+            slot,
+            entry: None,
+            entry_sent: None,
+            leave: None,
+        }
+    }
+
+    /// Subscribes to this client's wake-up channel (once per client).
     async fn subscribe(&self) -> Result<()> {
-        let router = &self.router;
         self.subscribed
             .get_or_try_init(|| async {
-                // The wait for the serialising lock counts against the same
-                // bound as the SUBSCRIBE itself: a stalled server must not
-                // queue every waiter behind one timeout after another.
-                let started = tokio::time::Instant::now();
-                let Ok(_serial) =
-                    tokio::time::timeout(router.timeout, router.sub_lock.lock()).await
-                else {
-                    return Err(fenced_api::Error::backend(
-                        crate::error::BACKEND,
-                        true,
-                        format!(
-                            "SUBSCRIBE to {} queued for {:?}",
-                            router.server, router.timeout
-                        ),
-                    ));
-                };
-                let mut conn = router.connection()?;
+                let mut conn = self.connection()?;
                 let sub = conn.subscribe(&self.channel);
-                let left = router.timeout.saturating_sub(started.elapsed());
-                bounded(left, "SUBSCRIBE", &router.server, sub).await
+                bounded(self.timeout, "SUBSCRIBE", &self.server, sub).await
             })
             .await
             .map(|_| ())
     }
 }
 
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        if let (Some(ticket), Some(rt)) = (self.leave.take(), runtime.as_ref()) {
-            let (id, timeout) = (Arc::clone(&self.id), self.router.timeout);
-            rt.spawn(async move {
-                let LeaveTicket { mut conn, keys } = ticket;
-                let mut leave = scripts::LEAVE.key(&keys.lock);
-                leave.key(&keys.queue).arg(&keys.channel).arg(&*id);
-                // Best effort: a waiter that could not leave drops out of the
-                // queue when its liveness deadline passes.
-                let _ = tokio::time::timeout(timeout, leave.invoke_async::<i64>(&mut conn)).await;
+/// Runs the leave script: best effort, bounded. A waiter that could not
+/// leave drops out of the queue when its entry's deadline passes.
+async fn leave(
+    mut conn: ConnectionManager,
+    keys: Keys,
+    id: Arc<str>,
+    entry: Option<String>,
+    timeout: Duration,
+) {
+    let mut leave = scripts::LEAVE.key(&keys.lock);
+    leave
+        .key(&keys.queue)
+        .arg(&*id)
+        .arg(entry.as_deref().unwrap_or(""));
+    match tokio::time::timeout(timeout, leave.invoke_async::<i64>(&mut conn)).await {
+        Ok(Ok(1)) => tracing::debug!(lock = keys.lock, "an unclaimed hand-over was passed on"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::debug!(lock = keys.lock, error = %e, "leaving the queue failed"),
+        Err(_) => tracing::debug!(lock = keys.lock, "leaving the queue timed out"),
+    }
+}
+
+/// One waiter: its slot for a hand-over and, once it may be queued on the
+/// server, what to remove when it gives up.
+struct Registration {
+    router: Arc<Router>,
+    id: Arc<str>,
+    slot: Arc<Slot>,
+    /// The place in the queue from the last attempt.
+    entry: Option<Entry>,
+    /// Send time of the attempt that last (re)queued this waiter: every
+    /// hand-over happens after that attempt ran, so a lease handed over is
+    /// valid until at least this + ttl.
+    entry_sent: Option<Instant>,
+    leave: Option<LeaveTicket>,
+}
+
+/// What a waiter that gives up must clean up on the server.
+struct LeaveTicket {
+    conn: ConnectionManager,
+    keys: Keys,
+}
+
+impl Registration {
+    fn queued<'a>(&'a self, lease_ms: u64) -> Queued<'a> {
+        Queued {
+            id: &self.id,
+            channel: &self.router.channel,
+            lease_ms,
+            entry: self.entry.as_ref(),
+        }
+    }
+
+    /// Armed before the first queued attempt is sent, so a waiter cancelled
+    /// while that attempt is in flight still leaves.
+    fn arm(&mut self, lock: &RedisLock, keys: &Keys) {
+        if self.leave.is_none() {
+            self.leave = Some(LeaveTicket {
+                conn: lock.connection(),
+                keys: keys.clone(),
             });
         }
-        let mut map = self.router.channels();
-        let Some(entry) = map.get_mut(&self.channel) else {
-            return;
-        };
-        entry.waiters.remove(&self.id);
-        if !entry.waiters.is_empty() {
-            return;
-        }
-        entry.idle_since = Some(Instant::now());
-        match runtime {
-            Some(rt) if !entry.sweeper => {
-                entry.sweeper = true;
-                let weak = Arc::downgrade(&self.router);
-                rt.spawn(Router::sweep(weak, self.channel.clone()));
-            }
-            Some(_) => {}
-            // No runtime to unsubscribe later: forget the channel locally; a
-            // later waiter subscribes again (which the server treats as a no-op).
-            None => {
-                map.remove(&self.channel);
-            }
+    }
+
+    /// Called right before a lease is returned: nothing to clean up.
+    fn disarm(&mut self) {
+        self.leave = None;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // First out of the map: a hand-over arriving from now on is passed on.
+        self.router.waiters().remove(&self.id);
+        let runtime = tokio::runtime::Handle::try_current();
+        if let (Some(LeaveTicket { conn, keys }), Ok(rt)) = (self.leave.take(), runtime) {
+            let entry = self.entry.take().map(|e| e.member);
+            rt.spawn(leave(
+                conn,
+                keys,
+                Arc::clone(&self.id),
+                entry,
+                self.router.timeout,
+            ));
         }
     }
 }
@@ -293,48 +307,54 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
     let keys = lock.keys(key);
     let router = lock.router();
     let recheck = lock.config().recheck_interval;
+    let lease_ms = millis_ceil(lock.waiter_lease());
     let may_wait = deadline != Some(start);
-    let mut reg = if may_wait {
-        router.register_if_subscribed(&keys.channel)
-    } else {
-        None
-    };
+    // Not subscribed yet: the first attempt is a plain try (nothing can be
+    // handed to a waiter nobody listens for); queued from the second on.
+    let mut reg = (may_wait && router.is_subscribed()).then(|| router.register());
     let mut attempts = 0u32;
     loop {
-        let queued = reg
-            .as_ref()
-            .filter(|r| r.is_subscribed())
-            .map(|r| r.id.clone());
-        // Arm the leave ticket before a queued attempt is sent (review fix).
-        if let (Some(r), Some(_)) = (reg.as_mut(), &queued) {
-            if r.leave.is_none() {
-                r.leave = Some(LeaveTicket {
-                    conn: lock.connection(),
-                    keys: keys.clone(),
-                });
-            }
+        if let Some(r) = reg.as_mut() {
+            r.arm(lock, &keys);
         }
         let sent = Instant::now();
         attempts += 1;
-        let pttl = match lock.attempt(&keys, opts, &owner, queued.as_deref()).await? {
+        let queued = reg.as_ref().map(|r| r.queued(lease_ms));
+        let pttl = match lock.attempt(&keys, opts, &owner, queued).await? {
             Attempt::Granted { token, .. } => {
                 if let Some(r) = reg.as_mut() {
-                    r.leave = None;
+                    r.disarm();
                 }
                 if attempts > 1 {
                     tracing::debug!(key = %key, attempts, waited_ms = start.elapsed().as_millis() as u64, "acquired after waiting");
                 }
                 return Ok(lock.lease(key, owner, token, opts, sent));
             }
+            Attempt::HandedOver { token } => {
+                let Some(r) = reg.as_mut() else {
+                    return Err(error::protocol("a hand-over to a waiter that never queued"));
+                };
+                if let Some(lease) = claim(lock, key, &owner, token, opts, r, start).await? {
+                    return Ok(lease);
+                }
+                continue;
+            }
             Attempt::AlreadyHeld => return Err(Error::AlreadyHeld { key: key.clone() }),
-            Attempt::Busy { pttl } => pttl,
+            Attempt::Busy { pttl, entry } => {
+                if let (Some(r), Some(entry)) = (reg.as_mut(), entry) {
+                    r.entry = Some(entry);
+                    r.entry_sent = Some(sent);
+                }
+                pttl
+            }
         };
-        if let (Some(r), Some(_)) = (reg.as_mut(), &queued) {
-            if r.leave.is_none() {
-                r.leave = Some(LeaveTicket {
-                    conn: lock.connection(),
-                    keys: keys.clone(),
-                });
+        // A hand-over may have arrived while the attempt was in flight.
+        if let Some(r) = reg.as_mut() {
+            if let Some(token) = r.slot.take() {
+                if let Some(lease) = claim(lock, key, &owner, token, opts, r, start).await? {
+                    return Ok(lease);
+                }
+                continue;
             }
         }
         let now = Instant::now();
@@ -344,13 +364,11 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
                 waited: now - start,
             });
         }
-        let Some(r) = reg.as_ref().filter(|_| queued.is_some()) else {
-            // Not subscribed yet: subscribe, then try again at once — queued
-            // this time, so the next release names us.
-            let r = reg.get_or_insert_with(|| router.register(&keys.channel));
-            // Never past the caller's wait bound.
+        let Some(r) = reg.as_mut() else {
+            // Not subscribed yet: subscribe (never past the caller's wait
+            // bound), then try again at once — queued this time.
             match deadline {
-                Some(d) => match tokio::time::timeout_at(d, r.subscribe()).await {
+                Some(d) => match tokio::time::timeout_at(d, router.subscribe()).await {
                     Ok(res) => res?,
                     Err(_) => {
                         return Err(Error::Timeout {
@@ -359,17 +377,54 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
                         })
                     }
                 },
-                None => r.subscribe().await?,
+                None => router.subscribe().await?,
             }
+            reg = Some(router.register());
             continue;
         };
         let nap = next_check(pttl, recheck);
         let wake = deadline.map_or(now + nap, |d| d.min(now + nap));
         tokio::select! {
-            _ = r.notify.notified() => {}
+            _ = r.slot.notify.notified() => {}
             _ = tokio::time::sleep_until(wake) => {}
         }
+        if let Some(token) = r.slot.take() {
+            if let Some(lease) = claim(lock, key, &owner, token, opts, r, start).await? {
+                return Ok(lease);
+            }
+        }
+        // Otherwise: look again (refreshing the entry), or time out at the
+        // top of the next round.
     }
+}
+
+/// Turns a lease handed to this waiter into the caller's [`Lease`].
+///
+/// The release that handed it over ran after this waiter's last queued
+/// attempt, so the server's expiry is at least that attempt's send time +
+/// ttl: the lease counts from there (never later than the server's). When
+/// that leaves less than half the TTL, one renewal makes it whole first.
+/// `None`: the lease ran out before it could be claimed; wait again.
+async fn claim(
+    lock: &RedisLock,
+    key: &LockKey,
+    owner: &Owner,
+    token: FencingToken,
+    opts: &LockOptions,
+    reg: &mut Registration,
+    start: Instant,
+) -> Result<Option<Lease>> {
+    let sent = reg.entry_sent.unwrap_or(start);
+    let mut lease = lock.lease(key, owner.clone(), token, opts, sent);
+    if lease.remaining() < lease.ttl / 2 {
+        match fenced_api::DistributedLock::extend(lock, &lease, lease.ttl).await {
+            Ok(renewed) => lease = renewed,
+            Err(Error::LeaseLost { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    reg.disarm();
+    Ok(Some(lease))
 }
 
 /// When to look again without a message: just after the holder's lease ends
@@ -406,42 +461,68 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn messages_wake_only_the_named_waiter() {
-        let router = Arc::new(Router::new(Duration::from_secs(1), "test".into()));
-        let a = router.register("ch");
-        let b = router.register("ch");
-        let other = router.register("other");
-        let message = |ch: &str, id: &str| PushInfo {
+    #[test]
+    fn grant_messages() {
+        assert_eq!(
+            parse_grant("g|1796033680636908|ab12|{p/a|b}:l"),
+            Some(Grant {
+                token: FencingToken::new(1_796_033_680_636_908),
+                waiter: "ab12",
+                lock: "{p/a|b}:l",
+            })
+        );
+        for bad in [
+            "",
+            "g",
+            "g|x|a|b",
+            "g|0|a|{p/k}:l",
+            "h|1|a|{p/k}:l",
+            "g|1|a",
+        ] {
+            assert_eq!(parse_grant(bad), None, "{bad}");
+        }
+    }
+
+    fn message(ch: &str, payload: &str) -> PushInfo {
+        PushInfo {
             kind: PushKind::Message,
             data: vec![
                 redis::Value::BulkString(ch.as_bytes().to_vec()),
-                redis::Value::BulkString(id.as_bytes().to_vec()),
+                redis::Value::BulkString(payload.as_bytes().to_vec()),
             ],
-        };
-        async fn woke(r: &Registration) -> bool {
-            tokio::time::timeout(Duration::from_millis(20), r.notify.notified())
-                .await
-                .is_ok()
         }
-        router.on_push(message("ch", &b.id));
+    }
+
+    async fn woke(r: &Registration) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), r.slot.notify.notified())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn hand_overs_reach_only_the_named_waiter() {
+        let router = Arc::new(Router::new(
+            "{p/}:w:me".into(),
+            Duration::from_secs(1),
+            "test".into(),
+        ));
+        let a = router.register();
+        let b = router.register();
+        router.on_push(message("{p/}:w:me", &format!("g|42|{}|{{p/k}}:l", b.id)));
         assert!(woke(&b).await, "the named waiter has a wake-up");
-        assert!(!woke(&a).await, "the other waiter of the channel does not");
-        router.on_push(message("other", &a.id));
-        assert!(
-            !woke(&a).await && !woke(&other).await,
-            "ids are per channel"
-        );
+        assert_eq!(b.slot.take(), Some(FencingToken::new(42)));
+        assert!(!woke(&a).await, "the other waiter does not");
+        assert_eq!(a.slot.take(), None);
+        // Another client's channel, or garbage: ignored.
+        router.on_push(message("{p/}:w:other", &format!("g|43|{}|{{p/k}}:l", a.id)));
+        router.on_push(message("{p/}:w:me", "hello"));
+        assert!(!woke(&a).await && a.slot.take().is_none());
         router.on_push(PushInfo {
             kind: PushKind::Disconnection,
             data: vec![],
         });
-        assert!(
-            woke(&a).await && woke(&b).await && woke(&other).await,
-            "a disconnect wakes all"
-        );
-        drop((a, b, other));
-        let map = router.channels();
-        assert!(map.values().all(|c| c.waiters.is_empty()));
+        assert!(woke(&a).await && woke(&b).await, "a disconnect wakes all");
+        drop((a, b));
+        assert!(router.waiters().is_empty());
     }
 }

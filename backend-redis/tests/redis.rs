@@ -26,8 +26,9 @@ use common::{
 use fenced_api::{DistributedLock, Error, FencingToken, LockOptions, Owner, ReleaseOutcome};
 use fenced_redis::{redis, RedisLock};
 
-/// SHA1s of the crate's scripts, as EVALSHA names them.
+/// SHA1s of the crate's scripts (the prelude, then each file), as EVALSHA names them.
 fn script_hashes() -> Vec<String> {
+    const PRELUDE: &str = include_str!("../scripts/prelude.lua");
     [
         include_str!("../scripts/acquire.lua"),
         include_str!("../scripts/extend.lua"),
@@ -37,7 +38,11 @@ fn script_hashes() -> Vec<String> {
         include_str!("../scripts/inspect.lua"),
     ]
     .iter()
-    .map(|code| redis::Script::new(code).get_hash().to_owned())
+    .map(|code| {
+        redis::Script::new(&format!("{PRELUDE}{code}"))
+            .get_hash()
+            .to_owned()
+    })
     .collect()
 }
 
@@ -103,21 +108,7 @@ async fn scripts_survive_script_flush() {
 /// Commands our scripts run inside Redis (counted by INFO commandstats but
 /// not sent by the client).
 const SCRIPT_INTERNAL: &[&str] = &[
-    "hmget",
-    "hset",
-    "hincrby",
-    "pexpire",
-    "pttl",
-    "get",
-    "set",
-    "zadd",
-    "zrem",
-    "zremrangebyscore",
-    "zrange",
-    "publish",
-    "del",
-    "exists",
-    "time",
+    "get", "set", "time", "zadd", "zrem", "zpopmin", "zrange", "pexpire", "publish",
 ];
 
 /// Commands sent by the clients per acquisition, from commandstats deltas.
@@ -241,6 +232,100 @@ async fn contended_waiters_send_few_commands_per_acquisition() {
         naive.per_acquisition(),
         fenced.per_acquisition()
     );
+}
+
+/// The common path: one script to acquire, one to release, and inside them
+/// only the state key and the server clock (no fence counter, no queue, no
+/// message when nobody waits).
+#[tokio::test]
+async fn an_uncontended_cycle_is_two_round_trips_and_eight_commands() {
+    const CYCLES: u64 = 50;
+    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
+    let mut admin = server.admin().await;
+    let lock = RedisLock::connect(&url_for(&server.url(), "cycle"))
+        .await
+        .unwrap();
+    let k = key("cycle");
+    let wait = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut last = FencingToken::new(0);
+    let cycle = || {
+        let (lock, k, wait) = (lock.clone(), k.clone(), wait.clone());
+        async move {
+            let l = lock.acquire(&k, &wait).await.unwrap();
+            assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
+            l.token
+        }
+    };
+    // Warm-up: the scripts are loaded once.
+    cycle().await;
+    let before = command_stats(&mut admin).await;
+    for _ in 0..CYCLES {
+        let token = cycle().await;
+        assert!(token > last);
+        last = token;
+    }
+    let after = command_stats(&mut admin).await;
+    let mut d = delta(&before, &after);
+    d.remove("info");
+    eprintln!("{CYCLES} cycles: {d:?}");
+    let want: HashMap<String, u64> = [("evalsha", 2), ("get", 2), ("time", 2), ("set", 2)]
+        .into_iter()
+        .map(|(c, n)| (c.to_owned(), n * CYCLES))
+        .collect();
+    assert_eq!(d, want, "commands per acquire + release cycle");
+}
+
+/// The clock steps back (or the last token is ahead of it): tokens keep
+/// rising by one; at 2⁵³ the acquire fails and writes nothing.
+#[tokio::test]
+async fn tokens_rise_past_a_clock_behind_the_last_token() {
+    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
+    let mut admin = server.admin().await;
+    let lock = RedisLock::connect(&url_for(&server.url(), "clock"))
+        .await
+        .unwrap();
+    let k = key("clock");
+    let state = format!("{{clock/{}}}:l", k.as_str());
+    let set_last = |admin: &mut redis::aio::MultiplexedConnection, last: u64| {
+        let (mut admin, state) = (admin.clone(), state.clone());
+        async move {
+            let _: () = redis::cmd("SET")
+                .arg(&state)
+                .arg(format!("{last}|0|0|0||"))
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+    };
+    // Far ahead of the server clock (about 1.8 × 10¹⁵ µs in 2026).
+    let ahead = 8_000_000_000_000_000u64;
+    set_last(&mut admin, ahead).await;
+    for i in 1..=3 {
+        let l = lock
+            .try_acquire(&k, &opts(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.token, FencingToken::new(ahead + i));
+        lock.release(&l).await.unwrap();
+    }
+    let max = (1u64 << 53) - 1;
+    set_last(&mut admin, max).await;
+    let err = lock
+        .try_acquire(&k, &opts(Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("2^53"), "{err}");
+    let kept: String = redis::cmd("GET")
+        .arg(&state)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(kept, format!("{max}|0|0|0||"), "nothing written");
 }
 
 #[tokio::test]
@@ -381,77 +466,73 @@ async fn explicit_owner_reentry_and_inspect_on_redis() {
     assert_eq!(lock.release(&a).await.unwrap(), ReleaseOutcome::Released);
 }
 
+/// `sub=` of every connection in `CLIENT LIST` but the one asking.
+async fn fenced_subscriptions(admin: &mut redis::aio::MultiplexedConnection) -> Vec<u64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(admin)
+        .await
+        .unwrap();
+    list.lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("sub="))
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn an_unused_subscription_is_dropped_after_lingering() {
+async fn one_subscription_per_client_serves_every_key() {
     let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
     let mut admin = server.admin().await;
-    let url = url_for(&server.url(), "linger");
-    // A 10 s re-check interval: only the release message can wake the waiter quickly.
+    let url = url_for(&server.url(), "wake");
+    // A 10 s re-check interval: only the hand-over message can wake the waiter quickly.
     let (holder, waiter) = (
         RedisLock::connect(&url).await.unwrap(),
         RedisLock::connect(&format!("{url}&recheck_interval=10s"))
             .await
             .unwrap(),
     );
-    let k = key("linger");
-    let channel = format!("{{linger/{}}}:c", k.as_str());
-    let numsub = |admin: &mut redis::aio::MultiplexedConnection| {
-        let mut c = admin.clone();
-        let channel = channel.clone();
-        async move {
-            let r: (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            r.1
-        }
-    };
-    let held = holder
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut subs = fenced_subscriptions(&mut admin).await;
+    subs.sort_unstable();
+    assert_eq!(subs, vec![0, 0], "nobody subscribes before waiting");
     let wait = LockOptions::builder()
         .ttl(Duration::from_secs(30))
-        .wait_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    assert!(matches!(
-        waiter.acquire(&k, &wait).await,
-        Err(Error::Timeout { .. })
-    ));
-    assert_eq!(numsub(&mut admin).await, 1, "subscribed while waiting");
-    holder.release(&held).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(numsub(&mut admin).await, 1, "kept for a while");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(numsub(&mut admin).await, 0, "dropped once unused");
-    // And a later wait subscribes again and is woken by a release.
-    let held = holder
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
-    let long_wait = wait
-        .to_builder()
         .wait_timeout(Duration::from_secs(20))
         .build()
         .unwrap();
-    let task = {
-        let k = k.clone();
-        tokio::spawn(async move { waiter.acquire(&k, &long_wait).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(numsub(&mut admin).await, 1);
-    let released = tokio::time::Instant::now();
-    holder.release(&held).await.unwrap();
-    let got = task.await.unwrap().unwrap();
-    assert!(got.token > held.token);
-    assert!(
-        released.elapsed() < Duration::from_millis(200),
-        "woken by the release, not a re-check"
+    for i in 0..3 {
+        let k = key(&format!("wake{i}"));
+        let held = holder
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        let task = {
+            let (k, waiter, wait) = (k.clone(), waiter.clone(), wait.clone());
+            tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = tokio::time::Instant::now();
+        holder.release(&held).await.unwrap();
+        let got = task.await.unwrap().unwrap();
+        assert!(got.token > held.token);
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "woken by the hand-over, not a re-check"
+        );
+        waiter.release(&got).await.unwrap();
+    }
+    let mut subs = fenced_subscriptions(&mut admin).await;
+    subs.sort_unstable();
+    assert_eq!(
+        subs,
+        vec![0, 1],
+        "one channel for the waiting client, for all keys"
     );
 }
 
