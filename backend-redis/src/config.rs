@@ -101,8 +101,8 @@ impl RedisConfig {
     /// `connect_timeout` and `operation_timeout` (`500ms`, `5s`; default 5 s
     /// each), `recheck_interval` (default 1 s: how long a waiter sleeps at
     /// most when no hand-over message reaches it; a waiter's place in the
-    /// queue lapses after three missed re-checks plus a second). Every other parameter goes to
-    /// the `redis` crate. The connection always speaks RESP3 (Redis ≥ 6), which
+    /// queue lapses after three missed re-checks plus a second); `protocol` and `db` go to
+    /// the `redis` crate; any other parameter, or one given twice, is an error. The connection always speaks RESP3 (Redis ≥ 6), which
     /// lets one connection carry both the scripts and the release subscriptions.
     ///
     /// # Errors
@@ -138,8 +138,17 @@ impl RedisConfig {
         let mut operation_timeout = DEFAULT_OPERATION_TIMEOUT;
         let mut recheck_interval = DEFAULT_RECHECK_INTERVAL;
         let mut passthrough = Vec::new();
+        let mut seen = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            // A repeated or misspelt parameter must not silently fall back to
+            // a default: `prefx=billing` would share the default namespace.
+            if seen.contains(&k) {
+                return Err(Error::config(format!(
+                    "the redis url parameter `{k}` is given twice"
+                )));
+            }
+            seen.push(k);
             match k {
                 "prefix" => prefix = Prefix::new(v)?,
                 "connect_timeout" => connect_timeout = parse_duration(v)?,
@@ -150,7 +159,14 @@ impl RedisConfig {
                         "protocol={v} is not supported: fenced-redis speaks RESP3 (Redis 6 or later)"
                     )))
                 }
-                _ => passthrough.push(pair),
+                // Understood by the `redis` crate itself.
+                "protocol" | "db" => passthrough.push(pair),
+                _ => {
+                    return Err(Error::config(format!(
+                        "unknown redis url parameter `{k}`; known: prefix, connect_timeout, \
+                         operation_timeout, recheck_interval, protocol, db"
+                    )))
+                }
             }
         }
         let redis_url = format!(

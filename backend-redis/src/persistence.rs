@@ -96,6 +96,18 @@ pub(crate) async fn probe(
         Ok(Ok(maps)) => Ok(Persistence::from_config(
             &maps.into_iter().flatten().collect(),
         )),
+        // Not a refused CONFIG but a refused client: wrong or missing
+        // credentials must fail the connect, not the first lock.
+        Ok(Err(e))
+            if e.kind() == ErrorKind::AuthenticationFailed
+                || matches!(e.code(), Some("WRONGPASS" | "NOAUTH")) =>
+        {
+            Err(fenced_api::Error::backend(
+                error::BACKEND,
+                false,
+                format!("{server} refused the credentials: {e}"),
+            ))
+        }
         Ok(Err(e)) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
             tracing::warn!(server, error = %e, "CONFIG GET refused; assuming the server persists nothing");
             Ok(Persistence::Unknown {

@@ -1261,7 +1261,7 @@ async fn malformed_urls_are_config_errors_before_any_io() {
 /// `tabel=` otherwise silently puts the application in the *default*
 /// namespace, shared with every other application that also kept it.
 #[tokio::test]
-#[ignore = "bug: unknown URL parameters are silently ignored by mysql://, redis:// and memory:// (typo'd prefix/table/strategy falls back to the shared default)"]
+#[ignore = "bug: unknown or repeated mysql:// URL parameters are silently ignored (a typo in table/strategy falls back to the default)"]
 async fn unknown_url_parameters_are_config_errors() {
     let cases = [
         "mysql://root@127.0.0.1:1/test?strategyy=row_lock",
@@ -1837,7 +1837,7 @@ async fn wrong_redis_password_is_a_clear_error_and_writes_nothing() {
 /// A misconfigured password should fail at start-up (`connect`), as it does
 /// for MySQL and etcd, not at the first lock request in production.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: fenced-redis connect() succeeds with a wrong password (the WRONGPASS of its CONFIG GET probe is taken for a refused CONFIG: Persistence::Unknown)"]
+
 async fn wrong_redis_password_fails_at_connect() {
     let right = format!("Right-{}", hex(8));
     let server = PrivateRedis::start(RedisOptions {
