@@ -18,3 +18,4 @@ pub mod proxy;
 pub mod report;
 pub mod resource;
 pub mod scenario;
+pub mod truth;

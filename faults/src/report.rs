@@ -23,6 +23,9 @@ pub struct Cell {
     pub lost_updates: u64,
     /// Releases confirmed for an overtaken holder.
     pub non_owner_releases: usize,
+    /// Server-side grants checked, overlapping pairs and token regressions
+    /// (`None` when the store has no audit).
+    pub server: Option<(usize, usize, usize)>,
     /// Client-belief overlaps and the longest, ms.
     pub belief_overlaps: usize,
     /// Longest belief overlap, ms.
@@ -50,6 +53,12 @@ impl Cell {
         self.rejected += r.resource.rejected;
         self.lost_updates += r.resource.lost_updates;
         self.non_owner_releases += r.non_owner_releases;
+        if let Some(t) = r.server_truth {
+            let s = self.server.get_or_insert((0, 0, 0));
+            s.0 += t.grants;
+            s.1 += t.overlaps;
+            s.2 += t.token_regressions;
+        }
         self.belief_overlaps += r.belief_overlaps;
         self.belief_max_ms = self.belief_max_ms.max(r.belief_overlap_max_ms);
         self.loss_ms.extend(&r.loss_latency_ms);
@@ -63,7 +72,10 @@ impl Cell {
 
     /// Whether every safety property held in every run.
     pub fn is_safe(&self) -> bool {
-        self.accepted_stale == 0 && self.lost_updates == 0 && self.non_owner_releases == 0
+        self.accepted_stale == 0
+            && self.lost_updates == 0
+            && self.non_owner_releases == 0
+            && self.server.is_none_or(|(_, o, r)| o == 0 && r == 0)
     }
 }
 
@@ -117,8 +129,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| store | fault | runs | faults | acquisitions | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "| store | fault | runs | faults | acquisitions | server grants / overlaps / token regressions | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let all = cells(results);
     for ((control, t, f), c) in &all {
@@ -144,12 +156,16 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} / {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} / {} | {} | {} | {} |",
             Target::ALL[*t].name(),
             name,
             c.runs,
             c.faults,
             c.acquisitions,
+            c.server.map_or_else(
+                || "not collected".to_owned(),
+                |(g, o, r)| format!("{g} / {o} / {r}")
+            ),
             c.accepted_stale,
             c.lost_updates,
             c.non_owner_releases,
@@ -213,6 +229,10 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     let _ = writeln!(
         out,
         "\n## Reading the columns\n\n\
+         - **server grants / overlaps / token regressions**: grants rebuilt from an audit the store \
+           itself wrote in the same transaction as each grant, extension and end (SQL triggers, \
+           stamped with the store's clock). Overlaps and regressions must be 0. Collected for \
+           SQLite so far; the MySQL, Redis and etcd audits are still to come.\n\
          - **stale writes accepted / lost updates / non-owner releases** must be 0 with fencing on.\n\
          - **belief overlaps**: times two clients both believed they held the key. Under a pause \
            longer than the TTL these cannot be avoided — the paused process cannot know — which \

@@ -26,9 +26,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::{
-    history::{belief_overlaps, Event, History, Op, Phase},
+    history::{belief_overlaps, check_server_grants, Event, History, Op, Phase, ServerTruth},
     proxy::{Direction, FaultProxy},
     resource::{FencedResource, ResourceTotals, WriteOutcome},
+    truth::Audit,
 };
 
 /// A store under test.
@@ -259,6 +260,9 @@ pub struct RunResult {
     pub belief_overlap_max_ms: f64,
     /// The resource's totals (stale writes accepted must be 0 with fencing).
     pub resource: ResourceTotals,
+    /// Grants as the store recorded them, checked (`None`: this store has
+    /// no audit yet).
+    pub server_truth: Option<ServerTruth>,
     /// Releases the store reported done for a holder already overtaken.
     pub non_owner_releases: usize,
     /// Loss signals: time from the lease's local deadline to the signal, ms
@@ -283,6 +287,9 @@ impl RunResult {
         self.resource.accepted_stale == 0
             && self.resource.lost_updates == 0
             && self.non_owner_releases == 0
+            && self
+                .server_truth
+                .is_none_or(|t| t.overlaps == 0 && t.token_regressions == 0)
     }
 }
 
@@ -325,6 +332,16 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             cfg.target.name()
         )
     })?;
+    let audit = match cfg.target {
+        Target::Sqlite => Some(Audit::Sqlite {
+            path: dir.path().join("faults.db").display().to_string(),
+            table: "fenced_locks".into(),
+        }),
+        _ => None,
+    };
+    if let Some(a) = &audit {
+        a.install().await?;
+    }
     let history = History::new();
     let resource = Arc::new(if cfg.fencing {
         FencedResource::fenced()
@@ -392,6 +409,10 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
     // Liveness: a fresh client, straight to the server, gets the key.
     let liveness_ms = liveness(&admin_url, &key, cfg.ttl).await;
 
+    let server_truth = match &audit {
+        Some(a) => Some(check_server_grants(&a.grants().await?)),
+        None => None,
+    };
     let events = history.events();
     let overlaps = belief_overlaps(&events);
     let result = RunResult {
@@ -406,6 +427,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             .map(|o| o.ns as f64 / 1e6)
             .fold(0.0, f64::max),
         resource: resource.totals(),
+        server_truth,
         non_owner_releases: non_owner_releases(&events),
         loss_latency_ms: std::mem::take(
             &mut *loss_latency_ms.lock().unwrap_or_else(|p| p.into_inner()),

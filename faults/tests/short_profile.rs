@@ -30,6 +30,15 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
         "{name}: the key was not free again within 4 × TTL after the run"
     );
     assert!(r.errors.is_empty(), "{name}: errors {:?}", r.errors);
+    if target == Target::Sqlite {
+        let t = r.server_truth.expect("SQLite keeps a server-side audit");
+        assert!(
+            t.grants as u64 >= r.acquisitions,
+            "{name}: the audit saw {} grants for {} acquisitions",
+            t.grants,
+            r.acquisitions
+        );
+    }
     r
 }
 
