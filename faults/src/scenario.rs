@@ -502,7 +502,8 @@ async fn cleanup(url: &str) {
     let base = url.split('?').next().unwrap_or(url);
     if let Ok(mut c) = sqlx::MySqlConnection::connect(base).await {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP TABLE IF EXISTS `{table}`, `{table}_migrations`"
+            "DROP TABLE IF EXISTS `{table}`, `{table}_migrations`, `{table}_audit`, \
+             `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`"
         )))
         .execute(&mut c)
         .await;

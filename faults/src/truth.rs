@@ -9,7 +9,12 @@
 //! audit: it is what the database committed.
 //!
 //! Implemented for SQLite; the other stores report "not collected" until
-//! their audit exists (see RELIABILITY.md).
+//! their audit exists (see RELIABILITY.md). The same triggers on the MySQL
+//! tables were tried and dropped: `unique_key` and `optimistic` read their
+//! verdict from the OK packet's insert id (`LAST_INSERT_ID(expr)`), and a
+//! trigger that writes a row changes what that packet carries — the audit
+//! disturbed what it observed (tokens repeated, grants refused). A MySQL
+//! audit must come from outside the statement (the binary log).
 
 use std::collections::BTreeMap;
 

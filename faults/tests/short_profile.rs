@@ -14,15 +14,18 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
     let name = format!("{} × {} (seed {seed})", target.name(), fault.name());
     assert!(
         r.is_safe(),
-        "{name} broke safety: {:?}, non-owner releases {}\n{}",
+        "{name} broke safety: {:?}, server truth {:?}, non-owner releases {}\n{}",
         r.resource,
+        r.server_truth,
         r.non_owner_releases,
         r.history
     );
     assert!(
         r.acquisitions > 0,
-        "{name}: nobody got the lock: {:?}",
-        r.errors
+        "{name}: nobody got the lock: errors {:?}, {} retryable\n{}",
+        r.errors,
+        r.transient_errors,
+        r.history.lines().take(20).collect::<Vec<_>>().join("\n")
     );
     assert_eq!(r.faults, 1, "{name}: the fault was not injected");
     assert!(
@@ -31,7 +34,9 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
     );
     assert!(r.errors.is_empty(), "{name}: errors {:?}", r.errors);
     if target == Target::Sqlite {
-        let t = r.server_truth.expect("SQLite keeps a server-side audit");
+        let t = r
+            .server_truth
+            .expect("this store keeps a server-side audit");
         assert!(
             t.grants as u64 >= r.acquisitions,
             "{name}: the audit saw {} grants for {} acquisitions",
