@@ -43,3 +43,15 @@ pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
         _ => false,
     }
 }
+
+/// Whether etcd refused a request because a lease it names does not exist
+/// (expired or revoked): the keys on it are gone.
+pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == Code::NotFound && s.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}

@@ -1,6 +1,7 @@
-//! etcd backend of [fenced](https://docs.rs/fenced): one lease and one
-//! transaction per lock, the key's **create revision** as the fencing token,
-//! and FIFO waiting on watches.
+//! etcd backend of [fenced](https://docs.rs/fenced): etcd's own mutex
+//! recipe (a line of keys per lock, the oldest one holds, its **create
+//! revision** is the fencing token) on **session leases** shared by all the
+//! locks of a client, with each lock's own TTL still enforced.
 //!
 //! ```no_run
 //! use std::{sync::Arc, time::Duration};
@@ -18,24 +19,83 @@
 //!
 //! # Design
 //!
-//! * **acquire**: grant a lease (etcd reports the *effective* TTL: it rounds
-//!   up to whole seconds and to its minimum, so `lease.ttl` may exceed the
-//!   request), then `If(create_revision(key) == 0) Then(Put(key, owner, lease))`.
-//!   Exact-key comparisons: keys `a` and `a/b` never interfere.
-//! * **token** = the key's create revision: global, durable, strictly
-//!   increasing — across releases, expiries and server restarts.
-//! * **extend** = a guarded read (same create revision, same owner) and a
-//!   lease keep-alive; a keep-alive answering TTL ≤ 0 means the lease is gone,
-//!   which the [`LockClient`](fenced_api::LockClient) watchdog turns into a loss signal.
-//!   A keep-alive restores the lease's granted TTL; it cannot change it.
-//! * **release** = delete guarded by create revision and owner, then revoke.
-//! * **waiting**: a FIFO queue of per-waiter keys, each watching only its
-//!   predecessor (module `queue`); cancellation revokes the waiter's lease.
+//! An [`EtcdLock`] (and its clones) is one *client*: one gRPC channel, one
+//! session lease per distinct TTL, one watch stream, one reaper task.
+//!
+//! * **The lock** of `key` is the oldest entry of its line
+//!   `<prefix>\0lock\0<key>\0<owner>`, entries ordered by create revision.
+//!   Its create revision is the **token**: the oldest entry only ever gets
+//!   younger, so tokens strictly increase — across releases, expiries,
+//!   force releases and server restarts (revisions are durable).
+//! * **acquire**, uncontended: one transaction, `If(line empty)
+//!   Then(Put(entry, owner, session lease))`. Contended: the same
+//!   transaction puts the entry at the end of the line and reads who is
+//!   ahead; the waiter watches only its predecessor (module `queue`).
+//!   Deleting the holder's entry makes the next one the holder **without a
+//!   write**: a waiter that knows its predecessor held the lock (it was the
+//!   oldest, or announced its promotion by rewriting its own entry) returns
+//!   as soon as the deletion event arrives; otherwise it reads the line once.
+//!   Waiters are served in arrival order; a `try_acquire` never barges.
+//! * **release** = delete the holder's entry, guarded by create revision and
+//!   owner. Requests per acquire + release: **2** uncontended (two
+//!   transactions); contended, 2 writes on the caller's path plus one
+//!   background write (the announcement) and rarely a read, plus watch
+//!   messages on the client's one stream.
+//! * **Session leases**: one lease per TTL (whole seconds: etcd rounds small
+//!   TTLs up to its minimum, so `lease.ttl` may exceed the request), granted
+//!   on first use and refreshed by use — a keep-alive on its own stream,
+//!   sent beside an acquire or extend at most once per TTL/8 (so a lease's
+//!   reported deadline may be up to TTL/8 short of a full TTL). Waiters
+//!   refresh it while they wait. Nothing refreshes an idle lease.
+//! * **Each lock's TTL**: a lease outlives the locks on it, so a lock whose
+//!   holder stops extending is deleted by the client's reaper at the lock's
+//!   deadline — the same instant [`Lease::deadline`](fenced_api::Lease::deadline)
+//!   names, computed from the send time of the keep-alive that guarantees
+//!   the session lease until then. The holder stops trusting the lock at
+//!   that instant and the key goes right after, so nobody else can take it
+//!   while the holder may still act.
+//! * **extend** = a guarded read of the entry (same create revision, owner
+//!   and session lease; reads of concurrent extends share one read-only
+//!   transaction, up to 128) plus the coalesced keep-alive. A different TTL
+//!   moves the entry onto that TTL's session lease (a put keeps the create
+//!   revision, so the token and the place in line stay).
+//! * **Loss**: when a keep-alive finds the session lease gone, every lock
+//!   on it is marked lost and its next extend fails with `LeaseLost`; a
+//!   force-released or otherwise deleted entry fails the guarded read. The
+//!   [`LockClient`](fenced_api::LockClient) watchdog turns either into the
+//!   guard's loss signal at its next renewal (every TTL/3).
+//! * **Cancellation**: a dropped or timed-out acquire deletes its entry in
+//!   the background (and once more after twice the operation timeout, for a
+//!   request still in flight); releases and expiry deletions of many locks
+//!   at once are batched, up to 64 guarded deletes per request.
+//! * **Waiting never meets etcd's 100 ms watch sync loop**: a watch started
+//!   at an older revision joins etcd's *unsynced* watchers and hears nothing
+//!   until that loop runs. Watches here start at the current revision
+//!   (synced) and the waiter re-reads the key if the store moved since it
+//!   last looked (module `watch`).
 //! * Not built on etcd's `Lock` RPC: in etcd 3.4, cancelling many waiting
 //!   `Lock` calls wedges its lock service (etcd issue 13336, reproduced here).
 //! * Reentrancy by owner is not offered ([`Capabilities::is_reentrant`](fenced_api::Capabilities::is_reentrant)
 //!   is false); use `LockClient::builder(..).reentrant(true)`. Re-acquiring
-//!   with the same explicit owner fails at once with `AlreadyHeld`.
+//!   (or waiting twice) with the same explicit owner fails with `AlreadyHeld`.
+//!
+//! ## Trade-off: shared session leases
+//!
+//! A lease per lock (this crate's first design) lets etcd enforce every
+//! lock's TTL on its own clock, but costs a grant, a revoke and a keep-alive
+//! stream per lock: 7 requests per acquire + release instead of 2. With
+//! shared leases, a **running** client enforces each lock's TTL itself (the
+//! reaper, on the holder's own clock, at the holder's own deadline), and
+//! etcd is the backstop for a client that **stops** — crashed, frozen or cut
+//! off: its session leases are no longer refreshed, and etcd removes every
+//! lock and queue entry on them at most one TTL after the client's last
+//! acquire, extend or wait. One lease per *TTL* rather than one per client
+//! keeps that bound at the lock's own TTL; the cost is a lock whose holder
+//! had already stopped extending when the whole client died: it can outlive
+//! its own deadline by up to one TTL (its siblings' renewals kept the
+//! session lease alive). `inspect` reports the session lease's remaining TTL
+//! (the latest the key can live if its client stops now), or the holder's
+//! own deadline when asked through the holder's client.
 //!
 //! # Restarts and clusters
 //!
@@ -45,10 +105,10 @@
 //! leader change), so a holder that died just before the restart keeps its
 //! key for up to a whole TTL after the cluster is back. Measured here on a
 //! single-node etcd 3.4.23: a dead holder's 4 s lock, 2 s into its TTL when
-//! the server was killed, lived another 5.1 s after the server answered
-//! again (`tests/etcd.rs`, `dead_holder_lock_after_restart_lives_about_one_ttl`).
-//! In a 3-member cluster whose leader was killed, the holder kept its lease
-//! and no second holder appeared (`leader_kill_in_a_three_member_cluster`).
+//! the server was killed, lived another 5.2 s after the server answered
+//! again (5.1 s with the first, lease-per-lock design; `tests/etcd.rs`,
+//! `dead_holder_lock_after_restart_lives_about_one_ttl`). In a 3-member cluster whose leader was killed, the holder kept
+//! its lease and no second holder appeared (`leader_kill_in_a_three_member_cluster`).
 //!
 //! With several endpoints, a request refused by a dead member before it was
 //! sent is retried on another one within the operation timeout; requests that
@@ -57,15 +117,19 @@
 //! Building needs `protoc` (Debian: `protobuf-compiler`; `scripts/services.sh`
 //! installs it).
 //!
-//! Keys live under `<prefix>\0lock\0<key>` and `<prefix>\0queue\0<key>\0…`;
-//! the prefix (URL path, default `fenced`) is the namespace.
+//! Keys live under `<prefix>\0lock\0<key>\0<owner>`; the prefix (URL path,
+//! default `fenced`) is the namespace.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod batch;
 mod config;
 mod error;
 mod lock;
 mod queue;
+mod session;
+mod track;
+mod watch;
 
 pub use config::{EtcdConfig, DEFAULT_PREFIX};
 pub use etcd_client;

@@ -1,20 +1,30 @@
-//! `EtcdLock`: lease + transaction per lock, the create revision as token.
+//! `EtcdLock`: locks on session leases, the create revision as token.
 
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use fenced_api::{
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
 };
-use tokio::time::Instant;
+use tokio::{task::JoinHandle, time::Instant};
 
-use crate::{config::EtcdConfig, error};
+use crate::{
+    batch::{Batches, Kind},
+    config::EtcdConfig,
+    error,
+    queue::Attempt,
+    session::{RefreshError, Sessions, View},
+    track::{self, Held, KeyState, Tracked, Tracker},
+    watch::WatchHub,
+};
 
-/// A lock store on etcd. Cheap to clone (clones share one gRPC channel).
+/// A lock store on etcd. Cheap to clone: clones share one gRPC channel, the
+/// session leases, the reaper and the watch stream (one *client*).
 ///
 /// See the crate documentation for the design.
 #[derive(Clone)]
@@ -25,12 +35,27 @@ pub struct EtcdLock {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
+    pub(crate) sessions: Sessions,
+    pub(crate) tracker: Arc<Tracker>,
+    pub(crate) batches: Batches,
+    pub(crate) watches: WatchHub,
+    reaper: JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Locks still held expire with their session leases, which nothing
+        // refreshes any more: one TTL after the last use.
+        self.reaper.abort();
+    }
 }
 
 impl fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLock")
             .field("config", &self.inner.config)
+            .field("session_leases", &self.inner.sessions.len())
+            .field("held", &self.inner.tracker.len())
             .finish()
     }
 }
@@ -38,6 +63,22 @@ impl fmt::Debug for EtcdLock {
 /// What a lease TTL becomes: etcd leases are whole seconds.
 pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
     (ttl.as_micros().div_ceil(1_000_000) as i64).max(1)
+}
+
+/// A request that failed: etcd's answer, or no answer in time.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    Etcd(etcd_client::Error),
+    Timeout(Duration),
+}
+
+impl CallError {
+    pub(crate) fn into_error(self, what: &str) -> Error {
+        match self {
+            CallError::Etcd(e) => error::map(e),
+            CallError::Timeout(after) => error::timed_out(what, after),
+        }
+    }
 }
 
 impl EtcdLock {
@@ -85,9 +126,17 @@ impl EtcdLock {
             }
             Err(_) => return Err(error::timed_out("status", config.connect_timeout)),
         }
-        Ok(EtcdLock {
-            inner: Arc::new(Inner { client, config }),
-        })
+        let tracker = Arc::new(Tracker::default());
+        let inner = Arc::new_cyclic(|weak| Inner {
+            client,
+            config,
+            sessions: Sessions::default(),
+            tracker: Arc::clone(&tracker),
+            batches: Batches::default(),
+            watches: WatchHub::default(),
+            reaper: tokio::spawn(track::reaper(Arc::clone(&tracker), weak.clone())),
+        });
+        Ok(EtcdLock { inner })
     }
 
     /// The configuration (password redacted in `Debug`).
@@ -104,7 +153,11 @@ impl EtcdLock {
     /// even be sent (connection refused to one endpoint of several) is
     /// retried — the channel then tries another member — until the timeout;
     /// anything that may have reached the server is never retried here.
-    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    pub(crate) async fn call_raw<T, F, Fut>(
+        &self,
+        what: &str,
+        mut op: F,
+    ) -> std::result::Result<T, CallError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -118,110 +171,85 @@ impl EtcdLock {
                     tracing::debug!(what, error = %e, "etcd request not sent; retrying on another member");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Ok(Err(e)) => return Err(error::map(e)),
-                Err(_) => return Err(error::timed_out(what, after)),
+                Ok(Err(e)) => return Err(CallError::Etcd(e)),
+                Err(_) => return Err(CallError::Timeout(after)),
             }
         }
     }
 
-    /// `<prefix>\0lock\0<key>`: NUL cannot occur in keys or prefixes, so
-    /// `a` and `a/b` — or prefixes `x` and `x/lock` — never overlap.
-    pub(crate) fn lock_path(&self, key: &LockKey) -> Vec<u8> {
-        let mut p = Vec::with_capacity(self.inner.config.prefix.len() + key.as_bytes().len() + 6);
-        p.extend_from_slice(self.inner.config.prefix.as_bytes());
-        p.extend_from_slice(b"\0lock\0");
-        p.extend_from_slice(key.as_bytes());
-        p
+    /// [`call_raw`](Self::call_raw) with errors mapped.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call_raw(what, op)
+            .await
+            .map_err(|e| e.into_error(what))
     }
 
-    /// `<prefix>\0queue\0<key>\0`: the FIFO of waiters for `key`.
-    pub(crate) fn queue_prefix(&self, key: &LockKey) -> Vec<u8> {
-        let mut p = Vec::new();
-        p.extend_from_slice(self.inner.config.prefix.as_bytes());
-        p.extend_from_slice(b"\0queue\0");
+    /// Sends a transaction; `Ok(None)` when etcd refused it because a lease
+    /// it puts keys on no longer exists.
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<Option<TxnResponse>> {
+        let sent = self
+            .call_raw(what, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
+        match sent {
+            Ok(r) => Ok(Some(r)),
+            Err(CallError::Etcd(e)) if error::lease_not_found(&e) => Ok(None),
+            Err(e) => Err(e.into_error(what)),
+        }
+    }
+
+    /// `<prefix>\0lock\0<key>\0`: the line of `key` — its holder and its
+    /// waiters, one entry each, ordered by create revision. NUL cannot occur
+    /// in keys, owners or prefixes, so `a` and `a/b` — or prefixes `x` and
+    /// `x/lock` — never overlap.
+    pub(crate) fn line_prefix(&self, key: &LockKey) -> Vec<u8> {
+        let prefix = self.inner.config.prefix.as_bytes();
+        let mut p = Vec::with_capacity(prefix.len() + key.as_bytes().len() + 7 + 36);
+        p.extend_from_slice(prefix);
+        p.extend_from_slice(b"\0lock\0");
         p.extend_from_slice(key.as_bytes());
         p.push(0);
         p
     }
 
-    pub(crate) async fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
-        let r = self
-            .call("lease grant", |mut c| async move {
-                c.lease_grant(ttl_secs(ttl), None).await
-            })
-            .await?;
-        // etcd raises TTLs below its minimum silently: report what was granted.
-        Ok((r.id(), Duration::from_secs(r.ttl().max(1) as u64)))
+    /// `<prefix>\0lock\0<key>\0<owner>`: the entry of one owner in the line.
+    pub(crate) fn entry_path(&self, key: &LockKey, owner: &[u8]) -> Vec<u8> {
+        let mut p = self.line_prefix(key);
+        p.extend_from_slice(owner);
+        p
     }
 
-    /// Revokes in the background: cleanup whose outcome changes nothing.
-    pub(crate) fn revoke_later(&self, lease: i64) {
-        let lock = self.clone();
-        tokio::spawn(async move {
-            let revoke = |mut c: Client| async move { c.lease_revoke(lease).await };
-            if let Err(e) = lock.call("lease revoke", revoke).await {
-                tracing::debug!(lease, error = %e, "lease revoke failed; it expires on its own");
-            }
-        });
+    /// Starts tracking a lock just granted and returns its lease: deadline
+    /// and TTL from the session lease's view.
+    pub(crate) fn hold(&self, key: &LockKey, owner: Owner, token: i64, view: View) -> Lease {
+        let entry = self.entry_path(key, owner.as_str().as_bytes());
+        self.inner.tracker.track(
+            entry,
+            token,
+            Held::new(owner.clone(), view.id, view.valid_until),
+        );
+        Lease::new(
+            key.clone(),
+            owner,
+            FencingToken::new(token as u64),
+            view.ttl,
+            view.sent_at(),
+        )
     }
 
-    /// One keep-alive; returns the lease's TTL after it (≤ 0: the lease is gone).
-    pub(crate) async fn keep_alive_once(&self, lease: i64) -> Result<i64> {
-        let once = |mut c: Client| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            let reply = stream.message().await?;
-            Ok::<_, etcd_client::Error>(reply.map_or(0, |r| r.ttl()))
-        };
-        self.call("lease keep-alive", once).await
-    }
-
-    /// The transaction that takes a free key: create-revision 0 ⇒ put with our
-    /// lease (and drop our queue entry, if any); otherwise read the holder.
-    /// Returns the token (the key's create revision) or the current holder.
-    pub(crate) async fn try_put(
-        &self,
-        path: &[u8],
-        owner: &Owner,
-        lease: i64,
-        queue_entry: Option<&[u8]>,
-    ) -> Result<std::result::Result<u64, (Option<Vec<u8>>, i64)>> {
-        let mut then = vec![TxnOp::put(
-            path.to_vec(),
-            owner.as_str().as_bytes().to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        )];
-        if let Some(q) = queue_entry {
-            then.push(TxnOp::delete(q.to_vec(), None));
-        }
-        let txn = Txn::new()
-            .when([Compare::create_revision(path.to_vec(), CompareOp::Equal, 0)])
-            .and_then(then)
-            .or_else([TxnOp::get(path.to_vec(), None)]);
-        let resp = self
-            .call("acquire txn", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        if resp.succeeded() {
-            return Ok(Ok(revision as u64));
-        }
-        let holder = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-            _ => None,
-        });
-        Ok(Err((holder, revision)))
-    }
-
-    /// Reads the current holder row of `key`: (owner, create revision, lease).
+    /// The holder of `key` — the oldest entry of its line: (owner, token, lease).
     async fn holder(&self, key: &LockKey) -> Result<Option<(Vec<u8>, i64, i64)>> {
-        let path = self.lock_path(key);
+        let line = self.line_prefix(key);
         let resp = self
             .call("get", |mut c| {
-                let path = path.clone();
-                async move { c.get(path, None).await }
+                let line = line.clone();
+                async move { c.get(line, Some(oldest())).await }
             })
             .await?;
         Ok(resp
@@ -230,13 +258,15 @@ impl EtcdLock {
             .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())))
     }
 
-    /// The guard of extend/release: this exact creation, this owner.
+    /// The guard of extend/release: this owner's entry, from this exact
+    /// acquisition (an entry is only ever a holder once it is the oldest,
+    /// and stays the oldest until it is deleted).
     fn is_current(&self, lease: &Lease) -> [Compare; 2] {
-        let path = self.lock_path(&lease.key);
+        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
         [
-            Compare::create_revision(path.clone(), CompareOp::Equal, lease.token.get() as i64),
+            Compare::create_revision(entry.clone(), CompareOp::Equal, lease.token.get() as i64),
             Compare::value(
-                path,
+                entry,
                 CompareOp::Equal,
                 lease.owner.as_str().as_bytes().to_vec(),
             ),
@@ -264,35 +294,140 @@ impl EtcdLock {
             _ => Ok(()),
         }
     }
+
+    /// Extend of a lock this client tracks on its current session lease:
+    /// one batched ownership check, plus a keep-alive if the lease is due.
+    /// `Ok(None)`: the key is still this holder's but on another lease.
+    async fn extend_in_place(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        on: i64,
+    ) -> Result<Option<Lease>> {
+        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
+        let (class, view) = self.session(ttl).await?;
+        if view.id != on {
+            return Ok(None);
+        }
+        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        let (state, fresh) = tokio::join!(self.check(&entry), self.freshen(&class, view));
+        match state? {
+            Some(KeyState {
+                create_revision,
+                value,
+                lease: on_lease,
+            }) if create_revision == lease.token.get() as i64
+                && value == lease.owner.as_str().as_bytes() =>
+            {
+                if on_lease != view.id {
+                    return Ok(None);
+                }
+            }
+            _ => return Err(lost("the key was deleted, expired or re-created")),
+        }
+        let fresh = match fresh {
+            Ok(v) => v,
+            Err(_) => return Err(lost("the session lease ended")),
+        };
+        Ok(Some(lease.renewed(fresh.ttl, fresh.sent_at())))
+    }
+
+    /// Puts a current lock on this client's session lease for `ttl`: a new
+    /// TTL, or a lock taken through another client. A put keeps the create
+    /// revision, so the token (and the place in line) stays.
+    async fn extend_by_moving(&self, lease: &Lease, ttl: Duration) -> Result<(Lease, i64)> {
+        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
+        let owner = lease.owner.as_str().as_bytes().to_vec();
+        let entry = self.entry_path(&lease.key, &owner);
+        for _ in 0..2 {
+            let (class, view) = self.session(ttl).await?;
+            let txn = Txn::new()
+                .when(self.is_current(lease))
+                .and_then([TxnOp::put(
+                    entry.clone(),
+                    owner.clone(),
+                    Some(PutOptions::new().with_lease(view.id)),
+                )]);
+            let (resp, fresh) =
+                tokio::join!(self.txn("extend txn", txn), self.freshen(&class, view));
+            let Some(resp) = resp? else {
+                class.invalidate(view.id);
+                continue;
+            };
+            if !resp.succeeded() {
+                return Err(lost("the key was deleted, expired or re-created"));
+            }
+            let fresh = fresh.map_err(|_| lost("the session lease ended"))?;
+            return Ok((lease.renewed(fresh.ttl, fresh.sent_at()), fresh.id));
+        }
+        Err(Error::backend(
+            error::BACKEND,
+            true,
+            "the session lease vanished twice in a row",
+        ))
+    }
+}
+
+/// The first key-value any `Get` of a transaction returned.
+pub(crate) fn first_kv(resp: &TxnResponse) -> Option<etcd_client::KeyValue> {
+    resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+        _ => None,
+    })
+}
+
+/// The store revision a response was produced at.
+pub(crate) fn revision(resp: &TxnResponse) -> i64 {
+    resp.header().map_or(0, |h| h.revision())
 }
 
 #[async_trait]
 impl DistributedLock for EtcdLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
-        let sent = Instant::now();
-        let (lease_id, granted) = self.grant(opts.ttl()).await?;
-        match self
-            .try_put(&self.lock_path(key), &owner, lease_id, None)
-            .await
-        {
-            Ok(Ok(token)) => Ok(Some(Lease::new(
-                key.clone(),
-                owner,
-                FencingToken::new(token),
-                granted,
-                sent,
-            ))),
-            Ok(Err((holder, _))) => {
-                self.revoke_later(lease_id);
+        let line = self.line_prefix(key);
+        let value = owner.as_str().as_bytes().to_vec();
+        let entry = self.entry_path(key, &value);
+        for _ in 0..2 {
+            let (class, view) = self.session(opts.ttl()).await?;
+            let attempt = Attempt::new(self, key, &owner, view.id, opts.owner().is_some());
+            // An empty line: nobody holds or waits. Our entry is the lock.
+            let txn = Txn::new()
+                .when([Compare::create_revision(line.clone(), CompareOp::Equal, 0).with_prefix()])
+                .and_then([TxnOp::put(
+                    entry.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(view.id)),
+                )])
+                .or_else([TxnOp::get(line.clone(), Some(oldest()))]);
+            let (resp, fresh) =
+                tokio::join!(self.txn("acquire txn", txn), self.freshen(&class, view));
+            let Some(resp) = resp? else {
+                attempt.disarm();
+                class.invalidate(view.id);
+                continue;
+            };
+            if !resp.succeeded() {
+                attempt.disarm();
+                let holder = first_kv(&resp).map(|kv| kv.value().to_vec());
                 self.check_reentry(key, opts, holder.as_deref())?;
-                Ok(None)
+                return Ok(None);
             }
-            Err(e) => {
-                self.revoke_later(lease_id);
-                Err(e)
+            match fresh {
+                Ok(v) => {
+                    attempt.disarm();
+                    return Ok(Some(self.hold(key, owner, revision(&resp), v)));
+                }
+                // The lease ended right after the grant (or was replaced):
+                // make sure our entry is gone before trying again.
+                Err(RefreshError::Gone | RefreshError::Failed(_)) => attempt.clean_now().await,
             }
         }
+        Err(Error::backend(
+            error::BACKEND,
+            true,
+            "the session lease vanished twice in a row",
+        ))
     }
 
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
@@ -302,57 +437,70 @@ impl DistributedLock for EtcdLock {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         LockOptions::validate_ttl(ttl)?;
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let txn = Txn::new()
-            .when(self.is_current(lease))
-            .and_then([TxnOp::get(self.lock_path(&lease.key), None)]);
-        let resp = self
-            .call("extend txn", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
-        if !resp.succeeded() {
-            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the key was deleted or re-created");
-            return Err(lost("the key was deleted, expired or re-created"));
+        let path = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        let token = lease.token.get() as i64;
+        let tracker = &self.inner.tracker;
+        let on = match tracker.begin_extend(&path, token) {
+            Tracked::Expired => return Err(lost("its TTL passed without an extend")),
+            Tracked::Lost => return Err(lost("its session lease ended")),
+            Tracked::No => None,
+            Tracked::Yes { lease } => Some(lease),
+        };
+        /// Ends the tracker's extend even if the future is dropped.
+        struct Ending<'a>(&'a Tracker, &'a [u8], i64, Option<(Instant, i64)>, bool);
+        impl Drop for Ending<'_> {
+            fn drop(&mut self) {
+                if self.4 {
+                    self.0.end_extend(self.1, self.2, self.3);
+                }
+            }
         }
-        let lease_id = resp
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
-                _ => None,
-            })
-            .ok_or_else(|| lost("the key vanished during extend"))?;
-        let sent = Instant::now();
-        let ttl_left = self.keep_alive_once(lease_id).await?;
-        if ttl_left <= 0 {
-            return Err(lost("the etcd lease expired"));
+        let mut ending = Ending(tracker, &path, token, None, on.is_some());
+        if let Some(on) = on {
+            if let Some(renewed) = self.extend_in_place(lease, ttl, on).await.inspect_err(|e| {
+                if matches!(e, Error::LeaseLost { .. }) {
+                    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+                    tracker.forget(&path, token);
+                }
+            })? {
+                ending.3 = Some((renewed.deadline, on));
+                return Ok(renewed);
+            }
         }
-        // A keep-alive restores the lease's granted TTL; it cannot change it.
-        Ok(lease.renewed(Duration::from_secs(ttl_left as u64), sent))
+        match self.extend_by_moving(lease, ttl).await {
+            Ok((renewed, on)) => {
+                if ending.4 {
+                    ending.3 = Some((renewed.deadline, on));
+                } else {
+                    let held = Held::new(lease.owner.clone(), on, renewed.deadline);
+                    tracker.track(path.clone(), token, held);
+                }
+                Ok(renewed)
+            }
+            Err(e) => {
+                if matches!(e, Error::LeaseLost { .. }) {
+                    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+                    tracker.forget(&path, token);
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let path = self.lock_path(&lease.key);
-        let txn = Txn::new()
-            .when(self.is_current(lease))
-            .and_then([TxnOp::get(path.clone(), None), TxnOp::delete(path, None)]);
-        let resp = self
-            .call("release txn", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
-        if !resp.succeeded() {
+        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        // Deleting the holder's entry hands the lock to the next in line.
+        let op = TxnOp::txn(
+            Txn::new()
+                .when(self.is_current(lease))
+                .and_then([TxnOp::delete(entry.clone(), None)]),
+        );
+        // On an error the lock stays tracked: the reaper deletes it at its deadline.
+        let resp = self.batched(Kind::Writes, &entry, op).await?;
+        self.inner.tracker.forget(&entry, lease.token.get() as i64);
+        if !matches!(resp, TxnOpResponse::Txn(t) if t.succeeded()) {
             tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
             return Ok(ReleaseOutcome::NotHeld);
-        }
-        let lease_id = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
-            _ => None,
-        });
-        if let Some(id) = lease_id.filter(|id| *id != 0) {
-            self.revoke_later(id);
         }
         Ok(ReleaseOutcome::Released)
     }
@@ -361,37 +509,49 @@ impl DistributedLock for EtcdLock {
         let Some((owner, rev, lease_id)) = self.holder(key).await? else {
             return Ok(None);
         };
-        let ttl = match self
+        // The store knows the session lease's TTL: the key is gone by then
+        // unless its client refreshes it. A lock held through this client
+        // also has its own, possibly earlier, deadline.
+        let mut ttl = match self
             .call("lease ttl", |mut c| async move {
                 c.lease_time_to_live(lease_id, None).await
             })
             .await
         {
-            Ok(r) => r.ttl().max(0) as u64,
-            Err(_) => 0,
+            Ok(r) => Duration::from_secs(r.ttl().max(0) as u64),
+            Err(_) => Duration::ZERO,
         };
+        if let Some(deadline) = self
+            .inner
+            .tracker
+            .deadline(&self.entry_path(key, &owner), rev)
+        {
+            ttl = ttl.min(deadline.saturating_duration_since(Instant::now()));
+        }
         let owner = Owner::new(String::from_utf8_lossy(&owner)).unwrap_or_else(|_| Owner::random());
         Ok(Some(LockInfo::new(
             key.clone(),
             owner,
             FencingToken::new(rev as u64),
-            Duration::from_secs(ttl),
+            ttl,
             1,
         )))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let Some((_, rev, lease_id)) = self.holder(key).await? else {
+        let Some((owner, rev, _)) = self.holder(key).await? else {
             return Ok(false);
         };
-        let path = self.lock_path(key);
+        // The session lease is shared: never revoke it; delete the holder's
+        // entry (the next in line then holds).
+        let entry = self.entry_path(key, &owner);
         let txn = Txn::new()
             .when([Compare::create_revision(
-                path.clone(),
+                entry.clone(),
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then([TxnOp::delete(path, None)]);
+            .and_then([TxnOp::delete(entry, None)]);
         let removed = self
             .call("force release txn", |mut c| {
                 let txn = txn.clone();
@@ -400,7 +560,6 @@ impl DistributedLock for EtcdLock {
             .await?
             .succeeded();
         if removed {
-            self.revoke_later(lease_id);
             tracing::warn!(key = %key, "lock force-released");
         }
         Ok(removed)
@@ -417,14 +576,24 @@ impl DistributedLock for EtcdLock {
     }
 }
 
-/// Options for a prefix range read sorted by creation (used by the queue).
-pub(crate) fn oldest_before(revision: i64) -> GetOptions {
+/// The newest entry of a line created before `revision` (a waiter's predecessor).
+pub(crate) fn newest_before(revision: i64) -> GetOptions {
+    by_creation(etcd_client::SortOrder::Descend).with_max_create_revision(revision - 1)
+}
+
+/// The newest entry of a line (the last in line).
+pub(crate) fn newest() -> GetOptions {
+    by_creation(etcd_client::SortOrder::Descend)
+}
+
+/// The oldest entry of a line: the holder.
+pub(crate) fn oldest() -> GetOptions {
+    by_creation(etcd_client::SortOrder::Ascend)
+}
+
+fn by_creation(order: etcd_client::SortOrder) -> GetOptions {
     GetOptions::new()
         .with_prefix()
-        .with_max_create_revision(revision - 1)
-        .with_sort(
-            etcd_client::SortTarget::Create,
-            etcd_client::SortOrder::Descend,
-        )
+        .with_sort(etcd_client::SortTarget::Create, order)
         .with_limit(1)
 }

@@ -2,7 +2,12 @@
 //! round trip of each server. Written to be faithful to the article / the
 //! crate's documented use, not to be good.
 
-use std::{collections::HashMap, fmt, time::Duration};
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use sqlx::{Connection, MySqlConnection, Row};
@@ -27,6 +32,10 @@ enum PeerKind {
     NaiveInsert,
     RowLock,
     Rslock,
+    /// One etcd Range get per acquire and per release: the two-round-trip floor.
+    EtcdGet,
+    /// etcd's built-in Lock RPC (v3lock) on one lease per task.
+    EtcdLock,
 }
 
 struct Peer {
@@ -34,6 +43,9 @@ struct Peer {
     kind: PeerKind,
     servers: Servers,
     id: String,
+    /// Lock RPCs still waiting after their caller gave up (etcd's Lock RPC
+    /// only): awaited in `cleanup`, never cancelled (etcd issue 13336).
+    abandoned: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl fmt::Debug for Peer {
@@ -51,6 +63,10 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
         ("peer/mysql-get_lock", PeerKind::GetLock),
         ("peer/naive-insert", PeerKind::NaiveInsert),
         ("peer/article-row-lock", PeerKind::RowLock),
+        #[cfg(feature = "etcd")]
+        ("floor/etcd-get", PeerKind::EtcdGet),
+        #[cfg(feature = "etcd")]
+        ("peer/etcd-lock", PeerKind::EtcdLock),
     ]
     .into_iter()
     .map(|(name, kind)| {
@@ -59,6 +75,7 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
             kind,
             servers: servers.clone(),
             id: id.to_owned(),
+            abandoned: Arc::default(),
         }) as Box<dyn Implementation>
     })
     .collect()
@@ -81,7 +98,7 @@ impl Implementation for Peer {
 
     fn kind(&self) -> Kind {
         match self.kind {
-            PeerKind::RedisPing | PeerKind::MySqlSelect1 => Kind::Floor,
+            PeerKind::RedisPing | PeerKind::MySqlSelect1 | PeerKind::EtcdGet => Kind::Floor,
             _ => Kind::Peer,
         }
     }
@@ -89,13 +106,16 @@ impl Implementation for Peer {
     fn server(&self) -> Server {
         match self.kind {
             PeerKind::RedisPing | PeerKind::Rslock => Server::Redis,
+            PeerKind::EtcdGet | PeerKind::EtcdLock => Server::Etcd,
             _ => Server::MySql,
         }
     }
 
     fn runs(&self, s: &Scenario) -> bool {
         match self.kind {
-            PeerKind::RedisPing | PeerKind::MySqlSelect1 => s.without_exclusion(),
+            PeerKind::RedisPing | PeerKind::MySqlSelect1 | PeerKind::EtcdGet => {
+                s.without_exclusion()
+            }
             // One open transaction per connection: it cannot hold 10 000 rows
             // as separate locks.
             PeerKind::RowLock => !matches!(s.kind, ScenarioKind::ManyKeys { .. }),
@@ -105,6 +125,10 @@ impl Implementation for Peer {
 
     async fn locker(&self, _: &Scenario) -> Result<Box<dyn Locker>, BenchError> {
         Ok(match self.kind {
+            #[cfg(feature = "etcd")]
+            PeerKind::EtcdGet | PeerKind::EtcdLock => {
+                etcd::locker(self.kind, &self.servers, &self.id, &self.abandoned).await?
+            }
             PeerKind::RedisPing | PeerKind::Rslock => {
                 let client = redis::Client::open(self.servers.redis.as_str())?;
                 if self.kind == PeerKind::Rslock {
@@ -157,6 +181,8 @@ impl Implementation for Peer {
             PeerKind::NaiveInsert => drop_tables(&self.servers, &[&self.naive_table()]).await,
             PeerKind::RowLock => drop_tables(&self.servers, &[&self.rows_table()]).await,
             PeerKind::Rslock => redis_delete(&self.servers, &format!("{{fb{}}}:*", self.id)).await,
+            #[cfg(feature = "etcd")]
+            PeerKind::EtcdLock => etcd::drain(&self.abandoned).await,
             _ => Ok(()),
         }
     }
@@ -351,7 +377,7 @@ impl Locker for SqlLocker {
                     }
                 }
             },
-            PeerKind::RedisPing | PeerKind::Rslock => Err(BenchError::new("not a MySQL peer")),
+            _ => Err(BenchError::new("not a MySQL peer")),
         }
     }
 
@@ -399,7 +425,7 @@ impl Locker for SqlLocker {
                 }
             }
             PeerKind::RowLock => exec(&mut self.conn, "COMMIT").await,
-            PeerKind::RedisPing | PeerKind::Rslock => Err(BenchError::new("not a MySQL peer")),
+            _ => Err(BenchError::new("not a MySQL peer")),
         }
     }
 }
@@ -407,4 +433,177 @@ impl Locker for SqlLocker {
 /// MySQL error 1213 (SQLSTATE 40001): the statement was chosen as a deadlock victim.
 fn is_deadlock(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("40001"))
+}
+
+/// The etcd floor and etcd's own Lock RPC (`etcd-client`, so `protoc` at build time).
+#[cfg(feature = "etcd")]
+mod etcd {
+    use std::{
+        collections::HashMap,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use async_trait::async_trait;
+    use etcd_client::{Client, LockOptions};
+    use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
+
+    use super::PeerKind;
+    use crate::{runner::Locker, stats::Servers, BenchError};
+
+    /// The lease (= lock TTL) of each Lock RPC: longer than any cell,
+    /// many-keys included (acquiring 10 000 locks, then holding them 8 s).
+    const LOCK_TTL: i64 = 60;
+
+    /// How long `cleanup` waits for Lock RPCs whose callers gave up. They end
+    /// as the queue drains (every task stops after its current acquisition),
+    /// or when their lease (`LOCK_TTL`) expires.
+    const DRAIN_BOUND: Duration = Duration::from_secs(75);
+
+    pub(super) type Abandoned = Arc<Mutex<Vec<JoinHandle<()>>>>;
+
+    fn err(e: etcd_client::Error) -> BenchError {
+        BenchError::new(format!("etcd: {e}"))
+    }
+
+    pub(super) async fn locker(
+        kind: PeerKind,
+        servers: &Servers,
+        id: &str,
+        abandoned: &Abandoned,
+    ) -> Result<Box<dyn Locker>, BenchError> {
+        // No request timeout: a timed-out Lock RPC is a cancelled one, and
+        // cancelling waiting Lock RPCs wedges etcd 3.4's lock service.
+        let client = Client::connect([servers.etcd.as_str()], None)
+            .await
+            .map_err(err)?;
+        Ok(if kind == PeerKind::EtcdGet {
+            Box::new(GetLocker {
+                client,
+                key: format!("fb{id}/floor").into_bytes(),
+            })
+        } else {
+            Box::new(RpcLocker {
+                client,
+                prefix: format!("fb{id}/lk/"),
+                held: HashMap::new(),
+                abandoned: Arc::clone(abandoned),
+            })
+        })
+    }
+
+    /// Waits (bounded) for the Lock RPCs that outlived their callers.
+    pub(super) async fn drain(abandoned: &Abandoned) -> Result<(), BenchError> {
+        let pending: Vec<JoinHandle<()>> = {
+            let mut list = abandoned.lock().unwrap_or_else(|p| p.into_inner());
+            list.drain(..).collect()
+        };
+        let n = pending.len();
+        let all = async {
+            for h in pending {
+                let _ = h.await;
+            }
+        };
+        tokio::time::timeout(DRAIN_BOUND, all).await.map_err(|_| {
+            BenchError::new(format!(
+                "{n} abandoned etcd Lock RPCs still waiting after {DRAIN_BOUND:?}"
+            ))
+        })
+    }
+
+    /// The etcd floor: acquire = one Range get, release = one Range get.
+    struct GetLocker {
+        client: Client,
+        key: Vec<u8>,
+    }
+
+    #[async_trait]
+    impl Locker for GetLocker {
+        async fn acquire(&mut self, _: &str, _: Instant) -> Result<bool, BenchError> {
+            self.client.get(self.key.clone(), None).await.map_err(err)?;
+            Ok(true)
+        }
+        async fn release(&mut self, _: &str) -> Result<(), BenchError> {
+            self.client.get(self.key.clone(), None).await.map_err(err)?;
+            Ok(())
+        }
+    }
+
+    /// etcd's Lock RPC as documented (etcd-client's `lock` example, the
+    /// v3lock API): grant a lease — the lock's TTL — then `Lock(name,
+    /// lease)`, later `Unlock(key)`; the lease then expires on its own.
+    ///
+    /// A waiting Lock RPC is never cancelled: it runs in its own task; when
+    /// the caller gives up, the task is left to finish (it unlocks at once
+    /// when it is granted; its lease bounds how long that can take) and
+    /// `cleanup` waits for it.
+    struct RpcLocker {
+        client: Client,
+        prefix: String,
+        held: HashMap<String, Vec<u8>>,
+        abandoned: Abandoned,
+    }
+
+    #[async_trait]
+    impl Locker for RpcLocker {
+        async fn acquire(&mut self, key: &str, give_up: Instant) -> Result<bool, BenchError> {
+            let lease = self
+                .client
+                .lease_grant(LOCK_TTL, None)
+                .await
+                .map_err(err)?
+                .id();
+            let name = format!("{}{key}", self.prefix);
+            let (tx, mut rx) = oneshot::channel();
+            let mut client = self.client.clone();
+            let task = tokio::spawn(async move {
+                let opts = LockOptions::new().with_lease(lease);
+                match client.lock(name, Some(opts)).await {
+                    Ok(resp) => {
+                        if let Err(Ok(unclaimed)) = tx.send(Ok(resp.key().to_vec())) {
+                            // The caller gave up meanwhile: give it back.
+                            let _ = client.unlock(unclaimed).await;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            });
+            let result = match tokio::time::timeout_at(give_up, &mut rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // Close first, then look: a grant that raced the timeout
+                    // is taken; otherwise the task unlocks it when it comes.
+                    rx.close();
+                    match rx.try_recv() {
+                        Ok(r) => Ok(r),
+                        Err(_) => {
+                            let mut list = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+                            list.retain(|h| !h.is_finished());
+                            list.push(task);
+                            return Ok(false);
+                        }
+                    }
+                }
+            };
+            match result {
+                Ok(Ok(lock_key)) => {
+                    self.held.insert(key.to_owned(), lock_key);
+                    Ok(true)
+                }
+                Ok(Err(e)) => Err(err(e)),
+                Err(_) => Err(BenchError::new("etcd Lock task ended without an answer")),
+            }
+        }
+
+        async fn release(&mut self, key: &str) -> Result<(), BenchError> {
+            let lock_key = self
+                .held
+                .remove(key)
+                .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+            self.client.unlock(lock_key).await.map_err(err)?;
+            Ok(())
+        }
+    }
 }

@@ -1,0 +1,287 @@
+//! Session leases: one etcd lease per distinct TTL (whole seconds) per
+//! client, shared by every lock and queue entry of that TTL — etcd's
+//! `concurrency.Session`, but kept alive only by use.
+//!
+//! A class lease is refreshed (one keep-alive message on its own stream) by
+//! acquisitions, extends and waiters, at most once per eighth of its TTL: a
+//! lock taken or extended reports the deadline the last keep-alive bought
+//! (`valid_until`), which is at most an eighth of a TTL short of a fresh one.
+//! Nothing refreshes an idle class, so when the client stops (crash, freeze,
+//! drop) the store expires everything on it one TTL after the last use — on
+//! the store's clock. Per-lock expiry while the client runs is the reaper's
+//! job (module `track`).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use fenced_api::{Error, Result};
+use tokio::time::Instant;
+
+use crate::{error, lock::ttl_secs, EtcdLock};
+
+/// What this client knows about a class lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct View {
+    /// The etcd lease id.
+    pub(crate) id: i64,
+    /// Its granted TTL (etcd rounds small TTLs up to its minimum).
+    pub(crate) ttl: Duration,
+    /// Send time of the last successful grant / keep-alive + TTL: the store
+    /// keeps the lease at least until then.
+    pub(crate) valid_until: Instant,
+}
+
+impl View {
+    /// Refreshed recently enough that a lock taken now loses at most an
+    /// eighth of its TTL by using this view's deadline.
+    pub(crate) fn is_fresh(&self, now: Instant) -> bool {
+        self.valid_until >= now + self.ttl - self.ttl / 8
+    }
+
+    /// The send time of the request that bought `valid_until`.
+    pub(crate) fn sent_at(&self) -> Instant {
+        self.valid_until
+            .checked_sub(self.ttl)
+            .unwrap_or(self.valid_until)
+    }
+}
+
+/// A refresh found the lease gone: every key on it went with it.
+#[derive(Debug)]
+pub(crate) enum RefreshError {
+    /// etcd no longer knows the lease (expired or revoked).
+    Gone,
+    /// The keep-alive could not be sent or answered; the lease may live.
+    Failed(Error),
+}
+
+/// One class: the lease for one TTL.
+pub(crate) struct Class {
+    secs: i64,
+    view: Mutex<Option<View>>,
+    /// The keep-alive stream; its lock also serialises grants and refreshes.
+    keeper: tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
+}
+
+impl Class {
+    pub(crate) fn view(&self) -> Option<View> {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_view(&self, v: Option<View>) {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = v;
+    }
+
+    /// Forgets lease `id` (etcd refused it): the next use grants a new one.
+    pub(crate) fn invalidate(&self, id: i64) {
+        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        if view.is_some_and(|v| v.id == id) {
+            *view = None;
+        }
+    }
+}
+
+/// The classes of one client.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    classes: Mutex<HashMap<i64, Arc<Class>>>,
+}
+
+impl Sessions {
+    fn class(&self, secs: i64) -> Arc<Class> {
+        let mut map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(map.entry(secs).or_insert_with(|| {
+            Arc::new(Class {
+                secs,
+                view: Mutex::new(None),
+                keeper: tokio::sync::Mutex::new(None),
+            })
+        }))
+    }
+
+    /// How many class leases this client has (for `Debug`).
+    pub(crate) fn len(&self) -> usize {
+        self.classes.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl EtcdLock {
+    /// The class lease for `ttl`, ready for a request: granted if there is
+    /// none, refreshed first if it has not been used for half a TTL (it may
+    /// have expired). Otherwise no request is made; see [`Self::freshen`].
+    pub(crate) async fn session(&self, ttl: Duration) -> Result<(Arc<Class>, View)> {
+        let class = self.inner.sessions.class(ttl_secs(ttl));
+        if let Some(v) = class.view() {
+            if v.valid_until > Instant::now() + v.ttl / 2 {
+                return Ok((class, v));
+            }
+        }
+        match self.refresh(&class, true).await {
+            Ok(v) => Ok((class, v)),
+            // Unanswered, but still valid for a while: use it as it is.
+            Err(RefreshError::Failed(e)) => match class.view() {
+                Some(v) if v.valid_until > Instant::now() + v.ttl / 8 => Ok((class, v)),
+                _ => Err(e),
+            },
+            Err(RefreshError::Gone) => Err(Error::backend(
+                error::BACKEND,
+                true,
+                "a freshly granted lease vanished",
+            )),
+        }
+    }
+
+    /// Runs alongside a request that uses `view`: refreshes the class lease
+    /// if `view` is not fresh. A failed keep-alive keeps the old view (still
+    /// valid until its `valid_until`); only a lease etcd no longer knows is
+    /// an error.
+    pub(crate) async fn freshen(
+        &self,
+        class: &Arc<Class>,
+        view: View,
+    ) -> std::result::Result<View, RefreshError> {
+        if view.is_fresh(Instant::now()) {
+            return Ok(view);
+        }
+        match self.refresh(class, false).await {
+            Ok(v) if v.id == view.id => Ok(v),
+            Ok(_) | Err(RefreshError::Gone) => Err(RefreshError::Gone),
+            Err(RefreshError::Failed(e)) => {
+                tracing::debug!(lease = view.id, error = %e, "lease keep-alive failed; the lease stays valid until its last deadline");
+                Ok(view)
+            }
+        }
+    }
+
+    /// One keep-alive for the class lease unless another caller just sent
+    /// one; `or_grant`: grant a new lease when there is none or it is gone.
+    /// Runs in its own task, so a cancelled caller never leaves the
+    /// keep-alive stream half-read.
+    pub(crate) async fn refresh(
+        &self,
+        class: &Arc<Class>,
+        or_grant: bool,
+    ) -> std::result::Result<View, RefreshError> {
+        let task = tokio::spawn(refresh_task(self.clone(), Arc::clone(class), or_grant));
+        match task.await {
+            Ok(r) => r,
+            Err(e) => Err(RefreshError::Failed(Error::backend(
+                error::BACKEND,
+                true,
+                format!("lease refresh task failed: {e}"),
+            ))),
+        }
+    }
+
+    pub(crate) async fn grant(&self, secs: i64) -> Result<View> {
+        let sent = Instant::now();
+        let r = self
+            .call("lease grant", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?;
+        // etcd raises TTLs below its minimum silently: report what was granted.
+        let ttl = Duration::from_secs(r.ttl().max(1) as u64);
+        Ok(View {
+            id: r.id(),
+            ttl,
+            valid_until: sent + ttl,
+        })
+    }
+}
+
+async fn refresh_task(
+    lock: EtcdLock,
+    class: Arc<Class>,
+    or_grant: bool,
+) -> std::result::Result<View, RefreshError> {
+    let mut keeper = class.keeper.lock().await;
+    let current = class.view();
+    if let Some(v) = current.filter(|v| v.is_fresh(Instant::now())) {
+        return Ok(v);
+    }
+    if current.is_none() && !or_grant {
+        // Invalidated by another caller: the lease this caller used is gone.
+        return Err(RefreshError::Gone);
+    }
+    if let Some(v) = current {
+        let sent = Instant::now();
+        match keep_alive(&lock, &mut keeper, v).await {
+            Ok(ttl) if ttl > 0 => {
+                let ttl = Duration::from_secs(ttl as u64);
+                let fresh = View {
+                    id: v.id,
+                    ttl,
+                    valid_until: sent + ttl,
+                };
+                class.set_view(Some(fresh));
+                return Ok(fresh);
+            }
+            Ok(_) => {
+                tracing::warn!(lease = v.id, "session lease gone; every lock on it is lost");
+                *keeper = None;
+                class.invalidate(v.id);
+                lock.inner.tracker.lease_lost(v.id);
+                if !or_grant {
+                    return Err(RefreshError::Gone);
+                }
+            }
+            Err(e) => {
+                *keeper = None;
+                if !or_grant || v.valid_until > Instant::now() {
+                    return Err(RefreshError::Failed(e));
+                }
+                // Not answered and past its known deadline: start over.
+                class.invalidate(v.id);
+            }
+        }
+    }
+    let fresh = lock.grant(class.secs).await.map_err(RefreshError::Failed)?;
+    *keeper = None;
+    class.set_view(Some(fresh));
+    Ok(fresh)
+}
+
+/// One keep-alive on the class's stream (opened on first use; opening it is
+/// itself a keep-alive). Returns the TTL etcd reports (≤ 0: gone).
+async fn keep_alive(
+    lock: &EtcdLock,
+    keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    view: View,
+) -> Result<i64> {
+    let id = view.id;
+    let timeout = lock.inner.config.op_timeout;
+    if let Some((k, stream)) = keeper.as_mut() {
+        let once = async {
+            k.keep_alive().await?;
+            Ok::<_, etcd_client::Error>(stream.message().await?.map(|r| r.ttl()))
+        };
+        match tokio::time::timeout(timeout, once).await {
+            Ok(Ok(Some(ttl))) => return Ok(ttl),
+            // An ended stream says nothing about the lease: reopen it.
+            Ok(Ok(None)) => {
+                tracing::debug!(lease = id, "keep-alive stream ended; reopening");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(lease = id, error = %e, "keep-alive stream broken; reopening");
+            }
+            Err(_) => return Err(error::timed_out("lease keep-alive", timeout)),
+        }
+        *keeper = None;
+    }
+    let open = |mut c: Client| async move { c.lease_keep_alive(id).await };
+    match lock.call_raw("lease keep-alive", open).await {
+        Ok(pair) => {
+            *keeper = Some(pair);
+            // The opening keep-alive succeeded (etcd-client checks TTL > 0
+            // but keeps the reply): a keep-alive restores the granted TTL.
+            Ok(view.ttl.as_secs() as i64)
+        }
+        Err(crate::lock::CallError::Etcd(e)) if error::lease_not_found(&e) => Ok(0),
+        Err(e) => Err(e.into_error("lease keep-alive")),
+    }
+}
