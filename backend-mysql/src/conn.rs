@@ -157,7 +157,9 @@ impl Conns {
     /// A connection only if one is at hand (cached, or idle in the pool);
     /// never waits.
     pub(crate) fn try_get(&self) -> Option<Conn<'_>> {
-        let conn = self.take_cached().or_else(|| self.inner.pool.try_acquire())?;
+        let conn = self
+            .take_cached()
+            .or_else(|| self.inner.pool.try_acquire())?;
         Some(Conn {
             owner: self,
             conn: Some(conn),

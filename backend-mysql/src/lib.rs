@@ -318,6 +318,7 @@ impl MySqlLockBuilder {
                     b.rows,
                     cfg.op_timeout,
                     memory,
+                    cfg.row_lock_one_statement,
                 ))
             }
         };

@@ -100,6 +100,7 @@ pub use self::transaction::RowLockTransaction;
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::sql;
+use crate::strategy::micros;
 
 /// Which row a key locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,6 +127,8 @@ struct Locked<'a> {
     /// it, reserved *before* locking — waiting for the pool while holding
     /// could deadlock holders that each wait for a second connection.
     side: Option<crate::conn::Conn<'a>>,
+    /// The token, when the locking statement took it too.
+    token: Option<u64>,
 }
 
 struct HeldRow {
@@ -139,6 +142,7 @@ struct HeldRow {
 
 /// SQL for one base table, built once.
 struct Sql {
+    lock_token: SqlStr,
     ensure_row: SqlStr,
     row_exists: SqlStr,
     lock_nowait: SqlStr,
@@ -160,6 +164,8 @@ pub(crate) struct RowLock {
     op_timeout: Duration,
     /// Token inside the holder's transaction (see the module docs).
     token_in_txn: AtomicBool,
+    /// Lock and token in one statement (see the module docs).
+    one_statement: AtomicBool,
     held: Mutex<HashMap<LockKey, HeldRow>>,
     known_rows: Mutex<HashSet<Vec<u8>>>,
     sql: Sql,
@@ -170,6 +176,7 @@ impl fmt::Debug for RowLock {
         f.debug_struct("RowLock")
             .field("mode", &self.mode)
             .field("token_in_txn", &self.token_in_txn)
+            .field("one_statement", &self.one_statement)
             .finish_non_exhaustive()
     }
 }
@@ -199,6 +206,7 @@ impl RowLock {
         mode: RowMode,
         op_timeout: Duration,
         live_is_memory: bool,
+        one_statement: bool,
     ) -> Self {
         let Tables { rows, fence, live } = tables;
         let now_plus = "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND";
@@ -210,9 +218,20 @@ impl RowLock {
             mode,
             op_timeout,
             token_in_txn: AtomicBool::new(live_is_memory),
+            one_statement: AtomicBool::new(live_is_memory && one_statement),
             held: Mutex::default(),
             known_rows: Mutex::default(),
             sql: Sql {
+                // MariaDB's per-statement setting makes InnoDB refuse at once
+                // (like NOWAIT) while the MEMORY table lock is still waited
+                // for; NOWAIT itself would also refuse when another holder's
+                // token statement has that table for a few microseconds.
+                lock_token: sql!(
+                    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+                     REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id) \
+                     SELECT ?, ?, 1, {now_plus}, CONNECTION_ID() \
+                     FROM {rows} r JOIN {live} l ON l.lock_key = ? WHERE r.lock_key = ? FOR UPDATE"
+                ),
                 ensure_row: sql!("INSERT IGNORE INTO {rows} (lock_key) VALUES (?)"),
                 row_exists: sql!("SELECT 1 FROM {rows} WHERE lock_key = ?"),
                 lock_nowait: sql!(
@@ -365,6 +384,7 @@ impl RowLock {
     async fn lock_row(
         &self,
         key: &LockKey,
+        grant: Option<(&Owner, Duration)>,
         ttl_secs: Option<u64>,
         wait: Option<Instant>,
     ) -> Result<Option<Locked<'_>>> {
@@ -383,6 +403,57 @@ impl RowLock {
             };
             let reused = lc.reused;
             let mut held = HeldConn(Some(lc));
+            if let Some((owner, ttl)) = grant.filter(|_| self.one_statement.load(Ordering::Relaxed))
+            {
+                let sent = Instant::now();
+                let res = sqlx::query(self.sql.lock_token.clone())
+                    .bind(key.as_bytes())
+                    .bind(owner.as_str().as_bytes())
+                    .bind(micros(ttl))
+                    .bind(token::LIFETIME_KEY)
+                    .bind(&row)
+                    .execute(held.conn()?)
+                    .await;
+                match res {
+                    Ok(done) if done.rows_affected() > 0 => {
+                        return Ok(Some(Locked {
+                            held,
+                            sent,
+                            waited: false,
+                            side,
+                            token: Some(done.last_insert_id()),
+                        }));
+                    }
+                    // No row to lock, or no token lifetime: give back any gap
+                    // lock; the two-statement path below sorts either out.
+                    Ok(_) => {
+                        sqlx::raw_sql("ROLLBACK").execute(held.conn()?).await.db()?;
+                    }
+                    // Held elsewhere (refused at once, holding nothing): a
+                    // refused try costs this one statement; a waiting
+                    // acquire queues below.
+                    Err(e) if error::is_lock_conflict(&e) => {
+                        if wait.is_none() {
+                            if let Some(lc) = held.take() {
+                                self.locks.put(lc, &self.conns);
+                            }
+                            return Ok(None);
+                        }
+                    }
+                    Err(e) if token::refuses_one_statement(&e) => {
+                        tracing::info!(error = %e, "the server does not take row_lock's single-statement grant; using two statements");
+                        self.one_statement.store(false, Ordering::Relaxed);
+                    }
+                    Err(e) if reused && !error::leaves_session_usable(&e) => {
+                        tracing::debug!(key = %key, error = %e, "kept lock connection was dead; retrying on a fresh one");
+                        if attempts >= 3 {
+                            return Err(error::map(e));
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(error::map(e)),
+                }
+            }
             // A blocking wait that is abandoned (timeout, dropped future) must
             // leave InnoDB's queue too: closing the socket does not stop a
             // server-side lock wait, `KILL QUERY` does.
@@ -427,6 +498,7 @@ impl RowLock {
                         sent,
                         waited: wait.is_some(),
                         side,
+                        token: None,
                     }));
                 }
                 Ok(None) => {
@@ -553,6 +625,8 @@ impl RowLock {
     async fn wait_for_row(
         &self,
         key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
         ttl_secs: u64,
         deadline: Option<Instant>,
         start: Instant,
@@ -567,7 +641,10 @@ impl RowLock {
                 Some(d) if d <= sent => None,
                 Some(d) => Some(d.min(chunk_end)),
             };
-            if let Some(locked) = self.lock_row(key, Some(ttl_secs), wait).await? {
+            if let Some(locked) = self
+                .lock_row(key, Some((owner, ttl)), Some(ttl_secs), wait)
+                .await?
+            {
                 return Ok(locked);
             }
             let now = Instant::now();
@@ -583,7 +660,7 @@ impl RowLock {
     /// Whether another connection holds the row lock of `key` (NOWAIT probe
     /// on a lock connection, rolled back).
     async fn probe_held(&self, key: &LockKey) -> Result<bool> {
-        match self.lock_row(key, None, None).await? {
+        match self.lock_row(key, None, None, None).await? {
             None => Ok(true),
             Some(locked) => {
                 if self.end_hold(locked.held).await {
@@ -616,7 +693,10 @@ impl DistributedLock for RowLock {
         }
         let owner = opts.owner_or_random();
         for _ in 0..3 {
-            let Some(locked) = self.lock_row(key, Some(ttl_secs), None).await? else {
+            let Some(locked) = self
+                .lock_row(key, Some((&owner, ttl)), Some(ttl_secs), None)
+                .await?
+            else {
                 return Ok(None);
             };
             if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
@@ -641,7 +721,9 @@ impl DistributedLock for RowLock {
         let owner = opts.owner_or_random();
         let deadline = wait_deadline(opts.wait(), start);
         loop {
-            let locked = self.wait_for_row(key, ttl_secs, deadline, start).await?;
+            let locked = self
+                .wait_for_row(key, &owner, ttl, ttl_secs, deadline, start)
+                .await?;
             if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
                 return Ok(l);
             }

@@ -26,6 +26,13 @@ const GTID_UNSAFE: u16 = 1785;
 /// ER_RECORD_FILE_FULL: the `MEMORY` table reached `max_heap_table_size`.
 const TABLE_FULL: u16 = 1114;
 
+/// Errors that say the server cannot run the single-statement grant at all
+/// (MySQL: no `SET STATEMENT`; GTID consistency refusing the non-transactional
+/// write): syntax, unknown variable, not supported, GTID-unsafe.
+pub(super) fn refuses_one_statement(e: &sqlx::Error) -> bool {
+    matches!(error::number(e), Some(1064 | 1193 | 1235 | GTID_UNSAFE))
+}
+
 /// Whether `<live>` (unquoted name) is a `MEMORY` table, i.e. whether tokens
 /// may be taken inside the holder's transaction.
 pub(crate) async fn live_is_memory(pool: &MySqlPool, live: &str) -> Result<bool> {
@@ -75,10 +82,17 @@ impl RowLock {
             sent: lock_sent,
             waited,
             mut side,
+            token,
         } = locked;
-        let taken = self
-            .take_token(&mut held, side.as_mut(), key, owner, ttl, lock_sent, waited)
-            .await;
+        let taken = match token {
+            // Taken by the locking statement itself, sent without waiting:
+            // the hold was alive when it was sent.
+            Some(t) => Ok(Token::Taken(t, lock_sent)),
+            None => {
+                self.take_token(&mut held, side.as_mut(), key, owner, ttl, lock_sent, waited)
+                    .await
+            }
+        };
         if let Some(c) = side {
             c.settle(None);
         }

@@ -32,7 +32,9 @@ impl RowLock {
             }
         }
         let lease = loop {
-            let locked = self.wait_for_row(key, ttl_secs, deadline, start).await?;
+            let locked = self
+                .wait_for_row(key, &owner, ttl, ttl_secs, deadline, start)
+                .await?;
             if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
                 break l;
             }
