@@ -242,7 +242,10 @@ setup_etcd() {
     else
         mkdir -p "$ETCD_DATA_DIR"
         chmod 700 "$ETCD_DATA_DIR"   # etcd warns about looser permissions
-        # Single-member cluster on loopback only. setsid + nohup detach it from
+        # Single-member cluster on loopback only. Every acquisition writes a
+        # new key (the wait queue), so history is compacted after 5 minutes or
+        # the revision log grows without bound over long test/bench runs.
+        # setsid + nohup detach it from
         # this script's session/process group so it outlives the script (and a CI
         # runner killing our process group).
         setsid nohup /usr/bin/etcd \
@@ -253,6 +256,8 @@ setup_etcd() {
             --listen-peer-urls http://127.0.0.1:2380 \
             --initial-advertise-peer-urls http://127.0.0.1:2380 \
             --initial-cluster fenced-ci=http://127.0.0.1:2380 \
+            --auto-compaction-mode periodic \
+            --auto-compaction-retention 5m \
             --logger zap \
             >>"$ETCD_LOG" 2>&1 </dev/null &
         pid=$!
