@@ -81,9 +81,11 @@ impl Target {
         use fenced_conformance::services;
         match self {
             Target::Sqlite => None,
-            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => {
-                Some((services::mysql_url(), 3306))
-            }
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => Some((
+                // The private MariaDB with a binary log, while one is in use (server truth).
+                crate::truth::binlog::server_url().unwrap_or_else(services::mysql_url),
+                3306,
+            )),
             Target::Redis => Some((services::redis_url(), 6379)),
             Target::Etcd => Some((services::etcd_url(), 2379)),
         }

@@ -138,6 +138,46 @@ impl Audit {
     }
 }
 
+/// The "server truth" method section of RELIABILITY.md.
+pub const METHOD: &str = "## Server truth: method\n\n\
+Grants are rebuilt from a record the store itself keeps; a client can neither add to it nor hide from it.\n\n\
+- **SQLite**: triggers on the lock table write an audit row in the same transaction as every grant, \
+extension and end, stamped with SQLite's clock. Grants run from the insert to the earlier of the delete \
+and the last expiry.\n\
+- **Redis**: a `MONITOR` connection open for the whole run records every command the server executed, \
+with the server's time; Redis 7 shows the commands run inside the lock scripts (`[0 lua]`) right after \
+the script call and its arguments. Every `SET` of a lock state (`token|count|expiry|…|owner`, expiry in \
+server ms) is a fact: a held state with a new token or owner starts a grant at the server time of the \
+write; the same token and owner extends it; it ends at its expiry, or earlier only when the script that \
+wrote was a release naming that owner and token, a waiter leaving that names the waiter it was handed \
+to, or a force release. A script that overwrote or freed a current lease otherwise shows as an overlap.\n\
+- **etcd**: a watch on the run's lock lines (`<prefix>\\0lock\\0`) from the run's start revision, with \
+`prev_kv`, including lease-expiry deletions; an end marker written under the prefix shows when the \
+watch has delivered everything. A grant is an entry from the revision at which it became the oldest \
+live entry of its line to the revision that deleted it; its token is its create revision. Overlaps and \
+regressions would need etcd to let a younger entry hold while an older one lives, or an entry to \
+appear older than the holder; the sharper etcd check is the match: each client grant's token must be \
+the create revision of an entry that held, and that entry must not have been deleted (as the watch saw \
+it) before the client sent its acquire.\n\
+- **MySQL/MariaDB**: the shared server keeps no binary log (`log_bin` off), so the MySQL cells run \
+against a private MariaDB 10.11 started with `--log-bin --binlog-format=ROW \
+--binlog-annotate-row-events` (one per process, fresh data directory). After each run \
+`mariadb-binlog --read-from-remote-server --base64-output=decode-rows -v` decodes every row change \
+committed since the run started, with the statement that made it. `unique_key`: an inserted row is a \
+grant from its `create_time`; a delete ends it, unless the statement deletes expired rows only, \
+then the grant still runs to its expiry. `optimistic`: an update that sets a holder and a new \
+version is a grant from (new expiry − the statement's TTL); clearing the holder ends it. A new grant \
+must start, on the server's clock, after the previous one ended (earlier in commit order) or \
+expired; tokens must rise in commit order. **`row_lock` overlaps are n/a**: its lock is an InnoDB \
+row lock of an open transaction — taking it writes nothing, and a dead holder's rollback \
+(connection cut, `wait_timeout`) frees it without a trace in the log, so the log cannot say when a \
+row_lock grant ended. Its fence tokens (`_fence` table, autocommit) are checked for regressions \
+and matched against the clients.\n\
+- **Unvouched client grants** (every store): a client's reported token must be one the record \
+shows granted, and no two clients may report the same token.\n\
+- The checkers can fail: each has unit tests feeding it a crafted overlapping or regressing record \
+(`cargo test -p fenced-faults --lib truth`).\n";
+
 /// The server-side record of one run, started before the clients and
 /// read after the liveness check.
 #[derive(Debug)]
@@ -156,7 +196,7 @@ pub enum Recorder {
 
 /// Why a MySQL run on the shared server has no server truth.
 pub const MYSQL_SHARED_REASON: &str =
-    "the shared MariaDB runs without a binary log; run with FENCED_FAULTS_BINLOG=1 (scripts/faults.sh sets it)";
+    "the run used the shared MariaDB, which keeps no binary log (hold truth::binlog::private_server() while running)";
 
 impl Recorder {
     /// Starts recording the run of `target` whose admin URL (straight to the
@@ -218,6 +258,20 @@ impl Recorder {
     ///
     /// When the record cannot be read completely.
     pub async fn finish(self, events: &[Event]) -> Result<Option<ServerTruth>, String> {
+        if let Recorder::Binlog(b) = self {
+            let (mut t, tokens) = b.finish().await?;
+            let granted: Vec<ServerGrant> = tokens
+                .into_iter()
+                .map(|token| ServerGrant {
+                    key: String::new(),
+                    token,
+                    from: 0,
+                    to: 0,
+                })
+                .collect();
+            t.unmatched_client_grants = unmatched_tokens(events, &granted);
+            return Ok(Some(t));
+        }
         let (grants, unmatched) = match self {
             Recorder::None(_) => return Ok(None),
             Recorder::Sqlite(a) => {
@@ -235,11 +289,7 @@ impl Recorder {
                 let u = etcd::unmatched(events, &h);
                 (etcd::server_grants(&h), u)
             }
-            Recorder::Binlog(b) => {
-                let g = b.finish().await?;
-                let u = unmatched_tokens(events, &g);
-                (g, u)
-            }
+            Recorder::Binlog(_) => return Ok(None),
         };
         let mut t = check_server_grants(&grants);
         t.unmatched_client_grants = unmatched;
