@@ -195,11 +195,7 @@ fn endpoint(scheme: &str, h: &str) -> Result<String> {
                     )))
                 }
             },
-            None => {
-                return Err(Error::config(format!(
-                    "bad etcd host `{h}`: missing `]`"
-                )))
-            }
+            None => return Err(Error::config(format!("bad etcd host `{h}`: missing `]`"))),
         }
     } else {
         match h.rsplit_once(':') {
@@ -330,7 +326,10 @@ mod tests {
         ] {
             match EtcdConfig::from_url(url) {
                 Err(e @ Error::Config { .. }) => {
-                    assert!(e.to_string().contains("port") || e.to_string().contains("host"), "{url}: {e}")
+                    assert!(
+                        e.to_string().contains("port") || e.to_string().contains("host"),
+                        "{url}: {e}"
+                    )
                 }
                 other => panic!("{url}: {other:?}"),
             }
@@ -344,7 +343,11 @@ mod tests {
         let c = EtcdConfig::from_url("etcds://h:2379/p?ca=/etc/my%26ca.pem&timeout=2s").unwrap();
         assert_eq!(c.ca(), Some(std::path::Path::new("/etc/my&ca.pem")));
         assert_eq!(EtcdConfig::from_url("etcds://h/p").unwrap().ca(), None);
-        for url in ["etcd://h/p?ca=/x.pem", "etcds://h/p?ca=", "etcds://h/p?ca=%zz"] {
+        for url in [
+            "etcd://h/p?ca=/x.pem",
+            "etcds://h/p?ca=",
+            "etcds://h/p?ca=%zz",
+        ] {
             assert!(
                 matches!(EtcdConfig::from_url(url), Err(Error::Config { .. })),
                 "{url}"
@@ -354,7 +357,13 @@ mod tests {
 
     #[test]
     fn passwords_with_reserved_characters_stay_in_the_userinfo() {
-        for pw in ["Alpha?Bravo", "Alpha/Bravo", "Alpha#Bravo", "Alpha@Bravo", "a?b=c&d"] {
+        for pw in [
+            "Alpha?Bravo",
+            "Alpha/Bravo",
+            "Alpha#Bravo",
+            "Alpha@Bravo",
+            "a?b=c&d",
+        ] {
             let url = format!("etcd://root:{pw}@127.0.0.1:1/p?timeout=2s");
             let c = EtcdConfig::from_url(&url).unwrap_or_else(|e| panic!("{pw}: {e}"));
             assert_eq!(c.user, Some(("root".into(), pw.into())));

@@ -104,9 +104,9 @@ fn encode_userinfo(url: &str) -> Option<String> {
         let s = &rest[i + 1..];
         let end = s.find(['/', '?', '#']).unwrap_or(s.len());
         !s[..end].is_empty()
-            && s[..end]
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']'))
+            && s[..end].chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+            })
     })?;
     let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
     let (user, password) = userinfo.split_once(':')?;

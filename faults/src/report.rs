@@ -85,7 +85,9 @@ impl Cell {
         self.accepted_stale == 0
             && self.lost_updates == 0
             && self.non_owner_releases == 0
-            && self.server.is_none_or(|(_, o, r, u)| o == 0 && r == 0 && u == 0)
+            && self
+                .server
+                .is_none_or(|(_, o, r, u)| o == 0 && r == 0 && u == 0)
     }
 }
 

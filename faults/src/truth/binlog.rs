@@ -127,7 +127,10 @@ impl BinlogLog {
             .ok_or("binlog truth: the private server keeps no binary log")?;
         let file: String = row
             .try_get::<String, _>(0)
-            .or_else(|_| row.try_get::<Vec<u8>, _>(0).map(|b| String::from_utf8_lossy(&b).into()))
+            .or_else(|_| {
+                row.try_get::<Vec<u8>, _>(0)
+                    .map(|b| String::from_utf8_lossy(&b).into())
+            })
             .map_err(|e| format!("binlog truth: log file: {e}"))?;
         let position: u64 = row
             .try_get(1)
@@ -243,9 +246,9 @@ pub fn parse(text: &str) -> Result<Vec<RowEvent>, String> {
             let n: usize = n
                 .parse()
                 .map_err(|_| format!("binlog truth: unreadable row line `{line}`"))?;
-            let ev = out
-                .last_mut()
-                .ok_or_else(|| format!("binlog truth: a row value outside a row event: `{line}`"))?;
+            let ev = out.last_mut().ok_or_else(|| {
+                format!("binlog truth: a row value outside a row event: `{line}`")
+            })?;
             let cols = if target_after {
                 &mut ev.after
             } else {
@@ -371,7 +374,11 @@ pub fn changes(target: Target, base: &str, rows: &[RowEvent]) -> Result<Vec<Chan
         match target {
             // id, lock_key, owner, reentrant_count, expire_time, create_time
             Target::MySqlUniqueKey => {
-                let row = if r.kind == "INSERT" { &r.after } else { &r.before };
+                let row = if r.kind == "INSERT" {
+                    &r.after
+                } else {
+                    &r.before
+                };
                 let key = col(row, 1).unwrap_or_default().to_owned();
                 let token = num(row, 0, "id")?;
                 match r.kind {
@@ -430,7 +437,10 @@ pub fn changes(target: Target, base: &str, rows: &[RowEvent]) -> Result<Vec<Chan
                     Some(_) => {
                         let expiry = time(&r.after, 4, "expire_time")?;
                         let ttl = interval(&r.statement).ok_or_else(|| {
-                            format!("binlog truth: no TTL in the grant statement `{}`", r.statement)
+                            format!(
+                                "binlog truth: no TTL in the grant statement `{}`",
+                                r.statement
+                            )
                         })?;
                         out.push(Change::Grant {
                             key,
@@ -553,7 +563,10 @@ mod tests {
     fn datetimes_are_epoch_micros() {
         assert_eq!(micros("1970-01-01 00:00:00"), Some(0));
         assert_eq!(micros("2000-03-01 00:00:01.5"), Some(951_868_801_500_000));
-        assert_eq!(micros("2026-11-30 15:57:05.425831"), Some(1_796_054_225_425_831));
+        assert_eq!(
+            micros("2026-11-30 15:57:05.425831"),
+            Some(1_796_054_225_425_831)
+        );
     }
 
     #[test]
@@ -563,7 +576,11 @@ mod tests {
         assert_eq!(rows[0].after[2].as_deref(), Some("o1"));
         let c = changes(Target::MySqlUniqueKey, "ff_x", &rows).unwrap();
         let (t, tokens) = check(&c, false);
-        assert_eq!((t.grants, t.overlaps, t.token_regressions), (2, 0, 0), "{c:?}");
+        assert_eq!(
+            (t.grants, t.overlaps, t.token_regressions),
+            (2, 0, 0),
+            "{c:?}"
+        );
         assert_eq!(tokens, [7, 8]);
     }
 
@@ -617,7 +634,11 @@ mod tests {
         let c = changes(Target::MySqlOptimistic, "ff_x", &parse(log).unwrap()).unwrap();
         // o2 starts at 04.700000, o1's grant runs to 05.000000.
         let (t, tokens) = check(&c, false);
-        assert_eq!((t.grants, t.overlaps, t.token_regressions), (2, 1, 0), "{c:?}");
+        assert_eq!(
+            (t.grants, t.overlaps, t.token_regressions),
+            (2, 1, 0),
+            "{c:?}"
+        );
         assert_eq!(tokens, [1, 2]);
         // Judged only where the log can tell: not for row_lock.
         assert_eq!(check(&c, true).0.overlaps, 0);

@@ -78,7 +78,11 @@ impl WatchLog {
     /// # Errors
     ///
     /// When etcd cannot be reached.
-    pub async fn start(endpoint: &str, ns_prefix: &str, history: &History) -> Result<WatchLog, String> {
+    pub async fn start(
+        endpoint: &str,
+        ns_prefix: &str,
+        history: &History,
+    ) -> Result<WatchLog, String> {
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(std::time::Duration::from_secs(5))
             .with_timeout(std::time::Duration::from_secs(10));
@@ -168,7 +172,9 @@ impl WatchLog {
         match drained {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(format!("etcd truth: the watch task failed: {e}")),
-            Err(_) => Err("etcd truth: the end marker did not come through the watch within 30s".into()),
+            Err(_) => {
+                Err("etcd truth: the end marker did not come through the watch within 30s".into())
+            }
         }
     }
 }
@@ -210,7 +216,9 @@ pub fn holds(events: &[WatchEvent]) -> Vec<Held> {
         while i < events.len() && events[i].revision == rev {
             let e = &events[i];
             i += 1;
-            let Some(line) = line_of(&e.key) else { continue };
+            let Some(line) = line_of(&e.key) else {
+                continue;
+            };
             let entries = live.entry(line.to_owned()).or_default();
             if e.put {
                 entries.insert(e.key.clone(), e.create_revision);
@@ -226,7 +234,9 @@ pub fn holds(events: &[WatchEvent]) -> Vec<Held> {
         }
         touched.dedup();
         for line in touched {
-            let Some(entries) = live.get(&line) else { continue };
+            let Some(entries) = live.get(&line) else {
+                continue;
+            };
             let Some((entry, create)) = entries.iter().min_by_key(|(_, c)| **c) else {
                 continue;
             };
@@ -324,8 +334,8 @@ mod tests {
     fn a_queue_served_in_order_is_clean_and_matches_the_clients() {
         let w = [
             ev(10, true, "a", 10, 100),
-            ev(11, true, "b", 11, 110), // b waits
-            ev(12, true, "b", 11, 120), // b announces (same create revision)
+            ev(11, true, "b", 11, 110),  // b waits
+            ev(12, true, "b", 11, 120),  // b announces (same create revision)
             ev(12, false, "a", 10, 120), // a released at 12… (same txn order is irrelevant)
             ev(13, true, "c", 13, 130),
             ev(14, false, "b", 11, 140), // lease expiry

@@ -185,9 +185,9 @@ pub enum Recorder {
     /// SQLite audit triggers.
     Sqlite(Audit),
     /// Redis `MONITOR`.
-    Redis(redis::Monitor),
+    Redis(Box<redis::Monitor>),
     /// etcd watch history.
-    Etcd(etcd::WatchLog),
+    Etcd(Box<etcd::WatchLog>),
     /// MariaDB binary log (full profile).
     Binlog(binlog::BinlogLog),
     /// No record for this run, and why.
@@ -225,11 +225,11 @@ impl Recorder {
                     .split("prefix=")
                     .nth(1)
                     .and_then(|p| p.split('&').next())
-                    .ok_or_else(|| format!("redis truth: no prefix in the run's url"))?;
+                    .ok_or("redis truth: no prefix in the run's url")?;
                 let base = url.split('?').next().unwrap_or(url);
-                Ok(Recorder::Redis(
+                Ok(Recorder::Redis(Box::new(
                     redis::Monitor::start(base, &format!("{{{prefix}/")).await?,
-                ))
+                )))
             }
             Target::Etcd => {
                 let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -238,9 +238,9 @@ impl Recorder {
                     .ok_or_else(|| "etcd truth: no prefix in the run's url".to_owned())?;
                 let prefix = prefix.split('?').next().unwrap_or(prefix);
                 let endpoint = format!("http://{}", hosts.split(',').next().unwrap_or(hosts));
-                Ok(Recorder::Etcd(
+                Ok(Recorder::Etcd(Box::new(
                     etcd::WatchLog::start(&endpoint, prefix, history).await?,
-                ))
+                )))
             }
             Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => {
                 match binlog::BinlogLog::start(target, url).await? {
@@ -306,9 +306,8 @@ pub fn unmatched_tokens(events: &[Event], grants: &[ServerGrant]) -> usize {
     let mut n = 0;
     for e in events {
         if let (Op::Acquire, Phase::Ok, Some(t)) = (e.op, e.phase, e.token) {
-            if !granted.contains(&t) {
-                n += 1;
-            } else if *claimed.entry(t).or_insert(e.process) != e.process {
+            let foreign = *claimed.entry(t).or_insert(e.process) != e.process;
+            if !granted.contains(&t) || foreign {
                 n += 1;
             }
         }

@@ -365,7 +365,13 @@ mod tests {
     const S: &str = "{ffx/k}:l";
 
     fn script(ts: u64, argv: &[&str]) -> Call {
-        let mut args = vec!["evalsha".into(), "abc".into(), "2".into(), S.into(), "{ffx/k}:q".into()];
+        let mut args = vec![
+            "evalsha".into(),
+            "abc".into(),
+            "2".into(),
+            S.into(),
+            "{ffx/k}:q".into(),
+        ];
         args.extend(argv.iter().map(|a| a.to_string()));
         Call {
             ts_us: ts,
@@ -378,13 +384,22 @@ mod tests {
         Call {
             ts_us: ts,
             lua: true,
-            args: vec!["SET".into(), S.into(), v.into(), "PX".into(), "604800000".into()],
+            args: vec![
+                "SET".into(),
+                S.into(),
+                v.into(),
+                "PX".into(),
+                "604800000".into(),
+            ],
         }
     }
 
     #[test]
     fn monitor_lines_parse_with_escapes() {
-        let c = parse_line(r#"1796053703.201894 [0 lua] "SET" "{tt/x}:l" "a|b \"q\"\n\x41" "PX" "1000""#).unwrap();
+        let c = parse_line(
+            r#"1796053703.201894 [0 lua] "SET" "{tt/x}:l" "a|b \"q\"\n\x41" "PX" "1000""#,
+        )
+        .unwrap();
         assert!(c.lua);
         assert_eq!(c.ts_us, 1_796_053_703_201_894);
         assert_eq!(c.args, ["SET", "{tt/x}:l", "a|b \"q\"\nA", "PX", "1000"]);
