@@ -12,11 +12,16 @@
 //!
 //! Per key, in commit order, the changes become [`Change`]s:
 //!
-//! * `unique_key` (`<t>`): an inserted row is a grant (token = `id`, start
-//!   = `create_time`, the server's `UTC_TIMESTAMP(6)`); an update of it an
-//!   extension; a delete ends it — unless the deleting statement only
-//!   deletes *expired* rows (`expire_time <` / `<=` in its annotation), in
-//!   which case the grant still runs to its own expiry;
+//! * `unique_key` (`<t>`): an inserted row is a grant (token = `id`); an
+//!   update of it an extension; a delete ends it in commit order (the
+//!   unique key keeps a second row out until then). A delete by a statement
+//!   that only deletes *expired* rows (`expire_time <` / `<=` in its
+//!   annotation) is judged too: if the row's expiry is at or after the end
+//!   of the second in which the statement ran (the event header's time;
+//!   the log keeps no finer time for row events), the server swept away a
+//!   current grant — counted as an overlap. The start of an insert
+//!   (`create_time`) is not compared: a statement that waited for a row
+//!   lock keeps the time it started;
 //! * `optimistic` (`<t>_optimistic`): an update that sets a holder and a new
 //!   `version` is a grant (start = new expiry − the statement's TTL, the
 //!   `INTERVAL … MICROSECOND` of its annotation); same version, an
@@ -163,6 +168,7 @@ impl BinlogLog {
             .arg("--to-last-log")
             .arg(format!("--start-position={}", self.position))
             .arg(&self.file)
+            .env("TZ", "UTC")
             .output()
             .await
             .map_err(|e| format!("binlog truth: running mariadb-binlog: {e}"))?;
@@ -192,6 +198,9 @@ pub struct RowEvent {
     pub after: Vec<Option<String>>,
     /// The statement that made it (`#Q>` annotation), if logged.
     pub statement: String,
+    /// The event header's time: the second (since the epoch, UTC) in which
+    /// the statement started.
+    pub when_s: Option<i64>,
 }
 
 /// Parses `mariadb-binlog -v` output into row events.
@@ -202,10 +211,15 @@ pub struct RowEvent {
 pub fn parse(text: &str) -> Result<Vec<RowEvent>, String> {
     let mut out: Vec<RowEvent> = Vec::new();
     let mut statement = String::new();
+    let mut when_s = None;
     let mut target_after = false;
     for line in text.lines() {
         if let Some(q) = line.strip_prefix("#Q> ") {
             statement = q.to_owned();
+            continue;
+        }
+        if let Some(w) = header_time(line) {
+            when_s = Some(w);
             continue;
         }
         let Some(body) = line.strip_prefix("### ") else {
@@ -230,6 +244,7 @@ pub fn parse(text: &str) -> Result<Vec<RowEvent>, String> {
                     before: Vec::new(),
                     after: Vec::new(),
                     statement: statement.clone(),
+                    when_s,
                 });
                 target_after = kind == "INSERT";
             }
@@ -261,6 +276,19 @@ pub fn parse(text: &str) -> Result<Vec<RowEvent>, String> {
         }
     }
     Ok(out)
+}
+
+/// The time of an event header `#261130 15:57:04 server id 1 …` (printed
+/// in UTC: `mariadb-binlog` runs with `TZ=UTC`), seconds since the epoch.
+fn header_time(line: &str) -> Option<i64> {
+    let rest = line.strip_prefix('#')?;
+    let date = rest.get(..6)?;
+    if !date.bytes().all(|b| b.is_ascii_digit()) || !rest.contains(" server id ") {
+        return None;
+    }
+    let time = rest[6..].split_whitespace().next()?;
+    let dt = format!("20{}-{}-{} {time}", &date[..2], &date[2..4], &date[4..6]);
+    micros(&dt).map(|us| us / 1_000_000)
 }
 
 /// A printed value: `NULL`, `'text'`, or a number (an unsigned one printed
@@ -322,6 +350,14 @@ pub enum Change {
         token: u64,
         /// New expiry.
         expiry: i64,
+    },
+    /// A statement that deletes expired rows only deleted this grant's row
+    /// while it was current (see the module docs): an overlap.
+    SweptWhileCurrent {
+        /// The key.
+        key: String,
+        /// The token.
+        token: u64,
     },
     /// The grant ended now (`explicit`) or only at its expiry (a statement
     /// that deletes expired rows only).
@@ -393,11 +429,22 @@ pub fn changes(target: Target, base: &str, rows: &[RowEvent]) -> Result<Vec<Chan
                         token,
                         expiry: time(&r.after, 4, "expire_time")?,
                     }),
-                    _ => out.push(Change::End {
-                        key,
-                        token,
-                        explicit: !r.statement.contains("expire_time <"),
-                    }),
+                    _ => {
+                        let sweep = r.statement.contains("expire_time <");
+                        let expiry = time(row, 4, "expire_time")?;
+                        let second_end = r.when_s.map(|w| (w + 1) * 1_000_000);
+                        if sweep && second_end.is_some_and(|end| expiry >= end) {
+                            out.push(Change::SweptWhileCurrent {
+                                key: key.clone(),
+                                token,
+                            });
+                        }
+                        out.push(Change::End {
+                            key,
+                            token,
+                            explicit: true,
+                        });
+                    }
                 }
             }
             // lock_key, holder, version, reentrant_count, expire_time
@@ -429,11 +476,15 @@ pub fn changes(target: Target, base: &str, rows: &[RowEvent]) -> Result<Vec<Chan
                             });
                         }
                     }
-                    Some(_) if before == Some(token) => out.push(Change::Extend {
-                        key,
-                        token,
-                        expiry: time(&r.after, 4, "expire_time")?,
-                    }),
+                    // Same token, same holder: an extension (a new holder
+                    // with the same token is a grant, and a regression).
+                    Some(h) if before == Some(token) && col(&r.before, holder_col) == Some(h) => {
+                        out.push(Change::Extend {
+                            key,
+                            token,
+                            expiry: time(&r.after, 4, "expire_time")?,
+                        })
+                    }
                     Some(_) => {
                         let expiry = time(&r.after, 4, "expire_time")?;
                         let ttl = interval(&r.statement).ok_or_else(|| {
@@ -502,6 +553,7 @@ pub fn check(changes: &[Change], overlaps_unjudged: bool) -> (ServerTruth, Vec<u
                     p.expiry = *expiry;
                 }
             }
+            Change::SweptWhileCurrent { .. } => t.overlaps += 1,
             Change::End {
                 key,
                 token,
@@ -540,6 +592,7 @@ mod tests {
 ###   @6='2026-11-30 15:57:04.400000'
 # Number of rows: 1
 #Q> DELETE FROM `ff_x` WHERE id = 7 AND owner = 'o1' AND reentrant_count <= 1 AND expire_time > UTC_TIMESTAMP(6)
+#261130 15:57:03 server id 1  end_log_pos 1221 CRC32 0x0693e134 	Delete_rows: table id 18 flags: STMT_END_F
 ### DELETE FROM `test`.`ff_x`
 ### WHERE
 ###   @1=7
@@ -597,6 +650,20 @@ mod tests {
         let c = changes(Target::MySqlUniqueKey, "ff_x", &parse(&bad).unwrap()).unwrap();
         let (t, _) = check(&c, false);
         assert_eq!((t.overlaps, t.token_regressions), (1, 1), "{c:?}");
+    }
+
+    #[test]
+    fn a_sweep_within_the_second_of_expiry_is_not_judged_current() {
+        let ok = LOG
+            .replace(
+                "WHERE id = 7 AND owner = 'o1' AND reentrant_count <= 1 AND expire_time > UTC_TIMESTAMP(6)",
+                "WHERE lock_key = 'k' AND expire_time <= UTC_TIMESTAMP(6)",
+            )
+            .replace("#261130 15:57:03 server id 1  end_log_pos 1221", "#261130 15:57:05 server id 1  end_log_pos 1221");
+        let rows = parse(&ok).unwrap();
+        assert_eq!(rows[1].when_s, Some(1_796_054_225));
+        let c = changes(Target::MySqlUniqueKey, "ff_x", &rows).unwrap();
+        assert_eq!(check(&c, false).0.overlaps, 0, "{c:?}");
     }
 
     #[test]

@@ -164,11 +164,12 @@ against a private MariaDB 10.11 started with `--log-bin --binlog-format=ROW \
 --binlog-annotate-row-events` (one per process, fresh data directory). After each run \
 `mariadb-binlog --read-from-remote-server --base64-output=decode-rows -v` decodes every row change \
 committed since the run started, with the statement that made it. `unique_key`: an inserted row is a \
-grant from its `create_time`; a delete ends it, unless the statement deletes expired rows only, \
-then the grant still runs to its expiry. `optimistic`: an update that sets a holder and a new \
-version is a grant from (new expiry − the statement's TTL); clearing the holder ends it. A new grant \
-must start, on the server's clock, after the previous one ended (earlier in commit order) or \
-expired; tokens must rise in commit order. **`row_lock` overlaps are n/a**: its lock is an InnoDB \
+grant, a delete ends it in commit order (the unique key keeps a second row out until then); a delete \
+by a statement that deletes *expired* rows only counts as an overlap when the row's expiry is at or \
+after the end of the second in which that statement ran (row events carry whole seconds only). \
+`optimistic`: an update that sets a holder and a new version is a grant from its statement's \
+`UTC_TIMESTAMP(6)` (new expiry − the statement's TTL); clearing the holder ends it; a new holder \
+while the previous one's expiry is after that start is an overlap. Tokens must rise in commit order. **`row_lock` overlaps are n/a**: its lock is an InnoDB \
 row lock of an open transaction — taking it writes nothing, and a dead holder's rollback \
 (connection cut, `wait_timeout`) frees it without a trace in the log, so the log cannot say when a \
 row_lock grant ended. Its fence tokens (`_fence` table, autocommit) are checked for regressions \
