@@ -229,6 +229,38 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
             unsafe_cells.join(", ")
         );
     }
+    let (mut grants, mut bad, mut missing, mut unjudged) = (0, 0, 0, Vec::new());
+    for ((control, t, _), c) in &all {
+        if *control {
+            continue;
+        }
+        if let Some((g, o, r, u)) = c.server {
+            grants += g;
+            bad += o + r + u;
+        }
+        missing += c.server_missing;
+        if c.overlaps_unjudged.is_some() && !unjudged.contains(&Target::ALL[*t].name()) {
+            unjudged.push(Target::ALL[*t].name());
+        }
+    }
+    let _ = writeln!(
+        out,
+        "- Server truth: the stores' own records show {grants} grants; {bad} overlaps, token \
+         regressions or unvouched client grants{}{}.",
+        if missing > 0 {
+            format!("; {missing} runs had no record")
+        } else {
+            String::new()
+        },
+        if unjudged.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (overlaps not judged for {}: see the method)",
+                unjudged.join(", ")
+            )
+        }
+    );
     let _ = writeln!(
         out,
         "- Control runs with fencing off: {caught} of {controls} showed the violations the \
@@ -282,6 +314,77 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::history::ServerTruth;
+
+    fn result(target: Target, truth: Option<ServerTruth>) -> RunResult {
+        RunResult {
+            config: crate::scenario::RunConfig::new(target, Fault::Contention, 1),
+            acquisitions: 10,
+            faults: 1,
+            belief_overlaps: 0,
+            belief_overlap_max_ms: 0.0,
+            resource: Default::default(),
+            server_truth: truth,
+            non_owner_releases: 0,
+            loss_latency_ms: Vec::new(),
+            liveness_ms: Some(1.0),
+            errors: Vec::new(),
+            transient_errors: 0,
+            history: String::new(),
+        }
+    }
+
+    #[test]
+    fn server_truth_columns_show_counts_n_a_and_violations() {
+        let clean = ServerTruth {
+            grants: 11,
+            ..ServerTruth::default()
+        };
+        let md = markdown(
+            &[
+                result(Target::Redis, Some(clean)),
+                result(Target::MySqlUniqueKey, None),
+                result(
+                    Target::MySqlRowLock,
+                    Some(ServerTruth {
+                        overlaps_unjudged: Some("why"),
+                        ..clean
+                    }),
+                ),
+            ],
+            "cmd",
+            "here",
+        );
+        assert!(
+            md.contains("| redis | contention | 1 | 1 | 10 | 11 | 0 | 0 | 0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| mysql-unique_key | contention | 1 | 1 | 10 | n/a | n/a | n/a | n/a |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| mysql-row_lock | contention | 1 | 1 | 10 | 11 | n/a | 0 | 0 |"),
+            "{md}"
+        );
+        assert!(md.contains("1 runs had no record"), "{md}");
+        assert!(md.contains("## Server truth: method"), "{md}");
+        let bad = markdown(
+            &[result(
+                Target::Etcd,
+                Some(ServerTruth {
+                    unmatched_client_grants: 1,
+                    ..clean
+                }),
+            )],
+            "cmd",
+            "here",
+        );
+        assert!(
+            bad.contains("**Safety violated** in: etcd × contention"),
+            "{bad}"
+        );
+    }
 
     #[test]
     fn quantiles() {
