@@ -93,7 +93,17 @@ impl EtcdConfig {
                 let (u, p) = userinfo.split_once(':').unwrap_or((userinfo, ""));
                 (Some((u.to_owned(), p.to_owned())), &rest[at + 1..])
             }
-            None => (None, rest),
+            // `user:password@` with no host list after it: say so without
+            // ever reading the password as a host (and showing it).
+            None => match rest.split_once('@') {
+                Some((userinfo, _)) if userinfo.contains(':') => {
+                    let user = userinfo.split(':').next().unwrap_or_default();
+                    return Err(Error::config(format!(
+                        "no etcd host after `{user}:***@` (expected etcd://user:password@host:2379/prefix)"
+                    )));
+                }
+                _ => (None, rest),
+            },
         };
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -369,6 +379,15 @@ mod tests {
             assert_eq!(c.user, Some(("root".into(), pw.into())));
             assert_eq!(c.endpoints, ["http://127.0.0.1:1"]);
             assert_eq!(c.prefix, "p");
+            for bad in [
+                format!("etcd://root:{pw}@127.0.0.1:1/p?nope=1"),
+                format!("etcds://root:{pw}@/p"),
+                format!("etcd://root:{pw}@"),
+            ] {
+                let e = EtcdConfig::from_url(&bad).unwrap_err();
+                assert!(!e.to_string().contains("Bravo"), "{e}");
+                assert!(!e.to_string().contains("Alpha"), "{e}");
+            }
             let bad = format!("etcd://root:{pw}@127.0.0.1:1/p?nope=1");
             let e = EtcdConfig::from_url(&bad).unwrap_err();
             assert!(!e.to_string().contains("Bravo"), "{e}");
