@@ -12,6 +12,9 @@ pub struct EtcdConfig {
     pub(crate) prefix: String,
     pub(crate) user: Option<(String, String)>,
     pub(crate) tls: bool,
+    /// PEM file of the CA(s) to trust for `etcds://` instead of the
+    /// platform's roots.
+    pub(crate) ca: Option<std::path::PathBuf>,
     pub(crate) connect_timeout: Duration,
     pub(crate) op_timeout: Duration,
 }
@@ -23,6 +26,7 @@ impl fmt::Debug for EtcdConfig {
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(u, _)| format!("{u}:***")))
             .field("tls", &self.tls)
+            .field("ca", &self.ca)
             .field("connect_timeout", &self.connect_timeout)
             .field("op_timeout", &self.op_timeout)
             .finish()
@@ -37,10 +41,31 @@ impl EtcdConfig {
     /// (`etcds://` for TLS, which needs the `tls` cargo feature).
     ///
     /// The prefix is the namespace: two prefixes never see each other's locks.
+    /// A host without a port means 2379; a port must be a number from 1 to
+    /// 65535.
+    ///
+    /// Parameters:
+    ///
+    /// * `connect_timeout` — bound on connecting (default 5 s);
+    /// * `timeout` — bound on every request (default 5 s);
+    /// * `ca=<path>` (`etcds://` only) — a PEM file with the certificate
+    ///   authority (or authorities) that signed the servers' certificates;
+    ///   only these are trusted then. Without it the platform's roots are
+    ///   trusted (the system store; `SSL_CERT_FILE` / `SSL_CERT_DIR` when
+    ///   set). Percent-encode a path with `&`, `#` or `%` in it.
+    ///
+    /// ```
+    /// # use fenced_etcd::EtcdConfig;
+    /// let c = EtcdConfig::from_url("etcds://10.0.0.1:2379/billing?ca=/etc/etcd/ca.pem")?;
+    /// assert_eq!(c.ca(), Some(std::path::Path::new("/etc/etcd/ca.pem")));
+    /// # Ok::<(), fenced_api::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a malformed URL; nothing is connected.
+    /// [`Error::Config`] for a malformed URL (a bad port, an unknown
+    /// parameter, `ca` on a plaintext URL); nothing is connected, and no
+    /// message ever shows the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             Error::config(format!("expected an etcd:// url, got `{}`", redact(url)))
@@ -55,27 +80,39 @@ impl EtcdConfig {
                 )))
             }
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (user, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => {
+        // The userinfo ends at the first `@` followed by a host list: a
+        // password may contain unencoded `/`, `?`, `#` or `@`, and must never
+        // end up in a path, a parameter or a message.
+        let (user, rest) = match rest
+            .match_indices('@')
+            .map(|(i, _)| i)
+            .find(|&i| looks_like_hosts(&rest[i + 1..]))
+        {
+            Some(at) => {
+                let userinfo = &rest[..at];
                 let (u, p) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-                (Some((u.to_owned(), p.to_owned())), hosts)
+                (Some((u.to_owned(), p.to_owned())), &rest[at + 1..])
             }
-            None => (None, authority),
+            // `user:password@` with no host list after it: say so without
+            // ever reading the password as a host (and showing it).
+            None => match rest.split_once('@') {
+                Some((userinfo, _)) if userinfo.contains(':') => {
+                    let user = userinfo.split(':').next().unwrap_or_default();
+                    return Err(Error::config(format!(
+                        "no etcd host after `{user}:***@` (expected etcd://user:password@host:2379/prefix)"
+                    )));
+                }
+                _ => (None, rest),
+            },
         };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
         let http = if tls { "https" } else { "http" };
-        let endpoints: Vec<String> = hosts
+        let endpoints = hosts
             .split(',')
             .filter(|h| !h.is_empty())
-            .map(|h| {
-                if h.contains(':') {
-                    format!("{http}://{h}")
-                } else {
-                    format!("{http}://{h}:2379")
-                }
-            })
-            .collect();
+            .map(|h| endpoint(http, h))
+            .collect::<Result<Vec<String>>>()?;
         if endpoints.is_empty() {
             return Err(Error::config(format!(
                 "no etcd endpoint in `{}`",
@@ -93,6 +130,7 @@ impl EtcdConfig {
             prefix: prefix.to_owned(),
             user,
             tls,
+            ca: None,
             connect_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(5),
         };
@@ -101,14 +139,34 @@ impl EtcdConfig {
             match k {
                 "connect_timeout" => config.connect_timeout = parse_duration(v)?,
                 "timeout" => config.op_timeout = parse_duration(v)?,
+                "ca" if !tls => {
+                    return Err(Error::config(
+                        "the etcd url parameter `ca` needs TLS: use etcds://",
+                    ))
+                }
+                "ca" => {
+                    let path = percent_decode(v)?;
+                    if path.is_empty() {
+                        return Err(Error::config(
+                            "the etcd url parameter `ca` needs a path to a PEM file",
+                        ));
+                    }
+                    config.ca = Some(path.into());
+                }
                 other => {
                     return Err(Error::config(format!(
-                        "unknown etcd url parameter `{other}`; known: connect_timeout, timeout"
+                        "unknown etcd url parameter `{}`; known: connect_timeout, timeout, ca",
+                        other.chars().take(40).collect::<String>()
                     )))
                 }
             }
         }
         Ok(config)
+    }
+
+    /// The CA file trusted for `etcds://` (the `ca` parameter), if any.
+    pub fn ca(&self) -> Option<&std::path::Path> {
+        self.ca.as_deref()
     }
 
     /// The namespace prefix.
@@ -120,6 +178,82 @@ impl EtcdConfig {
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
+}
+
+/// Whether `s` starts with `host[:port][,host[:port]…]` and then ends or
+/// goes on with `/`, `?` or `#`.
+fn looks_like_hosts(s: &str) -> bool {
+    let end = s.find(['/', '?', '#']).unwrap_or(s.len());
+    let hosts = &s[..end];
+    !hosts.is_empty()
+        && hosts.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ',' | '[' | ']')
+        })
+}
+
+/// `scheme://host:port` from `host[:port]` (`[v6]:port` too); the port must
+/// be 1..=65535 — never silently replaced by a default.
+fn endpoint(scheme: &str, h: &str) -> Result<String> {
+    let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((addr, "")) => (addr, None),
+            Some((addr, p)) => match p.strip_prefix(':') {
+                Some(p) => (addr, Some(p)),
+                None => {
+                    return Err(Error::config(format!(
+                        "bad etcd host `{h}`: expected [address]:port"
+                    )))
+                }
+            },
+            None => return Err(Error::config(format!("bad etcd host `{h}`: missing `]`"))),
+        }
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, p)) => (host, Some(p)),
+            None => (h, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(Error::config(format!("no host name in etcd host `{h}`")));
+    }
+    let port = match port {
+        None => 2379,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => {
+                return Err(Error::config(format!(
+                    "bad port `{}` in etcd host `{host}`: expected a number from 1 to 65535",
+                    p.chars().take(20).collect::<String>()
+                )))
+            }
+        },
+    };
+    if h.starts_with('[') {
+        Ok(format!("{scheme}://[{host}]:{port}"))
+    } else {
+        Ok(format!("{scheme}://{host}:{port}"))
+    }
+}
+
+/// `%XX` escapes decoded (a `ca` path with `&`, `#` or `%` in it).
+fn percent_decode(v: &str) -> Result<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = v
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| Error::config("bad %-escape in an etcd url parameter"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::config("an etcd url parameter is not UTF-8"))
 }
 
 pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
@@ -186,6 +320,77 @@ mod tests {
                 matches!(EtcdConfig::from_url(url), Err(Error::Config { .. })),
                 "{url}"
             );
+        }
+    }
+
+    #[test]
+    fn bad_ports_are_config_errors_never_defaults() {
+        for url in [
+            "etcd://127.0.0.1:99999/fz",
+            "etcd://127.0.0.1:abc/fz",
+            "etcd://127.0.0.1:0/fz",
+            "etcd://127.0.0.1:+80/fz",
+            "etcd://127.0.0.1:/fz",
+            "etcd://127.0.0.1:2379,127.0.0.1:99999/fz",
+            "etcd://:2379/fz",
+        ] {
+            match EtcdConfig::from_url(url) {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(
+                        e.to_string().contains("port") || e.to_string().contains("host"),
+                        "{url}: {e}"
+                    )
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let c = EtcdConfig::from_url("etcd://[::1]:2380,[::1]/p").unwrap();
+        assert_eq!(c.endpoints, ["http://[::1]:2380", "http://[::1]:2379"]);
+    }
+
+    #[test]
+    fn ca_parameter() {
+        let c = EtcdConfig::from_url("etcds://h:2379/p?ca=/etc/my%26ca.pem&timeout=2s").unwrap();
+        assert_eq!(c.ca(), Some(std::path::Path::new("/etc/my&ca.pem")));
+        assert_eq!(EtcdConfig::from_url("etcds://h/p").unwrap().ca(), None);
+        for url in [
+            "etcd://h/p?ca=/x.pem",
+            "etcds://h/p?ca=",
+            "etcds://h/p?ca=%zz",
+        ] {
+            assert!(
+                matches!(EtcdConfig::from_url(url), Err(Error::Config { .. })),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn passwords_with_reserved_characters_stay_in_the_userinfo() {
+        for pw in [
+            "Alpha?Bravo",
+            "Alpha/Bravo",
+            "Alpha#Bravo",
+            "Alpha@Bravo",
+            "a?b=c&d",
+        ] {
+            let url = format!("etcd://root:{pw}@127.0.0.1:1/p?timeout=2s");
+            let c = EtcdConfig::from_url(&url).unwrap_or_else(|e| panic!("{pw}: {e}"));
+            assert_eq!(c.user, Some(("root".into(), pw.into())));
+            assert_eq!(c.endpoints, ["http://127.0.0.1:1"]);
+            assert_eq!(c.prefix, "p");
+            for bad in [
+                format!("etcd://root:{pw}@127.0.0.1:1/p?nope=1"),
+                format!("etcds://root:{pw}@/p"),
+                format!("etcd://root:{pw}@"),
+            ] {
+                let e = EtcdConfig::from_url(&bad).unwrap_err();
+                assert!(!e.to_string().contains("Bravo"), "{e}");
+                assert!(!e.to_string().contains("Alpha"), "{e}");
+            }
+            let bad = format!("etcd://root:{pw}@127.0.0.1:1/p?nope=1");
+            let e = EtcdConfig::from_url(&bad).unwrap_err();
+            assert!(!e.to_string().contains("Bravo"), "{e}");
         }
     }
 

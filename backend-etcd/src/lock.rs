@@ -109,8 +109,7 @@ impl EtcdLock {
             .with_timeout(config.op_timeout);
         #[cfg(feature = "tls")]
         if config.tls {
-            // Server verification against the platform's roots (rustls).
-            opts = opts.with_tls(etcd_client::TlsOptions::new());
+            opts = opts.with_tls(tls_options(&config)?);
         }
         if let Some((user, password)) = &config.user {
             opts = opts.with_user(user.clone(), password.clone());
@@ -577,6 +576,32 @@ impl DistributedLock for EtcdLock {
 }
 
 /// The newest entry of a line created before `revision` (a waiter's predecessor).
+/// Server verification (rustls): only the CA file of the `ca` parameter
+/// when given, else the platform's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR`
+/// honoured).
+#[cfg(feature = "tls")]
+fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
+    let tls = etcd_client::TlsOptions::new();
+    match &config.ca {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| {
+                Error::config(format!(
+                    "cannot read the etcd CA file `{}` (url parameter `ca`): {e}",
+                    path.display()
+                ))
+            })?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(Error::config(format!(
+                    "the etcd CA file `{}` (url parameter `ca`) holds no PEM certificate",
+                    path.display()
+                )));
+            }
+            Ok(tls.ca_certificate(etcd_client::Certificate::from_pem(pem)))
+        }
+        None => Ok(tls.with_native_roots()),
+    }
+}
+
 pub(crate) fn newest_before(revision: i64) -> GetOptions {
     by_creation(etcd_client::SortOrder::Descend).with_max_create_revision(revision - 1)
 }

@@ -93,6 +93,36 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
+/// `url` with the reserved characters of its password (`/ ? # @ [ ]`,
+/// space) percent-encoded, or `None` when nothing needs encoding. The
+/// userinfo ends at the first `@` followed by something that looks like a
+/// host; `%` is left alone, so a password the caller already encoded stays
+/// as it was.
+fn encode_userinfo(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let at = rest.match_indices('@').map(|(i, _)| i).find(|&i| {
+        let s = &rest[i + 1..];
+        let end = s.find(['/', '?', '#']).unwrap_or(s.len());
+        !s[..end].is_empty()
+            && s[..end].chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+            })
+    })?;
+    let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
+    let (user, password) = userinfo.split_once(':')?;
+    if !password.contains(['/', '?', '#', '@', '[', ']', ' ']) {
+        return None;
+    }
+    let mut enc = String::with_capacity(password.len() * 3);
+    for c in password.chars() {
+        match c {
+            '/' | '?' | '#' | '@' | '[' | ']' | ' ' => enc.push_str(&format!("%{:02X}", c as u32)),
+            c => enc.push(c),
+        }
+    }
+    Some(format!("{scheme}://{user}:{enc}@{host}"))
+}
+
 impl RedisConfig {
     /// Parses `redis://[user:pass@]host[:port][/db]?prefix=…&connect_timeout=…`
     /// (or `rediss://` for TLS; append `#insecure` to skip certificate checks).
@@ -109,9 +139,13 @@ impl RedisConfig {
     ///
     /// [`Error::Config`] for a malformed URL or parameter; nothing is connected.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (without_fragment, fragment) = match url.split_once('#') {
+        // The userinfo first: a password may hold unencoded `/`, `?`, `#` or
+        // `@`, which must neither cut the URL nor reach a parameter or message.
+        let owned = encode_userinfo(url);
+        let url_for_parsing = owned.as_deref().unwrap_or(url);
+        let (without_fragment, fragment) = match url_for_parsing.split_once('#') {
             Some((u, f)) => (u, Some(f)),
-            None => (url, None),
+            None => (url_for_parsing, None),
         };
         let (base, query) = match without_fragment.split_once('?') {
             Some((b, q)) => (b, q),
@@ -232,6 +266,27 @@ mod tests {
         timeouts: (Duration, Duration, Duration),
         addr: (&'static str, u16, i64),
         tls: bool,
+    }
+
+    #[test]
+    fn passwords_with_reserved_characters_stay_in_the_password() {
+        for sep in ['/', '?', '#', '@'] {
+            let url = format!("redis://:Alpha{sep}Bravo@127.0.0.1:1/0?prefix=p");
+            let c = RedisConfig::from_url(&url).unwrap_or_else(|e| panic!("{sep}: {e}"));
+            assert_eq!(c.prefix().as_str(), "p");
+            assert_eq!(
+                c.connection.redis_settings().password(),
+                Some(format!("Alpha{sep}Bravo").as_str()),
+                "{sep}"
+            );
+            assert!(!format!("{c:?}").contains("Bravo"), "{sep}");
+            let e = RedisConfig::from_url(&format!("redis://:Alpha{sep}Bravo@127.0.0.1:1?nope=1"))
+                .unwrap_err();
+            assert!(!e.to_string().contains("Bravo"), "{sep}: {e}");
+        }
+        // Already encoded: unchanged.
+        let c = RedisConfig::from_url("redis://:p%40ss@h").unwrap();
+        assert_eq!(c.connection.redis_settings().password(), Some("p@ss"));
     }
 
     #[test]

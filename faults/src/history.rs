@@ -231,6 +231,13 @@ pub struct ServerTruth {
     pub overlaps: usize,
     /// Grants whose token did not exceed the previous grant's (must be 0).
     pub token_regressions: usize,
+    /// Grants a client reported that the store's record does not vouch for
+    /// (no such token granted, or — where the record allows judging it —
+    /// already over before the client asked). Must be 0.
+    pub unmatched_client_grants: usize,
+    /// Set when the record cannot tell overlaps (then `overlaps` is 0 and
+    /// means nothing): why.
+    pub overlaps_unjudged: Option<&'static str>,
 }
 
 /// Per key, in order of grant start: no two grants intersect and tokens
@@ -326,7 +333,9 @@ mod tests {
             ServerTruth {
                 grants: 2,
                 overlaps: 0,
-                token_regressions: 0
+                token_regressions: 0,
+                unmatched_client_grants: 0,
+                overlaps_unjudged: None
             }
         );
         let bad = check_server_grants(&[g(1, 0, 10), g(2, 5, 20), g(2, 20, 30)]);

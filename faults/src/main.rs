@@ -39,6 +39,10 @@ struct Args {
     /// Where every run's summary goes (JSON lines); histories of unsafe runs go beside it.
     #[arg(long, default_value = "faults/results/runs.jsonl")]
     jsonl: PathBuf,
+    /// Run the MySQL cells against the shared server (no binary log, so no
+    /// server truth) instead of a private MariaDB with a binary log.
+    #[arg(long)]
+    shared_mysql: bool,
 }
 
 #[tokio::main]
@@ -69,6 +73,24 @@ async fn main() -> std::process::ExitCode {
         eprintln!("no cell matches --only {:?}", args.only);
         return std::process::ExitCode::from(78);
     }
+    // MySQL server truth needs a binary log: a private MariaDB for the run.
+    let mysql = configs.iter().any(|c| {
+        matches!(
+            c.target,
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic
+        )
+    });
+    let _binlog_server = if mysql && !args.shared_mysql {
+        match fenced_faults::truth::binlog::private_server().await {
+            Ok(db) => Some(db),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return std::process::ExitCode::from(69);
+            }
+        }
+    } else {
+        None
+    };
     let total = configs.len();
     eprintln!("{total} runs, {} at a time", args.jobs.max(1));
     let gate = Arc::new(Semaphore::new(args.jobs.max(1)));

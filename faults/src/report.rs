@@ -23,9 +23,14 @@ pub struct Cell {
     pub lost_updates: u64,
     /// Releases confirmed for an overtaken holder.
     pub non_owner_releases: usize,
-    /// Server-side grants checked, overlapping pairs and token regressions
-    /// (`None` when the store has no audit).
-    pub server: Option<(usize, usize, usize)>,
+    /// Server-side grants checked, overlapping pairs, token regressions and
+    /// client grants the record does not vouch for (`None` when no run of
+    /// the cell had a server record).
+    pub server: Option<(usize, usize, usize, usize)>,
+    /// Runs of the cell without a server record.
+    pub server_missing: usize,
+    /// Why overlaps cannot be judged from this store's record, if so.
+    pub overlaps_unjudged: Option<&'static str>,
     /// Client-belief overlaps and the longest, ms.
     pub belief_overlaps: usize,
     /// Longest belief overlap, ms.
@@ -53,11 +58,16 @@ impl Cell {
         self.rejected += r.resource.rejected;
         self.lost_updates += r.resource.lost_updates;
         self.non_owner_releases += r.non_owner_releases;
-        if let Some(t) = r.server_truth {
-            let s = self.server.get_or_insert((0, 0, 0));
-            s.0 += t.grants;
-            s.1 += t.overlaps;
-            s.2 += t.token_regressions;
+        match r.server_truth {
+            Some(t) => {
+                self.overlaps_unjudged = self.overlaps_unjudged.or(t.overlaps_unjudged);
+                let s = self.server.get_or_insert((0, 0, 0, 0));
+                s.0 += t.grants;
+                s.1 += t.overlaps;
+                s.2 += t.token_regressions;
+                s.3 += t.unmatched_client_grants;
+            }
+            None => self.server_missing += 1,
         }
         self.belief_overlaps += r.belief_overlaps;
         self.belief_max_ms = self.belief_max_ms.max(r.belief_overlap_max_ms);
@@ -75,7 +85,19 @@ impl Cell {
         self.accepted_stale == 0
             && self.lost_updates == 0
             && self.non_owner_releases == 0
-            && self.server.is_none_or(|(_, o, r)| o == 0 && r == 0)
+            && self
+                .server
+                .is_none_or(|(_, o, r, u)| o == 0 && r == 0 && u == 0)
+    }
+}
+
+/// One server-truth number of a cell; `n/a` when no run had a record, and
+/// marked when only some had.
+fn server_cell(c: &Cell, f: impl Fn(&(usize, usize, usize, usize)) -> usize) -> String {
+    match &c.server {
+        None => "n/a".into(),
+        Some(s) if c.server_missing > 0 => format!("{} ({} runs n/a)", f(s), c.server_missing),
+        Some(s) => f(s).to_string(),
     }
 }
 
@@ -129,8 +151,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| store | fault | runs | faults | acquisitions | server grants / overlaps / token regressions | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "| store | fault | runs | faults | acquisitions | server grants | server overlaps | token regressions | unvouched client grants | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let all = cells(results);
     for ((control, t, f), c) in &all {
@@ -156,16 +178,20 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} / {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} / {} | {} | {} | {} |",
             Target::ALL[*t].name(),
             name,
             c.runs,
             c.faults,
             c.acquisitions,
-            c.server.map_or_else(
-                || "not collected".to_owned(),
-                |(g, o, r)| format!("{g} / {o} / {r}")
-            ),
+            server_cell(c, |s| s.0),
+            if c.overlaps_unjudged.is_some() {
+                "n/a".to_owned()
+            } else {
+                server_cell(c, |s| s.1)
+            },
+            server_cell(c, |s| s.2),
+            server_cell(c, |s| s.3),
             c.accepted_stale,
             c.lost_updates,
             c.non_owner_releases,
@@ -203,6 +229,38 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
             unsafe_cells.join(", ")
         );
     }
+    let (mut grants, mut bad, mut missing, mut unjudged) = (0, 0, 0, Vec::new());
+    for ((control, t, _), c) in &all {
+        if *control {
+            continue;
+        }
+        if let Some((g, o, r, u)) = c.server {
+            grants += g;
+            bad += o + r + u;
+        }
+        missing += c.server_missing;
+        if c.overlaps_unjudged.is_some() && !unjudged.contains(&Target::ALL[*t].name()) {
+            unjudged.push(Target::ALL[*t].name());
+        }
+    }
+    let _ = writeln!(
+        out,
+        "- Server truth: the stores' own records show {grants} grants; {bad} overlaps, token \
+         regressions or unvouched client grants{}{}.",
+        if missing > 0 {
+            format!("; {missing} runs had no record")
+        } else {
+            String::new()
+        },
+        if unjudged.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (overlaps not judged for {}: see the method)",
+                unjudged.join(", ")
+            )
+        }
+    );
     let _ = writeln!(
         out,
         "- Control runs with fencing off: {caught} of {controls} showed the violations the \
@@ -229,10 +287,13 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     let _ = writeln!(
         out,
         "\n## Reading the columns\n\n\
-         - **server grants / overlaps / token regressions**: grants rebuilt from an audit the store \
-           itself wrote in the same transaction as each grant, extension and end (SQL triggers, \
-           stamped with the store's clock). Overlaps and regressions must be 0. Collected for \
-           SQLite so far; the MySQL, Redis and etcd audits are still to come.\n\
+         - **server grants / server overlaps / token regressions / unvouched client grants**: \
+           grants rebuilt from what the store itself recorded, never from a client (method below). \
+           Per key no two may intersect on the store's own clock or order (overlaps), tokens must \
+           strictly increase (regressions), and every grant a client reported must be one the \
+           record shows — with a token the store granted, to that client only, and (etcd) not \
+           already deleted when the client asked (unvouched). All must be 0. `n/a`: the run had \
+           no server record (reason below).\n\
          - **stale writes accepted / lost updates / non-owner releases** must be 0 with fencing on.\n\
          - **belief overlaps**: times two clients both believed they held the key. Under a pause \
            longer than the TTL these cannot be avoided — the paused process cannot know — which \
@@ -244,6 +305,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          - **retryable errors**: acquires the store answered with \"try again\" (a cut \
            connection, overload); the caller retries them.\n"
     );
+    let _ = writeln!(out, "{}", crate::truth::METHOD);
     out
 }
 
@@ -252,6 +314,77 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::history::ServerTruth;
+
+    fn result(target: Target, truth: Option<ServerTruth>) -> RunResult {
+        RunResult {
+            config: crate::scenario::RunConfig::new(target, Fault::Contention, 1),
+            acquisitions: 10,
+            faults: 1,
+            belief_overlaps: 0,
+            belief_overlap_max_ms: 0.0,
+            resource: Default::default(),
+            server_truth: truth,
+            non_owner_releases: 0,
+            loss_latency_ms: Vec::new(),
+            liveness_ms: Some(1.0),
+            errors: Vec::new(),
+            transient_errors: 0,
+            history: String::new(),
+        }
+    }
+
+    #[test]
+    fn server_truth_columns_show_counts_n_a_and_violations() {
+        let clean = ServerTruth {
+            grants: 11,
+            ..ServerTruth::default()
+        };
+        let md = markdown(
+            &[
+                result(Target::Redis, Some(clean)),
+                result(Target::MySqlUniqueKey, None),
+                result(
+                    Target::MySqlRowLock,
+                    Some(ServerTruth {
+                        overlaps_unjudged: Some("why"),
+                        ..clean
+                    }),
+                ),
+            ],
+            "cmd",
+            "here",
+        );
+        assert!(
+            md.contains("| redis | contention | 1 | 1 | 10 | 11 | 0 | 0 | 0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| mysql-unique_key | contention | 1 | 1 | 10 | n/a | n/a | n/a | n/a |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| mysql-row_lock | contention | 1 | 1 | 10 | 11 | n/a | 0 | 0 |"),
+            "{md}"
+        );
+        assert!(md.contains("1 runs had no record"), "{md}");
+        assert!(md.contains("## Server truth: method"), "{md}");
+        let bad = markdown(
+            &[result(
+                Target::Etcd,
+                Some(ServerTruth {
+                    unmatched_client_grants: 1,
+                    ..clean
+                }),
+            )],
+            "cmd",
+            "here",
+        );
+        assert!(
+            bad.contains("**Safety violated** in: etcd × contention"),
+            "{bad}"
+        );
+    }
 
     #[test]
     fn quantiles() {

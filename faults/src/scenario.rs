@@ -26,10 +26,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::{
-    history::{belief_overlaps, check_server_grants, Event, History, Op, Phase, ServerTruth},
+    history::{belief_overlaps, Event, History, Op, Phase, ServerTruth},
     proxy::{Direction, FaultProxy},
     resource::{FencedResource, ResourceTotals, WriteOutcome},
-    truth::Audit,
+    truth::Recorder,
 };
 
 /// A store under test.
@@ -81,9 +81,11 @@ impl Target {
         use fenced_conformance::services;
         match self {
             Target::Sqlite => None,
-            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => {
-                Some((services::mysql_url(), 3306))
-            }
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => Some((
+                // The private MariaDB with a binary log, while one is in use (server truth).
+                crate::truth::binlog::server_url().unwrap_or_else(services::mysql_url),
+                3306,
+            )),
             Target::Redis => Some((services::redis_url(), 6379)),
             Target::Etcd => Some((services::etcd_url(), 2379)),
         }
@@ -287,9 +289,9 @@ impl RunResult {
         self.resource.accepted_stale == 0
             && self.resource.lost_updates == 0
             && self.non_owner_releases == 0
-            && self
-                .server_truth
-                .is_none_or(|t| t.overlaps == 0 && t.token_regressions == 0)
+            && self.server_truth.is_none_or(|t| {
+                t.overlaps == 0 && t.token_regressions == 0 && t.unmatched_client_grants == 0
+            })
     }
 }
 
@@ -332,17 +334,9 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             cfg.target.name()
         )
     })?;
-    let audit = match cfg.target {
-        Target::Sqlite => Some(Audit::Sqlite {
-            path: dir.path().join("faults.db").display().to_string(),
-            table: "fenced_locks".into(),
-        }),
-        _ => None,
-    };
-    if let Some(a) = &audit {
-        a.install().await?;
-    }
     let history = History::new();
+    // Server truth: recorded by the store from here on (truth.rs).
+    let recorder = Recorder::start(cfg.target, &admin_url, dir.path(), &history).await?;
     let resource = Arc::new(if cfg.fencing {
         FencedResource::fenced()
     } else {
@@ -409,11 +403,8 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
     // Liveness: a fresh client, straight to the server, gets the key.
     let liveness_ms = liveness(&admin_url, &key, cfg.ttl).await;
 
-    let server_truth = match &audit {
-        Some(a) => Some(check_server_grants(&a.grants().await?)),
-        None => None,
-    };
     let events = history.events();
+    let server_truth = recorder.finish(&events).await?;
     let overlaps = belief_overlaps(&events);
     let result = RunResult {
         acquisitions: count(&events, Op::Acquire, Phase::Ok),

@@ -440,7 +440,6 @@ async fn passwords_never_appear_on_authentication_failure_or_success() {
 /// (`/`, `#`, `?`, `@`) must not be echoed either: the URL then fails to
 /// parse, and the error message is where it would leak.
 #[tokio::test]
-#[ignore = "bug: an etcd:// password with an unencoded `?` is echoed by fenced-etcd's unknown-parameter error (mysql:// and redis:// are fixed)"]
 async fn passwords_with_unencoded_reserved_characters_are_not_echoed() {
     let (logs, _guard) = Logs::capture();
     let (a, b) = (format!("Alpha{}", hex(10)), format!("Bravo{}", hex(10)));
@@ -867,7 +866,6 @@ async fn etcd_tls_fixture_verifies_and_wrong_cas_fail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: etcds:// cannot trust any CA: fenced-etcd passes TlsOptions::new() without roots (etcd-client has no native roots feature on) and offers no CA option"]
 async fn etcd_tls_round_trip_with_the_test_ca() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new("fenced etcd test CA").expect("CA");
@@ -879,7 +877,23 @@ async fn etcd_tls_round_trip_with_the_test_ca() {
     .await
     .unwrap_or_else(|e| panic!("etcd with a TLS client port: {e}"));
     let url = format!("{}?connect_timeout=2s", etcd.url("fz"));
+    // The platform's roots (SSL_CERT_FILE names the test CA in the child).
     run_tls_child(&url, &files.ca, true);
+    // Another CA in the platform's roots: refused.
+    let other = TestCa::new("some other CA").expect("CA");
+    let other_ca = other.write_ca(dir.path(), "other.pem").expect("other CA");
+    run_tls_child(&url, &other_ca, false);
+    // `ca=`: only that file is trusted, whatever the platform's roots say.
+    let with_ca = format!("{url}&ca={}", files.ca.display());
+    run_tls_child(&with_ca, &other_ca, true);
+    let wrong_ca = format!("{url}&ca={}", other_ca.display());
+    run_tls_child(&wrong_ca, &files.ca, false);
+    let missing = format!("{url}&ca={}", dir.path().join("missing.pem").display());
+    match bounded(&missing, fenced::connect(&missing)).await {
+        Err(e @ Error::Config { .. }) => assert!(one_line(&missing, &e).contains("missing.pem")),
+        Err(e) => panic!("{missing}: expected a Config error, got {e}"),
+        Ok(_) => panic!("{missing}: connected with a CA file that does not exist"),
+    }
 }
 
 /// A private MariaDB that serves TLS with the test CA's certificate and

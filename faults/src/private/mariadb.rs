@@ -18,6 +18,9 @@ pub struct MariaDbOptions {
     pub require_secure_transport: bool,
     /// Start with `read_only=ON`.
     pub read_only: bool,
+    /// Keep a row-based binary log (`--log-bin --binlog-format=ROW`) in the
+    /// data directory, for the fault suite's server truth.
+    pub binlog: bool,
 }
 
 /// A `mariadbd` on a free port with a fresh datadir (`mariadb-install-db`),
@@ -116,8 +119,15 @@ impl PrivateMariaDb {
             .arg(format!("--log-error={}", d.join("error.log").display()))
             .arg("--user=root")
             .arg("--innodb-flush-log-at-trx-commit=1")
-            .arg("--innodb-buffer-pool-size=32M")
-            .arg("--skip-log-bin");
+            .arg("--innodb-buffer-pool-size=32M");
+        if self.options.binlog {
+            cmd.arg(format!("--log-bin={}", d.join("binlog").display()))
+                .arg("--binlog-format=ROW")
+                .arg("--binlog-annotate-row-events=ON")
+                .arg("--server-id=1");
+        } else {
+            cmd.arg("--skip-log-bin");
+        }
         if let Some(tls) = &self.options.tls {
             cmd.arg(format!("--ssl-ca={}", tls.ca.display()))
                 .arg(format!("--ssl-cert={}", tls.cert.display()))
