@@ -113,6 +113,7 @@ pub struct MySqlConfig {
     pub(crate) max_connections: u32,
     pub(crate) connect_timeout: Duration,
     pub(crate) op_timeout: Duration,
+    pub(crate) row_lock_one_statement: bool,
 }
 
 impl fmt::Debug for MySqlConfig {
@@ -125,6 +126,7 @@ impl fmt::Debug for MySqlConfig {
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("op_timeout", &self.op_timeout)
+            .field("row_lock_one_statement", &self.row_lock_one_statement)
             .finish()
     }
 }
@@ -143,8 +145,12 @@ impl MySqlConfig {
     ///
     /// `strategy` (default `unique_key`), `table` (default `fenced_locks`),
     /// `max_connections` (default 10), `connect_timeout` (`500ms`, `5s`;
-    /// default 5 s) and `timeout` (bound on one operation; default 10 s) are
-    /// fenced's; every other query parameter is passed to sqlx (e.g. `ssl-mode`).
+    /// default 5 s), `timeout` (bound on one operation; default 10 s) and
+    /// `row_lock_one_statement` (`true`/`false`, default `true`: on MariaDB
+    /// `row_lock` takes the row lock and its fencing token in one statement;
+    /// `false` forces the portable two-statement grant that MySQL uses
+    /// anyway — for comparison and tests) are fenced's; every other query
+    /// parameter is passed to sqlx (e.g. `ssl-mode`).
     ///
     /// # Errors
     ///
@@ -166,6 +172,7 @@ impl MySqlConfig {
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
+        let mut row_lock_one_statement = true;
         let mut passthrough = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -175,6 +182,17 @@ impl MySqlConfig {
                 "max_connections" => max_connections = parse_pool_size(v)?,
                 "connect_timeout" => connect_timeout = parse_duration(v)?,
                 "timeout" => op_timeout = parse_duration(v)?,
+                "row_lock_one_statement" => {
+                    row_lock_one_statement = match v {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "row_lock_one_statement must be true or false, got `{v}`"
+                            )))
+                        }
+                    }
+                }
                 _ => passthrough.push(pair),
             }
         }
@@ -194,6 +212,7 @@ impl MySqlConfig {
             max_connections,
             connect_timeout,
             op_timeout,
+            row_lock_one_statement,
         })
     }
 
@@ -281,6 +300,7 @@ mod tests {
             "mysql://h/db?max_connections=0",
             "mysql://h/db?connect_timeout=forever",
             "mysql://h/db?connect_timeout=0s",
+            "mysql://h/db?row_lock_one_statement=maybe",
         ] {
             match MySqlConfig::from_url(url) {
                 Err(Error::Config { .. }) => {}

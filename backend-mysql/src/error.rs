@@ -1,14 +1,11 @@
 //! The one place where sqlx errors become fenced errors.
 
 use fenced_api::Error;
-use sqlx::error::ErrorKind;
 
 pub(crate) const BACKEND: &str = "mysql";
 
 /// MySQL/MariaDB error numbers we act on.
 pub(crate) mod code {
-    /// ER_DUP_ENTRY: the key is held (unique_key) — contention, not an error.
-    pub(crate) const DUP_ENTRY: u16 = 1062;
     /// ER_LOCK_WAIT_TIMEOUT (also MariaDB's answer to `NOWAIT`).
     pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
     /// ER_LOCK_DEADLOCK: this statement was the deadlock victim.
@@ -32,12 +29,6 @@ pub(crate) fn number(e: &sqlx::Error) -> Option<u16> {
             .map(|m| m.number()),
         _ => None,
     }
-}
-
-/// Duplicate key: somebody holds the key.
-pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.kind() == ErrorKind::UniqueViolation)
-        || number(e) == Some(code::DUP_ENTRY)
 }
 
 /// Lock wait timeout, `NOWAIT` refusal or deadlock victim: not acquired —
@@ -88,5 +79,17 @@ pub(crate) trait SqlResultExt<T> {
 impl<T> SqlResultExt<T> for Result<T, sqlx::Error> {
     fn db(self) -> fenced_api::Result<T> {
         self.map_err(map)
+    }
+}
+
+/// Whether a connection that just returned `e` is still in sync with a live
+/// server session and may be reused: yes for errors the server reported
+/// about the statement (duplicate key, lock wait timeout…), no for I/O and
+/// protocol failures or errors that end the session.
+pub(crate) fn leaves_session_usable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(_) => !matches!(number(e), Some(1053 | 1927 | 4031 | 2006 | 2013)),
+        sqlx::Error::RowNotFound => true,
+        _ => false,
     }
 }
