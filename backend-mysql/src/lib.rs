@@ -85,7 +85,14 @@
 //!   batched reaper ([`MySqlLock::spawn_reaper`]) guarded by a lock of its own.
 //!
 //! Requires MariaDB ≥ 10.3 or MySQL ≥ 8.0 (`NOWAIT`, persistent auto-increment
-//! from MariaDB 10.2.4 / MySQL 8.0). Tokens that must exceed every earlier
+//! from MariaDB 10.2.4 / MySQL 8.0). `unique_key` also requires
+//! `innodb_autoinc_lock_mode` 0 or 1 (MariaDB's default is 1; MySQL 8's is
+//! 2, where [`MySqlLock::connect`] refuses it with [`Error::Config`]: with 2 a
+//! waiting INSERT can be granted an older, lower id and tokens go backwards;
+//! `optimistic` and `row_lock` work with any mode). Do not put triggers on
+//! fenced's tables: `unique_key` and `optimistic` read each verdict and token
+//! from the statement's OK packet, and a trigger that inserts a row changes
+//! the insert id that packet carries. Tokens that must exceed every earlier
 //! one after a server *crash* rely on committed writes being durable
 //! (`innodb_flush_log_at_trx_commit = 1`, the default). `row_lock` uses a
 //! `MEMORY` table for its tokens; where that engine is unavailable, or MySQL
@@ -301,7 +308,7 @@ impl MySqlLockBuilder {
         let t = &cfg.table;
         let engine = match cfg.strategy {
             Strategy::UniqueKey => {
-                strategy::unique_key::check_autoinc_mode(&pool, &cfg.display_url).await;
+                strategy::unique_key::check_autoinc_mode(&pool, &cfg.display_url).await?;
                 Engine::UniqueKey(UniqueKey::new(pool, t.quoted(""), scope))
             }
             Strategy::Optimistic => {

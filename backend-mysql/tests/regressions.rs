@@ -516,7 +516,9 @@ async fn a_shared_instance_with_a_small_pool_serves_every_task() {
         let h = MySqlHarness::new(strategy).await;
         let url = format!(
             "{}&max_connections=2&connect_timeout=2s",
-            h.url().replace("&max_connections=32", "")
+            h.url()
+                .replace("&max_connections=32", "")
+                .replace("&connect_timeout=5s", "")
         );
         let lock = MySqlLock::connect(&url).await.unwrap();
         let mut tasks = Vec::new();
@@ -611,6 +613,198 @@ async fn tokens_never_go_backwards_under_contention() {
                 backwards.len(),
                 grants.len(),
                 &backwards[..backwards.len().min(10)]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The verdict and token of every grant come from the statement's own OK
+/// packet, never from what an earlier statement left in the connection's
+/// `LAST_INSERT_ID()`: a lock whose pool is one connection (so every
+/// statement shares one session) first leaves a token, a re-entry and a
+/// partial release there (each sets `LAST_INSERT_ID(…)` to an id or a
+/// count); then its try on a key another instance holds must be refused,
+/// and releases / extends of that key with a foreign or stale lease must
+/// report the lease lost and leave the holder untouched.
+#[tokio::test]
+async fn verdicts_never_come_from_a_previous_statement() {
+    let mut failures = Vec::new();
+    for strategy in [Strategy::UniqueKey, Strategy::Optimistic, Strategy::RowLock] {
+        let h = MySqlHarness::new(strategy).await;
+        // row_lock needs a second connection (see row_lock_refuses_a_single_connection_pool).
+        let pool = if strategy == Strategy::RowLock { 2 } else { 1 };
+        let mine = MySqlLock::builder(&h.url())
+            .unwrap()
+            .max_connections(pool)
+            .connect()
+            .await
+            .unwrap();
+        let theirs = h.lock().await;
+        let (a, b) = (key("verdict-a"), key("verdict-b"));
+        let me = LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .owner("verdict-me")
+            .reentrant(true)
+            .build()
+            .unwrap();
+        let them = LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .owner("verdict-them")
+            .build()
+            .unwrap();
+        let name = strategy.to_string();
+        let held = theirs.try_acquire(&b, &them).await.unwrap().unwrap();
+        let first = mine.try_acquire(&a, &me).await.unwrap().unwrap();
+        let again = mine.try_acquire(&a, &me).await.unwrap().unwrap();
+        assert_eq!(
+            again.token, first.token,
+            "{name}: a re-entry keeps the token"
+        );
+        mine.release(&again).await.unwrap();
+        // The session's LAST_INSERT_ID() now holds a token or a count.
+        for _ in 0..3 {
+            if let Some(l) = mine.try_acquire(&b, &me).await.unwrap() {
+                failures.push(format!(
+                    "{name}: a try on a key held by another owner was granted token {} \
+                     (the holder has {}, this session's last token was {})",
+                    l.token, held.token, first.token
+                ));
+            }
+        }
+        // Another owner with the holder's token; the holder's owner with
+        // this session's earlier token (optimistic's tokens are per-key
+        // versions and may equal the holder's: then that one is the real
+        // lease, not a forgery) and with a token the holder never had.
+        let mut forged = vec![fenced_api::Lease::new(
+            b.clone(),
+            me.owner().unwrap().clone(),
+            held.token,
+            Duration::from_secs(30),
+            Instant::now(),
+        )];
+        for t in [first.token.get(), held.token.get() + 1] {
+            if t != held.token.get() {
+                forged.push(fenced_api::Lease::new(
+                    b.clone(),
+                    held.owner.clone(),
+                    fenced_api::FencingToken::new(t),
+                    Duration::from_secs(30),
+                    Instant::now(),
+                ));
+            }
+        }
+        for lease in &forged {
+            match mine.extend(lease, Duration::from_secs(30)).await {
+                Err(Error::LeaseLost { .. }) => {}
+                other => failures.push(format!(
+                    "{name}: extend with a foreign lease (owner {}, token {}): {other:?}",
+                    lease.owner.as_str(),
+                    lease.token
+                )),
+            }
+            match mine.release(lease).await {
+                Ok(fenced_api::ReleaseOutcome::NotHeld) => {}
+                other => failures.push(format!(
+                    "{name}: release with a foreign lease (owner {}, token {}): {other:?}",
+                    lease.owner.as_str(),
+                    lease.token
+                )),
+            }
+        }
+        let info = theirs.inspect(&b).await.unwrap();
+        if info.as_ref().map(|i| (&i.owner, i.token)) != Some((&held.owner, held.token)) {
+            failures.push(format!("{name}: the holder's lock changed: {info:?}"));
+        }
+        mine.release(&first).await.unwrap();
+        theirs.release(&held).await.unwrap();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `innodb_autoinc_lock_mode = 2` (MySQL 8's default) allocates ids without
+/// the AUTO-INC lock, so `unique_key`'s bulk-insert guard (see
+/// `tokens_never_go_backwards_under_contention`) does not hold there: eight
+/// clients saw tokens go backwards within seconds. `unique_key` must refuse
+/// such a server (it used to warn and hand out inverted tokens); the other
+/// strategies take their tokens under the row lock and work.
+#[tokio::test]
+async fn unique_key_refuses_autoinc_lock_mode_2() {
+    let db = common::private::PrivateMariaDb::start_with(&["--innodb-autoinc-lock-mode=2"])
+        .await
+        .unwrap();
+    let url = common::url_for(&db.url(), Strategy::UniqueKey, "fenced_mode2");
+    MySqlLock::migrate(&url).await.unwrap();
+    match MySqlLock::connect(&url).await {
+        Err(e @ Error::Config { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("innodb_autoinc_lock_mode") && msg.contains("optimistic"),
+                "the refusal should name the setting and the alternatives: {msg}"
+            );
+        }
+        other => panic!(
+            "unique_key on innodb_autoinc_lock_mode=2: expected a config error, got {other:?}"
+        ),
+    }
+    for strategy in [Strategy::Optimistic, Strategy::RowLock] {
+        let url = common::url_for(&db.url(), strategy, "fenced_mode2");
+        MySqlLock::migrate(&url).await.unwrap();
+        let lock = MySqlLock::connect(&url).await.unwrap();
+        let k = key("mode2");
+        let l = lock
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{strategy}: a free key was refused"));
+        lock.release(&l).await.unwrap();
+    }
+}
+
+/// MariaDB's `SIMULTANEOUS_ASSIGNMENT` sql_mode (part of `sql_mode=ORACLE`)
+/// makes every assignment of an UPDATE see the old row. `optimistic`'s take
+/// compared the *new* version with `version`, which there reads the old
+/// one: the row's version was bumped and the token handed out, but the
+/// holder was never written — so the next client was granted the same key
+/// while the first believed it held it.
+#[tokio::test]
+async fn optimistic_take_holds_under_simultaneous_assignment() {
+    let db = common::private::PrivateMariaDb::start_with(&[
+        "--sql-mode=STRICT_TRANS_TABLES,SIMULTANEOUS_ASSIGNMENT",
+    ])
+    .await
+    .unwrap();
+    let mut failures = Vec::new();
+    for strategy in [Strategy::Optimistic, Strategy::UniqueKey, Strategy::RowLock] {
+        let url = common::url_for(&db.url(), strategy, "fenced_simul");
+        MySqlLock::migrate(&url).await.unwrap();
+        let (one, two) = (
+            MySqlLock::connect(&url).await.unwrap(),
+            MySqlLock::connect(&url).await.unwrap(),
+        );
+        let k = key("simul");
+        let l = one
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        if let Some(other) = two
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+        {
+            failures.push(format!(
+                "{strategy}: granted twice (tokens {} and {})",
+                l.token, other.token
+            ));
+        }
+        match one.inspect(&k).await.unwrap() {
+            Some(i) if i.owner == l.owner && i.token == l.token => {}
+            other => failures.push(format!("{strategy}: inspect shows {other:?}")),
+        }
+        if one.release(&l).await.unwrap() != fenced_api::ReleaseOutcome::Released {
+            failures.push(format!(
+                "{strategy}: the holder's release was not confirmed"
             ));
         }
     }

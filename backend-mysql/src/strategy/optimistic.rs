@@ -51,18 +51,23 @@ impl Optimistic {
             conns: Conns::new(pool),
             scope,
             create_row: sql!("INSERT IGNORE INTO {t} (lock_key, version) VALUES (?, 0)"),
-            // Single-table UPDATE assignments are evaluated left to right:
             // `version` decides (from the old holder and expiry) and leaves
-            // its verdict in LAST_INSERT_ID() — the new version if taken, 0 if
-            // not (a held row's version is >= 1) — which the later
-            // assignments read. A held row is left unchanged.
+            // its verdict in LAST_INSERT_ID() — the new version (>= 1) if
+            // taken, 0 if not — which the later assignments read. They read
+            // nothing else that an earlier assignment changes, so the result
+            // is the same whether assignments see earlier ones (MySQL, MariaDB
+            // by default) or all see the old row (MariaDB's sql_mode
+            // SIMULTANEOUS_ASSIGNMENT, part of sql_mode=ORACLE): comparing
+            // `version` itself there would read the old version and never
+            // set the holder of a row it had just taken. A held row is left
+            // unchanged; the OK packet's insert id is the verdict.
             take: sql!(
                 "UPDATE {t} SET \
                  version = IF(holder IS NULL OR expire_time <= UTC_TIMESTAMP(6), \
                  LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
-                 reentrant_count = IF(version = LAST_INSERT_ID(), 1, reentrant_count), \
-                 holder = IF(version = LAST_INSERT_ID(), ?, holder), \
-                 expire_time = IF(version = LAST_INSERT_ID(), \
+                 reentrant_count = IF(LAST_INSERT_ID() > 0, 1, reentrant_count), \
+                 holder = IF(LAST_INSERT_ID() > 0, ?, holder), \
+                 expire_time = IF(LAST_INSERT_ID() > 0, \
                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expire_time) \
                  WHERE lock_key = ?"
             ),

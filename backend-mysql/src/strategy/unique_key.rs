@@ -11,18 +11,34 @@
 //! * the row's `AUTO_INCREMENT` id is the fencing token: it only grows, and
 //!   since MariaDB 10.2.4 / MySQL 8.0 it survives restarts. But an id is
 //!   allocated when the INSERT *starts*: an INSERT that then waits for a row
-//!   lock (another holder's DELETE in flight) can be granted its old id
-//!   after a later-allocated, higher id was granted and released — a token
-//!   going backwards. Measured here with eight clients on one key: plain
-//!   `INSERT … VALUES` 1–2 inversions per 10 s, `… ON DUPLICATE KEY UPDATE`
-//!   about 12. Written as `INSERT … SELECT … FROM DUAL`, the INSERT is a
-//!   "bulk insert", for which InnoDB holds the table's AUTO-INC lock until
-//!   the statement ends (`innodb_autoinc_lock_mode` 0 or 1, MariaDB's
-//!   default): no other id is allocated while it waits, and none of those
-//!   runs showed an inversion. With `innodb_autoinc_lock_mode = 2` (MySQL
-//!   8's default) InnoDB takes no such lock and the race remains (it always
-//!   did): [`MySqlLock::connect`](crate::MySqlLock::connect) warns; prefer
-//!   `optimistic` or `row_lock` there, or set the mode to 1.
+//!   lock (another holder's DELETE in flight, or a refused contender's
+//!   duplicate check) can be granted its old id after a later-allocated,
+//!   higher id was granted and released — a token going backwards, and the
+//!   release of that lower token then succeeds (the fault suite's "834 after
+//!   835"). Measured here with eight clients on one key (`tests/regressions.rs`
+//!   `tokens_never_go_backwards_under_contention`): `INSERT … VALUES … ON
+//!   DUPLICATE KEY UPDATE` about 6 inversions per 15 s. Written as `INSERT …
+//!   SELECT … FROM DUAL`, the INSERT is a "bulk insert", for which InnoDB
+//!   holds the table's AUTO-INC lock until the statement ends
+//!   (`innodb_autoinc_lock_mode` 0 or 1; 1 is MariaDB's default): no other id
+//!   is allocated while it waits, so ids are granted in allocation order;
+//!   none of those runs showed an inversion. With `innodb_autoinc_lock_mode =
+//!   2` (MySQL 8's default) InnoDB takes no such lock and inversions remain
+//!   (measured: 2 per 15 s on MariaDB started with mode 2), so
+//!   [`MySqlLock::connect`](crate::MySqlLock::connect) refuses `unique_key`
+//!   there with [`Error::Config`]: set the mode to 1 (a startup option), or
+//!   use `optimistic` or `row_lock`, whose tokens are taken under the row
+//!   lock and never depend on it.
+//! * the verdict of a grant comes from the statement's own OK packet, never
+//!   from the connection's earlier state: the acquiring statement evaluates
+//!   `LAST_INSERT_ID(0)` on every path that does not insert, so its insert
+//!   id is either the id it just inserted or 0 — also on a connection whose
+//!   previous statement left another value in `LAST_INSERT_ID()` (tested in
+//!   `tests/regressions.rs`, `verdicts_never_come_from_a_previous_statement`).
+//!   The affected-row count (sqlx sets `CLIENT_FOUND_ROWS`: found, not
+//!   changed rows) only tells a live holder (1) from an expired one (2).
+//!   Triggers on fenced's tables are not supported: a trigger that inserts a
+//!   row changes the OK packet's insert id.
 //! * release / extend match `id` **and** `owner` (and, for extend, that the
 //!   row has not expired on the server's clock).
 
@@ -42,23 +58,30 @@ use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::sql;
 
-/// Warns when the server allocates AUTO_INCREMENT ids without the AUTO-INC
-/// lock (`innodb_autoinc_lock_mode = 2`): then a waiting INSERT can be granted
-/// an id lower than one already granted (see the module docs).
-pub(crate) async fn check_autoinc_mode(pool: &MySqlPool, server: &str) {
-    let mode: Option<i64> = sqlx::query("SELECT @@innodb_autoinc_lock_mode")
+/// Refuses a server that allocates AUTO_INCREMENT ids without the AUTO-INC
+/// lock (`innodb_autoinc_lock_mode = 2`): there a waiting INSERT can be
+/// granted an id lower than one already granted (see the module docs), and
+/// fencing tokens would go backwards.
+pub(crate) async fn check_autoinc_mode(pool: &MySqlPool, server: &str) -> Result<()> {
+    let mode: i64 = sqlx::query("SELECT @@innodb_autoinc_lock_mode")
         .fetch_one(pool)
         .await
-        .ok()
-        .and_then(|r| r.try_get(0).ok());
-    if mode == Some(2) {
-        tracing::warn!(
+        .db()?
+        .try_get(0)
+        .db()?;
+    if mode == 2 {
+        tracing::error!(
             server,
-            "innodb_autoinc_lock_mode = 2: unique_key fencing tokens can go backwards under contention \
-             (an INSERT that waited may get an id lower than one already granted); set it to 1, \
-             or use the optimistic or row_lock strategy"
+            "innodb_autoinc_lock_mode = 2: refusing strategy unique_key (its tokens could go backwards)"
         );
+        return Err(Error::config(
+            "strategy unique_key needs innodb_autoinc_lock_mode 0 or 1 (this server runs 2, MySQL 8's \
+             default: a waiting INSERT can be granted an id lower than one already granted, so fencing \
+             tokens could go backwards); start the server with innodb_autoinc_lock_mode=1, or use \
+             ?strategy=optimistic or ?strategy=row_lock",
+        ));
     }
+    Ok(())
 }
 
 /// What the acquiring statement found.
