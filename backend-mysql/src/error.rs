@@ -71,6 +71,39 @@ pub(crate) fn map(e: sqlx::Error) -> Error {
     Error::backend(BACKEND, retryable, e)
 }
 
+/// A failed first connection, as one line naming the server (never the
+/// password) and the cause: refused, timed out, unknown host, TLS.
+pub(crate) fn connect_failed(cfg: &crate::MySqlConfig, e: sqlx::Error) -> Error {
+    let at = crate::config::server_name(&cfg.connect);
+    let (cause, retryable) = match &e {
+        sqlx::Error::Io(io) => (
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    "connection refused (is the server running?)".to_owned()
+                }
+                std::io::ErrorKind::TimedOut => {
+                    "connection timed out (is the host reachable?)".to_owned()
+                }
+                _ => io.to_string(),
+            },
+            true,
+        ),
+        sqlx::Error::Tls(t) => (format!("TLS failed: {t}"), true),
+        // Wrong password, unknown database…: the server answered; retrying
+        // the same settings will not help.
+        sqlx::Error::Database(_) => return map(e),
+        sqlx::Error::Configuration(c) => (format!("invalid settings: {c}"), false),
+        other => (other.to_string(), true),
+    };
+    // One line, whatever the OS or the TLS library put in the message.
+    let cause = cause.replace(['\n', '\r'], " ");
+    Error::backend(
+        BACKEND,
+        retryable,
+        format!("cannot connect to mysql at {at}: {cause}"),
+    )
+}
+
 /// `?`-friendly conversion for query results.
 pub(crate) trait SqlResultExt<T> {
     fn db(self) -> fenced_api::Result<T>;

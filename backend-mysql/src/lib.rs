@@ -20,6 +20,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Connecting
+//!
+//! The URL carries the server, the strategy and the table (the namespace);
+//! [`MySqlConfig::from_url`] lists every parameter. An unknown parameter, or
+//! one given twice, is an [`Error::Config`] naming it — a typo such as
+//! `tabel=jobs` would otherwise put the application in the shared default
+//! table. [`MySqlLock::connect`] makes one connection directly before the
+//! pool starts, so an unreachable server is a retryable [`Error::Backend`]
+//! within `connect_timeout` whose one line names `host:port` and the cause
+//! ("cannot connect to mysql at 127.0.0.1:3306: connection refused (is the
+//! server running?)"), never the password.
+//!
+//! **TLS** (rustls; trusts the system's roots, `SSL_CERT_FILE`, and the
+//! `ssl-ca` file): `?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/mysql/ca.pem`
+//! verifies the chain and the host name, `VERIFY_CA` the chain only,
+//! `REQUIRED` encrypts without verifying (an active attacker can still read
+//! along), `PREFERRED` (the default) uses TLS, unverified, when the server
+//! offers it and plaintext otherwise, `DISABLED` never. A server that
+//! requires TLS refuses `DISABLED`; a certificate from another CA fails
+//! `VERIFY_CA` — both at connect, with the cause in the message.
+//! `ssl-cert` / `ssl-key` present a client certificate.
+//!
 //! # Choosing a strategy
 //!
 //! | | `unique_key` (default) | `row_lock` | `optimistic` |
@@ -258,21 +280,39 @@ impl MySqlLockBuilder {
 
     async fn pool(&self) -> Result<sqlx::MySqlPool> {
         let cfg = &self.config;
-        let connect = MySqlPoolOptions::new()
+        // One connection made directly first: a pool retries a refused
+        // connection until its timeout and then reports only "pool timed
+        // out", which hides the cause (refused? wrong host? TLS?). This one
+        // fails fast with it; the pool then starts with no connection.
+        let first = tokio::time::timeout(
+            cfg.connect_timeout,
+            sqlx::ConnectOptions::connect(&cfg.connect),
+        )
+        .await;
+        match first {
+            Ok(Ok(conn)) => {
+                // Closed cleanly (a dropped socket shows in the server's log
+                // as an aborted connection), but never waited on for long.
+                let close = sqlx::Connection::close(conn);
+                let _ = tokio::time::timeout(cfg.connect_timeout, close).await;
+            }
+            Ok(Err(e)) => return Err(error::connect_failed(cfg, e)),
+            Err(_) => {
+                return Err(Error::backend(
+                    error::BACKEND,
+                    true,
+                    format!(
+                        "cannot connect to mysql at {}: no answer within {:?} (is the server running and reachable?)",
+                        config::server_name(&cfg.connect),
+                        cfg.connect_timeout
+                    ),
+                ))
+            }
+        }
+        Ok(MySqlPoolOptions::new()
             .max_connections(cfg.max_connections)
             .acquire_timeout(cfg.connect_timeout)
-            .connect_with(cfg.connect.clone());
-        match tokio::time::timeout(cfg.connect_timeout, connect).await {
-            Ok(pool) => pool.map_err(error::map),
-            Err(_) => Err(Error::backend(
-                error::BACKEND,
-                true,
-                format!(
-                    "no connection to {} within {:?}",
-                    cfg.display_url, cfg.connect_timeout
-                ),
-            )),
-        }
+            .connect_lazy_with(cfg.connect.clone()))
     }
 
     /// Creates or upgrades the schema for the table name. Idempotent; run it

@@ -489,8 +489,18 @@ async fn read_only_servers_are_refused_and_row_lock_tokens_survive_a_restart() {
 #[tokio::test]
 async fn unreachable_server_fails_fast_with_a_retryable_error() {
     let start = std::time::Instant::now();
-    match MySqlLock::connect("mysql://root@127.0.0.1:1/test?connect_timeout=1s").await {
-        Err(e @ Error::Backend { .. }) => assert!(e.is_retryable(), "{e}"),
+    match MySqlLock::connect("mysql://root:hunter2@127.0.0.1:1/test?connect_timeout=1s").await {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.is_retryable(), "{e}");
+            // One line naming the server and the cause — it used to read
+            // "pool timed out while waiting for an open connection".
+            let msg = e.to_string();
+            assert!(
+                msg.contains("127.0.0.1:1") && msg.contains("connection refused"),
+                "{msg}"
+            );
+            assert!(!msg.contains('\n') && !msg.contains("hunter2"), "{msg}");
+        }
         other => panic!("expected a retryable backend error, got {other:?}"),
     }
     assert!(start.elapsed() < Duration::from_secs(5));
