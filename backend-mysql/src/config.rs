@@ -113,6 +113,7 @@ pub struct MySqlConfig {
     pub(crate) max_connections: u32,
     pub(crate) connect_timeout: Duration,
     pub(crate) op_timeout: Duration,
+    pub(crate) row_lock_one_statement: bool,
 }
 
 impl fmt::Debug for MySqlConfig {
@@ -125,6 +126,7 @@ impl fmt::Debug for MySqlConfig {
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("op_timeout", &self.op_timeout)
+            .field("row_lock_one_statement", &self.row_lock_one_statement)
             .finish()
     }
 }
@@ -141,19 +143,33 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
 impl MySqlConfig {
     /// Parses `mysql://user:pass@host:port/db?strategy=…&table=…&max_connections=…&connect_timeout=…`.
     ///
-    /// `strategy` (default `unique_key`), `table` (default `fenced_locks`),
-    /// `max_connections` (default 10), `connect_timeout` (`500ms`, `5s`;
-    /// default 5 s) and `timeout` (bound on one operation; default 10 s) are
-    /// fenced's; every other query parameter is passed to sqlx (e.g. `ssl-mode`).
+    /// fenced's parameters: `strategy` (default `unique_key`), `table`
+    /// (default `fenced_locks`), `max_connections` (default 10),
+    /// `connect_timeout` (`500ms`, `5s`; default 5 s), `timeout` (bound on
+    /// one operation; default 10 s) and `row_lock_one_statement`
+    /// (`true`/`false`, default `true`: on MariaDB `row_lock` takes the row
+    /// lock and its fencing token in one statement; `false` forces the
+    /// portable two-statement grant that MySQL uses anyway — for comparison
+    /// and tests).
+    ///
+    /// Passed to sqlx: `ssl-mode` (`DISABLED`, `PREFERRED` — the default,
+    /// TLS if the server offers it, unverified —, `REQUIRED`, `VERIFY_CA`,
+    /// `VERIFY_IDENTITY`), `ssl-ca` (a PEM file with the CA to trust, on top
+    /// of the system's roots), `ssl-cert` / `ssl-key` (client certificate),
+    /// `socket`, `charset`, `collation`, `timezone`,
+    /// `statement-cache-capacity` (and the spellings `sslmode`, `sslca`,
+    /// `sslcert`, `sslkey`, `time-zone`).
+    ///
+    /// Any other parameter, or one given twice, is an [`Error::Config`]
+    /// naming it: a typo such as `tabel=jobs` must not silently put the
+    /// application in the default namespace, shared with everybody else
+    /// who kept it.
     ///
     /// # Errors
     ///
     /// [`Error::Config`] for a malformed URL or parameter; nothing is connected.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, query) = match url.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (url, ""),
-        };
+        let (base, query) = split_query(url);
         let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
         if !matches!(scheme, "mysql" | "mariadb") {
             return Err(Error::config(format!(
@@ -166,15 +182,42 @@ impl MySqlConfig {
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
+        let mut row_lock_one_statement = true;
         let mut passthrough = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
+            let Some(name) = canonical_param(k) else {
+                return Err(Error::config(format!(
+                    "unknown mysql url parameter {}; known: {KNOWN_PARAMS}",
+                    shown_param(k)
+                )));
+            };
+            // `ssl-mode=REQUIRED&sslmode=DISABLED` is as ambiguous as a
+            // plain repeat: spellings of one parameter count as one.
+            if seen.contains(&name) {
+                return Err(Error::config(format!(
+                    "the mysql url parameter `{name}` is given twice"
+                )));
+            }
+            seen.push(name);
+            match name {
                 "strategy" => strategy = v.parse()?,
                 "table" => table = TableName::new(v)?,
                 "max_connections" => max_connections = parse_pool_size(v)?,
                 "connect_timeout" => connect_timeout = parse_duration(v)?,
                 "timeout" => op_timeout = parse_duration(v)?,
+                "row_lock_one_statement" => {
+                    row_lock_one_statement = match v {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "row_lock_one_statement must be true or false, got `{v}`"
+                            )))
+                        }
+                    }
+                }
                 _ => passthrough.push(pair),
             }
         }
@@ -194,6 +237,7 @@ impl MySqlConfig {
             max_connections,
             connect_timeout,
             op_timeout,
+            row_lock_one_statement,
         })
     }
 
@@ -208,12 +252,95 @@ impl MySqlConfig {
     }
 }
 
+/// `host:port` (or the socket path) the options connect to, for messages:
+/// never the user or password.
+pub(crate) fn server_name(o: &MySqlConnectOptions) -> String {
+    match o.get_socket() {
+        Some(path) => format!("socket {}", path.display()),
+        None if o.get_host().contains(':') => format!("[{}]:{}", o.get_host(), o.get_port()),
+        None => format!("{}:{}", o.get_host(), o.get_port()),
+    }
+}
+
 fn parse_pool_size(v: &str) -> Result<u32> {
     match v.parse::<u32>() {
         Ok(n) if (1..=1000).contains(&n) => Ok(n),
         _ => Err(Error::config(format!(
             "max_connections must be a number from 1 to 1000, got `{v}`"
         ))),
+    }
+}
+
+/// The parameters [`MySqlConfig::from_url`] accepts, for error messages.
+const KNOWN_PARAMS: &str = "strategy, table, max_connections, connect_timeout, timeout, \
+     row_lock_one_statement, ssl-mode, ssl-ca, ssl-cert, ssl-key, socket, charset, collation, \
+     timezone, statement-cache-capacity";
+
+/// The one name of a known URL parameter (sqlx accepts two spellings of
+/// some), or `None` for an unknown one.
+fn canonical_param(k: &str) -> Option<&'static str> {
+    Some(match k {
+        "strategy" => "strategy",
+        "table" => "table",
+        "max_connections" => "max_connections",
+        "connect_timeout" => "connect_timeout",
+        "timeout" => "timeout",
+        "row_lock_one_statement" => "row_lock_one_statement",
+        "ssl-mode" | "sslmode" => "ssl-mode",
+        "ssl-ca" | "sslca" => "ssl-ca",
+        "ssl-cert" | "sslcert" => "ssl-cert",
+        "ssl-key" | "sslkey" => "ssl-key",
+        "socket" => "socket",
+        "charset" => "charset",
+        "collation" => "collation",
+        "timezone" | "time-zone" => "timezone",
+        "statement-cache-capacity" => "statement-cache-capacity",
+        _ => return None,
+    })
+}
+
+/// An unknown parameter's name for a message — only if it looks like a
+/// name: after a password with an unencoded `?` the "parameter" may be
+/// the rest of that password.
+fn shown_param(k: &str) -> String {
+    let plain = !k.is_empty()
+        && k.len() <= 40
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if plain {
+        format!("`{k}`")
+    } else {
+        "(name not shown: it does not look like one; is a `?` in the password not percent-encoded?)"
+            .to_owned()
+    }
+}
+
+/// Splits `url` into the part before the query and the query. The query
+/// starts at the first `?` after the user info, so a password holding an
+/// unencoded `?` is not taken for parameters (and echoed in an error).
+fn split_query(url: &str) -> (&str, &str) {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[after_scheme..];
+    // The user info ends at the first `@` followed by something that looks
+    // like `host[:port]` up to `/`, `?`, `#` or the end.
+    let host_start = rest
+        .match_indices('@')
+        .map(|(i, _)| i + 1)
+        .find(|&i| {
+            let tail = &rest[i..];
+            let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
+            let host = &tail[..end];
+            !host.is_empty()
+                && host.chars().all(|c| {
+                    c.is_ascii_alphanumeric()
+                        || matches!(c, '.' | '-' | '_' | ':' | '[' | ']' | '%')
+                })
+        })
+        .unwrap_or(0);
+    let from = after_scheme + host_start;
+    match url[from..].find('?') {
+        Some(q) => (&url[..from + q], &url[from + q + 1..]),
+        None => (url, ""),
     }
 }
 
@@ -281,12 +408,65 @@ mod tests {
             "mysql://h/db?max_connections=0",
             "mysql://h/db?connect_timeout=forever",
             "mysql://h/db?connect_timeout=0s",
+            "mysql://h/db?row_lock_one_statement=maybe",
         ] {
             match MySqlConfig::from_url(url) {
                 Err(Error::Config { .. }) => {}
                 other => panic!("{url}: expected a config error, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn unknown_and_repeated_parameters_are_named() {
+        for (url, named) in [
+            ("mysql://h/db?strategyy=row_lock", "`strategyy`"),
+            ("mysql://h/db?tabel=jobs", "`tabel`"),
+            ("mysql://h/db?table=a&table=b", "`table`"),
+            (
+                "mysql://h/db?strategy=row_lock&strategy=optimistic",
+                "`strategy`",
+            ),
+            (
+                "mysql://h/db?ssl-mode=REQUIRED&sslmode=DISABLED",
+                "`ssl-mode`",
+            ),
+            ("mysql://h/db?ssl_mode=REQUIRED", "`ssl_mode`"),
+        ] {
+            match MySqlConfig::from_url(url) {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(e.to_string().contains(named), "{url}: {e}")
+                }
+                other => panic!("{url}: expected a config error, got {other:?}"),
+            }
+        }
+        // Every documented sqlx parameter is still accepted, once.
+        let c = MySqlConfig::from_url(
+            "mysql://h/db?ssl-mode=VERIFY_CA&ssl-ca=/tmp/ca.pem&charset=utf8mb4&timezone=%2B00:00&statement-cache-capacity=10",
+        )
+        .unwrap();
+        assert!(matches!(
+            c.connect.get_ssl_mode(),
+            sqlx::mysql::MySqlSslMode::VerifyCa
+        ));
+    }
+
+    #[test]
+    fn a_password_with_an_unencoded_question_mark_is_not_echoed() {
+        let url = "mysql://app:Alpha?Bravo=1&x@127.0.0.1:1/test?strategy=row_lock";
+        let shown = match MySqlConfig::from_url(url) {
+            Ok(c) => format!("{c:?}"),
+            Err(e) => format!("{e} {e:?}"),
+        };
+        assert!(
+            !shown.contains("Alpha") && !shown.contains("Bravo"),
+            "{shown}"
+        );
+        assert_eq!(
+            split_query("mysql://u:p?q@h:1/db?table=t"),
+            ("mysql://u:p?q@h:1/db", "table=t")
+        );
+        assert_eq!(split_query("mysql://h/db"), ("mysql://h/db", ""));
     }
 
     #[test]

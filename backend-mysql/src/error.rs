@@ -1,14 +1,11 @@
 //! The one place where sqlx errors become fenced errors.
 
 use fenced_api::Error;
-use sqlx::error::ErrorKind;
 
 pub(crate) const BACKEND: &str = "mysql";
 
 /// MySQL/MariaDB error numbers we act on.
 pub(crate) mod code {
-    /// ER_DUP_ENTRY: the key is held (unique_key) — contention, not an error.
-    pub(crate) const DUP_ENTRY: u16 = 1062;
     /// ER_LOCK_WAIT_TIMEOUT (also MariaDB's answer to `NOWAIT`).
     pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
     /// ER_LOCK_DEADLOCK: this statement was the deadlock victim.
@@ -32,12 +29,6 @@ pub(crate) fn number(e: &sqlx::Error) -> Option<u16> {
             .map(|m| m.number()),
         _ => None,
     }
-}
-
-/// Duplicate key: somebody holds the key.
-pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.kind() == ErrorKind::UniqueViolation)
-        || number(e) == Some(code::DUP_ENTRY)
 }
 
 /// Lock wait timeout, `NOWAIT` refusal or deadlock victim: not acquired —
@@ -80,6 +71,39 @@ pub(crate) fn map(e: sqlx::Error) -> Error {
     Error::backend(BACKEND, retryable, e)
 }
 
+/// A failed first connection, as one line naming the server (never the
+/// password) and the cause: refused, timed out, unknown host, TLS.
+pub(crate) fn connect_failed(cfg: &crate::MySqlConfig, e: sqlx::Error) -> Error {
+    let at = crate::config::server_name(&cfg.connect);
+    let (cause, retryable) = match &e {
+        sqlx::Error::Io(io) => (
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    "connection refused (is the server running?)".to_owned()
+                }
+                std::io::ErrorKind::TimedOut => {
+                    "connection timed out (is the host reachable?)".to_owned()
+                }
+                _ => io.to_string(),
+            },
+            true,
+        ),
+        sqlx::Error::Tls(t) => (format!("TLS failed: {t}"), true),
+        // Wrong password, unknown database…: the server answered; retrying
+        // the same settings will not help.
+        sqlx::Error::Database(_) => return map(e),
+        sqlx::Error::Configuration(c) => (format!("invalid settings: {c}"), false),
+        other => (other.to_string(), true),
+    };
+    // One line, whatever the OS or the TLS library put in the message.
+    let cause = cause.replace(['\n', '\r'], " ");
+    Error::backend(
+        BACKEND,
+        retryable,
+        format!("cannot connect to mysql at {at}: {cause}"),
+    )
+}
+
 /// `?`-friendly conversion for query results.
 pub(crate) trait SqlResultExt<T> {
     fn db(self) -> fenced_api::Result<T>;
@@ -88,5 +112,17 @@ pub(crate) trait SqlResultExt<T> {
 impl<T> SqlResultExt<T> for Result<T, sqlx::Error> {
     fn db(self) -> fenced_api::Result<T> {
         self.map_err(map)
+    }
+}
+
+/// Whether a connection that just returned `e` is still in sync with a live
+/// server session and may be reused: yes for errors the server reported
+/// about the statement (duplicate key, lock wait timeout…), no for I/O and
+/// protocol failures or errors that end the session.
+pub(crate) fn leaves_session_usable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(_) => !matches!(number(e), Some(1053 | 1927 | 4031 | 2006 | 2013)),
+        sqlx::Error::RowNotFound => true,
+        _ => false,
     }
 }

@@ -20,16 +20,38 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Connecting
+//!
+//! The URL carries the server, the strategy and the table (the namespace);
+//! [`MySqlConfig::from_url`] lists every parameter. An unknown parameter, or
+//! one given twice, is an [`Error::Config`] naming it — a typo such as
+//! `tabel=jobs` would otherwise put the application in the shared default
+//! table. [`MySqlLock::connect`] makes one connection directly before the
+//! pool starts, so an unreachable server is a retryable [`Error::Backend`]
+//! within `connect_timeout` whose one line names `host:port` and the cause
+//! ("cannot connect to mysql at 127.0.0.1:3306: connection refused (is the
+//! server running?)"), never the password.
+//!
+//! **TLS** (rustls; trusts the system's roots, `SSL_CERT_FILE`, and the
+//! `ssl-ca` file): `?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/mysql/ca.pem`
+//! verifies the chain and the host name, `VERIFY_CA` the chain only,
+//! `REQUIRED` encrypts without verifying (an active attacker can still read
+//! along), `PREFERRED` (the default) uses TLS, unverified, when the server
+//! offers it and plaintext otherwise, `DISABLED` never. A server that
+//! requires TLS refuses `DISABLED`; a certificate from another CA fails
+//! `VERIFY_CA` — both at connect, with the cause in the message.
+//! `ssl-cert` / `ssl-key` present a client certificate.
+//!
 //! # Choosing a strategy
 //!
 //! | | `unique_key` (default) | `row_lock` | `optimistic` |
 //! |---|---|---|---|
-//! | acquire | autocommit `INSERT`; duplicate key = held | `SELECT … FOR UPDATE` in an open transaction | conditional `UPDATE` of the key's row |
+//! | acquire | autocommit `INSERT … ON DUPLICATE KEY UPDATE`; duplicate key = held | `… FOR UPDATE` opening a transaction | conditional `UPDATE` of the key's row |
 //! | release | `DELETE` (owner + id checked) | `ROLLBACK` / `COMMIT` | `UPDATE` clearing the holder |
-//! | fencing token | the row's `AUTO_INCREMENT` id | a per-key counter bumped in autocommit | the row's `version` |
+//! | fencing token | the row's `AUTO_INCREMENT` id | the `AUTO_INCREMENT` id of a `MEMORY` table written inside the holder's transaction (survives its rollback; a server restart starts a higher, durably counted epoch) | the row's `version` |
 //! | expiry of a dead holder | `expire_time` on the DB clock; taken over at the next acquire | the connection's `wait_timeout` (whole seconds) closes it and InnoDB rolls back | `expire_time` on the DB clock |
 //! | waiting | polling with backoff, woken at once by releases in the same process | InnoDB's lock queue (native, immediate hand-off) | polling with backoff, like `unique_key` |
-//! | survives a DB restart | yes (rows and ids are durable) | no: the transaction rolls back (the token counter survives) | yes |
+//! | survives a DB restart | yes (rows and ids are durable) | no: the transaction rolls back (later tokens still exceed earlier ones) | yes |
 //! | connections | one per operation, returned at once | **one per held lock and per waiter** for the whole hold | one per operation |
 //! | table growth | one row per *held* key; expired rows removed by takeover or the reaper | one row per key ever locked (or N shards, or fixed ids) | one row per key ever locked |
 //! | business writes in the same transaction | no | yes: [`MySqlLock::lock_in_transaction`] | no |
@@ -45,23 +67,30 @@
 //! * **optimistic** fits a fixed, known set of keys that are locked over and
 //!   over: one round trip per acquire, no row churn, no reaper.
 //!
-//! Measured on a 2-core VM against a loopback MariaDB 10.11
-//! (`cargo run --release -p fenced-mysql --example measure`, 500 cycles,
-//! 40 hand-offs between two instances in one process):
+//! Statements per operation, counted by the server (`Questions`; the test
+//! `tests/statements.rs` holds them to these numbers):
 //!
-//! | strategy | acquire+release/s | p50 | p99 | hand-off p50 | hand-off p99 |
-//! |---|---|---|---|---|---|
-//! | unique_key | 1951 | 0.49 ms | 0.80 ms | 1.19 ms | 1.41 ms |
-//! | row_lock | 1168 | 0.85 ms | 1.09 ms | 1.08 ms | 1.21 ms |
-//! | optimistic | 1980 | 0.50 ms | 0.67 ms | 1.05 ms | 1.44 ms |
+//! | strategy | acquire + release | refused try | the statements |
+//! |---|---|---|---|
+//! | unique_key | 2 | 1 | `INSERT … ON DUPLICATE KEY UPDATE`, `DELETE` |
+//! | optimistic | 2 | 1 | `UPDATE` (take), `UPDATE` (release) |
+//! | row_lock (MariaDB) | 2 | 1 | `REPLACE … SELECT … FOR UPDATE` (lock + token), `ROLLBACK` |
+//! | row_lock (MySQL) | 3 | 1 | `SELECT … FOR UPDATE`, `REPLACE` (token), `ROLLBACK` |
 //!
-//! This corrects the seeds' table on one point: on this server `row_lock` is
-//! the *slower* strategy for a single holder (seven statements per cycle:
-//! session settings, `START TRANSACTION`, `FOR UPDATE`, the autocommit token
-//! bump, `ROLLBACK`, restoring the session, clearing the holder row), while its
-//! hand-off is native. The polling strategies hand off in ~1 ms only when the
-//! release happens in the same process (in-process wake-up); across processes
-//! a waiter notices within its backoff (5 ms doubling to 200 ms).
+//! — the counts of the seeds' naive insert lock (2) and row lock (`BEGIN`,
+//! `FOR UPDATE`, `COMMIT`: 3) or fewer, with fencing, expiry on the server's
+//! clock and owner checks included. A `row_lock` acquire that has to wait
+//! costs 4 (the refused try, the waiting `FOR UPDATE`, the token, the
+//! release). No statement is spent on session
+//! settings, and connections are reused without the `COM_PING` a sqlx pool
+//! sends per checkout and per return (see the `row_lock` module docs for
+//! what each of its statements carries). Taking over an expired row costs
+//! `unique_key` two more statements (a guarded `DELETE`, the `INSERT` again);
+//! a key's first `optimistic` acquisition creates its row (`INSERT IGNORE`).
+//! The polling strategies hand off in ~1 ms only when the release happens
+//! in the same process (in-process wake-up); across processes a waiter
+//! notices within its backoff (5 ms doubling to 200 ms). `row_lock` waits in
+//! InnoDB's queue and is handed the lock at once.
 //!
 //! # Pitfalls handled (from the source articles)
 //!
@@ -78,12 +107,29 @@
 //!   batched reaper ([`MySqlLock::spawn_reaper`]) guarded by a lock of its own.
 //!
 //! Requires MariaDB ≥ 10.3 or MySQL ≥ 8.0 (`NOWAIT`, persistent auto-increment
-//! from MariaDB 10.2.4 / MySQL 8.0). Not for Galera or async-replicated
-//! failover setups: a failover can lose locks (use etcd for that).
+//! from MariaDB 10.2.4 / MySQL 8.0). `unique_key` also requires
+//! `innodb_autoinc_lock_mode` 0 or 1 (MariaDB's default is 1; MySQL 8's is
+//! 2, where [`MySqlLock::connect`] refuses it with [`Error::Config`]: with 2 a
+//! waiting INSERT can be granted an older, lower id and tokens go backwards;
+//! `optimistic` and `row_lock` work with any mode). Do not put triggers on
+//! fenced's tables: `unique_key` and `optimistic` read each verdict and token
+//! from the statement's OK packet, and a trigger that inserts a row changes
+//! the insert id that packet carries. Tokens that must exceed every earlier
+//! one after a server *crash* rely on committed writes being durable
+//! (`innodb_flush_log_at_trx_commit = 1`, the default). `row_lock` uses a
+//! `MEMORY` table for its tokens; where that engine is unavailable, or MySQL
+//! refuses non-transactional writes inside transactions
+//! (`enforce_gtid_consistency`), it falls back to taking each token in
+//! autocommit on a second connection — correct, one round trip dearer. All
+//! nodes sharing a table must run the same schema version of this crate
+//! (`row_lock` tokens of schema 1 and 2 are not comparable). Not for Galera
+//! or async-replicated failover setups: a failover can lose locks (use etcd
+//! for that).
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod config;
+mod conn;
 mod error;
 mod reaper;
 mod schema;
@@ -234,21 +280,39 @@ impl MySqlLockBuilder {
 
     async fn pool(&self) -> Result<sqlx::MySqlPool> {
         let cfg = &self.config;
-        let connect = MySqlPoolOptions::new()
+        // One connection made directly first: a pool retries a refused
+        // connection until its timeout and then reports only "pool timed
+        // out", which hides the cause (refused? wrong host? TLS?). This one
+        // fails fast with it; the pool then starts with no connection.
+        let first = tokio::time::timeout(
+            cfg.connect_timeout,
+            sqlx::ConnectOptions::connect(&cfg.connect),
+        )
+        .await;
+        match first {
+            Ok(Ok(conn)) => {
+                // Closed cleanly (a dropped socket shows in the server's log
+                // as an aborted connection), but never waited on for long.
+                let close = sqlx::Connection::close(conn);
+                let _ = tokio::time::timeout(cfg.connect_timeout, close).await;
+            }
+            Ok(Err(e)) => return Err(error::connect_failed(cfg, e)),
+            Err(_) => {
+                return Err(Error::backend(
+                    error::BACKEND,
+                    true,
+                    format!(
+                        "cannot connect to mysql at {}: no answer within {:?} (is the server running and reachable?)",
+                        config::server_name(&cfg.connect),
+                        cfg.connect_timeout
+                    ),
+                ))
+            }
+        }
+        Ok(MySqlPoolOptions::new()
             .max_connections(cfg.max_connections)
             .acquire_timeout(cfg.connect_timeout)
-            .connect_with(cfg.connect.clone());
-        match tokio::time::timeout(cfg.connect_timeout, connect).await {
-            Ok(pool) => pool.map_err(error::map),
-            Err(_) => Err(Error::backend(
-                error::BACKEND,
-                true,
-                format!(
-                    "no connection to {} within {:?}",
-                    cfg.display_url, cfg.connect_timeout
-                ),
-            )),
-        }
+            .connect_lazy_with(cfg.connect.clone()))
     }
 
     /// Creates or upgrades the schema for the table name. Idempotent; run it
@@ -283,17 +347,33 @@ impl MySqlLockBuilder {
         let scope = format!("{}#{}", cfg.display_url, cfg.table);
         let t = &cfg.table;
         let engine = match cfg.strategy {
-            Strategy::UniqueKey => Engine::UniqueKey(UniqueKey::new(pool, t.quoted(""), scope)),
+            Strategy::UniqueKey => {
+                strategy::unique_key::check_autoinc_mode(&pool, &cfg.display_url).await?;
+                Engine::UniqueKey(UniqueKey::new(pool, t.quoted(""), scope))
+            }
             Strategy::Optimistic => {
                 Engine::Optimistic(Optimistic::new(pool, t.quoted("_optimistic"), scope))
             }
-            Strategy::RowLock => Engine::RowLock(RowLock::new(
-                pool,
-                t.quoted("_rows"),
-                t.quoted("_fence"),
-                b.rows,
-                cfg.op_timeout,
-            )),
+            Strategy::RowLock => {
+                let memory =
+                    strategy::row_lock::live_is_memory(&pool, &format!("{}_live", t.as_str()))
+                        .await?;
+                if !memory {
+                    tracing::warn!(table = %t, "`{t}_live` is not a MEMORY table: row_lock takes each token with a durable write");
+                }
+                Engine::RowLock(RowLock::new(
+                    pool,
+                    strategy::row_lock::Tables {
+                        rows: t.quoted("_rows"),
+                        fence: t.quoted("_fence"),
+                        live: t.quoted("_live"),
+                    },
+                    b.rows,
+                    cfg.op_timeout,
+                    memory,
+                    cfg.row_lock_one_statement,
+                ))
+            }
         };
         Ok(MySqlLock {
             inner: Arc::new(Inner {

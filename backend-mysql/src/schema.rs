@@ -6,11 +6,17 @@ use sqlx::{AssertSqlSafe, MySqlPool, Row};
 use crate::{config::TableName, error::SqlResultExt};
 
 /// The migrations, in order. Each is a list of `;`-separated statements.
-const MIGRATIONS: &[(u32, &str, &str)] =
-    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+const MIGRATIONS: &[(u32, &str, &str)] = &[
+    (1, "initial", include_str!("../migrations/0001_initial.sql")),
+    (
+        2,
+        "row_lock_live",
+        include_str!("../migrations/0002_row_lock_live.sql"),
+    ),
+];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 fn statements(template: &str, base: &TableName) -> Vec<String> {
     let sql: String = template
@@ -112,5 +118,9 @@ mod tests {
             .iter()
             .all(|s| !s.contains("{base}") && !s.contains("--")));
         assert!(stmts[3].contains("`jobs_fence`"));
+        let v2 = statements(MIGRATIONS[1].2, &base);
+        assert_eq!(v2.len(), 1);
+        assert!(v2[0].starts_with("CREATE TABLE IF NOT EXISTS `jobs_live` ("));
+        assert!(v2[0].ends_with("ENGINE=MEMORY"));
     }
 }

@@ -139,7 +139,7 @@ async fn reaper_removes_expired_rows_and_only_one_node_reaps() {
         lock.purge_stale(Duration::from_secs(3600)).await.unwrap(),
         0
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE `{table}`, `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_migrations`")))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE `{table}`, `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`, `{table}_migrations`")))
         .execute(&pool().await)
         .await
         .unwrap();
@@ -168,7 +168,7 @@ async fn row_lock_holder_killed_server_side_loses_the_lock_and_tokens_still_incr
         .unwrap();
     let p = pool().await;
     let conn_id: u64 = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT conn_id FROM `{}_fence` WHERE lock_key = ?",
+        "SELECT conn_id FROM `{}_live` WHERE lock_key = ?",
         run_table()
     )))
     .bind(k.as_bytes())
@@ -386,7 +386,10 @@ async fn migrate_is_idempotent() {
     );
     let first = MySqlLock::migrate(&url).await.unwrap();
     let (a, b) = tokio::join!(MySqlLock::migrate(&url), MySqlLock::migrate(&url));
-    assert_eq!(first, vec![1]);
+    assert_eq!(
+        first,
+        (1..=fenced_mysql::SCHEMA_VERSION).collect::<Vec<_>>()
+    );
     assert!(a.unwrap().is_empty() && b.unwrap().is_empty());
     MySqlLock::connect(&url).await.unwrap();
 }
@@ -486,9 +489,94 @@ async fn read_only_servers_are_refused_and_row_lock_tokens_survive_a_restart() {
 #[tokio::test]
 async fn unreachable_server_fails_fast_with_a_retryable_error() {
     let start = std::time::Instant::now();
-    match MySqlLock::connect("mysql://root@127.0.0.1:1/test?connect_timeout=1s").await {
-        Err(e @ Error::Backend { .. }) => assert!(e.is_retryable(), "{e}"),
+    match MySqlLock::connect("mysql://root:hunter2@127.0.0.1:1/test?connect_timeout=1s").await {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.is_retryable(), "{e}");
+            // One line naming the server and the cause — it used to read
+            // "pool timed out while waiting for an open connection".
+            let msg = e.to_string();
+            assert!(
+                msg.contains("127.0.0.1:1") && msg.contains("connection refused"),
+                "{msg}"
+            );
+            assert!(!msg.contains('\n') && !msg.contains("hunter2"), "{msg}");
+        }
         other => panic!("expected a retryable backend error, got {other:?}"),
     }
     assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+/// row_lock: the MEMORY token table being emptied (what a server restart
+/// does to it) starts a new token lifetime above every earlier token; and
+/// without a MEMORY table (engine unavailable) tokens are taken durably in
+/// autocommit — still increasing across releases, KILLed holders and waits.
+#[tokio::test]
+async fn row_lock_tokens_survive_an_emptied_token_table_and_work_without_memory() {
+    let server = server_url().await;
+    let p = pool().await;
+    let opts = ttl(Duration::from_secs(30));
+    let wait = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    let table = format!("{}_rl_mem", run_table());
+    let url = url_for(&server, Strategy::RowLock, &table);
+    MySqlLock::migrate(&url).await.unwrap();
+    let lock = MySqlLock::connect(&url).await.unwrap();
+    let k = key("lifetime");
+    let first = lock.try_acquire(&k, &opts).await.unwrap().unwrap();
+    lock.release(&first).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "TRUNCATE TABLE `{table}_live`"
+    )))
+    .execute(&p)
+    .await
+    .unwrap();
+    let second = lock.try_acquire(&k, &opts).await.unwrap().unwrap();
+    assert!(
+        second.token > first.token,
+        "{} <= {} after the token table was emptied",
+        second.token,
+        first.token
+    );
+    lock.release(&second).await.unwrap();
+
+    let table = format!("{}_rl_inno", run_table());
+    let url = url_for(&server, Strategy::RowLock, &table);
+    MySqlLock::migrate(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE `{table}_live` ENGINE=InnoDB"
+    )))
+    .execute(&p)
+    .await
+    .unwrap();
+    let (a, b) = (
+        MySqlLock::connect(&url).await.unwrap(),
+        MySqlLock::connect(&url).await.unwrap(),
+    );
+    let k = key("durable");
+    let mut last = fenced_api::FencingToken::new(0);
+    for _ in 0..3 {
+        let l = a.try_acquire(&k, &opts).await.unwrap().unwrap();
+        assert!(l.token > last, "{} <= {}", l.token, last);
+        last = l.token;
+        assert!(b.try_acquire(&k, &opts).await.unwrap().is_none());
+        assert_eq!(b.inspect(&k).await.unwrap().unwrap().token, l.token);
+        a.release(&l).await.unwrap();
+    }
+    // A killed holder, then a waiter granted after it: higher token, fresh lease.
+    let held = a.try_acquire(&k, &opts).await.unwrap().unwrap();
+    let waiter = {
+        let (b, k, wait) = (b.clone(), k.clone(), wait.clone());
+        tokio::spawn(async move { b.acquire(&k, &wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(b.force_release(&k).await.unwrap());
+    let next = waiter.await.unwrap().unwrap();
+    assert!(next.token > held.token, "{} <= {}", next.token, held.token);
+    assert!(next.remaining() > Duration::from_secs(20));
+    assert_eq!(a.release(&held).await.unwrap(), ReleaseOutcome::NotHeld);
+    assert_eq!(b.release(&next).await.unwrap(), ReleaseOutcome::Released);
 }

@@ -40,6 +40,9 @@ fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
 
 /// row_lock: an instance whose pool is busy must not end up with a lease
 /// (and a higher token) for a hold it lost while waiting for a connection.
+/// (Since tokens are taken on the holding connection, A needs no second
+/// connection and may well be granted first; then its lease must have ended
+/// before B's began, with a smaller token.)
 #[tokio::test]
 async fn row_lock_no_token_inversion_when_the_pool_is_busy() {
     let h = MySqlHarness::new(Strategy::RowLock).await;
@@ -87,7 +90,21 @@ async fn row_lock_no_token_inversion_when_the_pool_is_busy() {
     // B holds (30 s) and never releases: A must not hold too.
     match a.await.unwrap() {
         Err(_) => {}
-        Ok(la) => panic!("A got token {} while B holds token {}", la.token, lb.token),
+        Ok(la) => {
+            assert!(
+                la.token < lb.token,
+                "A got token {} after B's {}",
+                la.token,
+                lb.token
+            );
+            let b_start = lb.deadline - lb.ttl;
+            assert!(
+                la.deadline <= b_start,
+                "A's lease (token {}) still ran when B's (token {}) began",
+                la.token,
+                lb.token
+            );
+        }
     }
     assert_eq!(two.inspect(&k).await.unwrap().unwrap().token, lb.token);
     two.release(&lb).await.unwrap();
@@ -127,8 +144,15 @@ async fn row_lock_lease_after_a_long_wait_is_fresh() {
 /// row_lock: a dropped waiter leaves InnoDB's queue (its statement is killed).
 #[tokio::test]
 async fn row_lock_dropped_waiter_leaves_the_server_queue() {
-    let h = MySqlHarness::new(Strategy::RowLock).await;
-    let (a, b) = (h.lock().await, h.lock().await);
+    // A table of its own: waiters of other tests running in parallel must
+    // not count (the processlist is server-wide).
+    let table = format!("{}_dw", common::run_table());
+    let url = common::url_for(&server_url().await, Strategy::RowLock, &table);
+    MySqlLock::migrate(&url).await.unwrap();
+    let (a, b) = (
+        MySqlLock::connect(&url).await.unwrap(),
+        MySqlLock::connect(&url).await.unwrap(),
+    );
     let k = key("ghost");
     let held = a
         .try_acquire(&k, &opts(Duration::from_secs(60)))
@@ -144,13 +168,15 @@ async fn row_lock_dropped_waiter_leaves_the_server_queue() {
     let p = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
     let start = Instant::now();
     loop {
-        let waiting: i64 = sqlx::query(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT lock_key, CONNECTION_ID()%FOR UPDATE'",
-        )
-        .fetch_one(&p)
-        .await
-        .unwrap()
-        .get(0);
+        let waiting: i64 =
+            sqlx::query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE ?")
+                .bind(format!(
+                    "SELECT lock_key, CONNECTION_ID() FROM `{table}_rows`%FOR UPDATE"
+                ))
+                .fetch_one(&p)
+                .await
+                .unwrap()
+                .get(0);
         if waiting == 0 {
             break;
         }
@@ -479,4 +505,308 @@ async fn concurrent_releases_of_reentered_entries_are_counted_exactly() {
             );
         }
     }
+}
+
+/// Every strategy: many tasks sharing one instance with a small pool all get
+/// served. (The connection cache once handed freed connections to newcomers
+/// ahead of tasks queued for the pool, which then timed out.)
+#[tokio::test]
+async fn a_shared_instance_with_a_small_pool_serves_every_task() {
+    for strategy in [Strategy::UniqueKey, Strategy::Optimistic, Strategy::RowLock] {
+        let h = MySqlHarness::new(strategy).await;
+        let url = format!(
+            "{}&max_connections=2&connect_timeout=2s",
+            h.url()
+                .replace("&max_connections=32", "")
+                .replace("&connect_timeout=5s", "")
+        );
+        let lock = MySqlLock::connect(&url).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..16 {
+            let lock = lock.clone();
+            tasks.push(tokio::spawn(async move {
+                let k = key(&format!("pool-{t}"));
+                for round in 0..25 {
+                    let l = lock
+                        .try_acquire(&k, &opts(Duration::from_secs(30)))
+                        .await
+                        .map_err(|e| format!("round {round}: {e}"))?
+                        .ok_or_else(|| format!("round {round}: a key of its own was refused"))?;
+                    match lock.release(&l).await {
+                        Ok(fenced_api::ReleaseOutcome::Released) => {}
+                        other => return Err(format!("round {round}: release: {other:?}")),
+                    }
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        for t in tasks {
+            if let Err(e) = t.await.unwrap() {
+                panic!("{strategy}: a task failed: {e}");
+            }
+        }
+    }
+}
+
+/// Every strategy: tokens never go backwards under contention. unique_key's
+/// INSERT gets its AUTO_INCREMENT id when it starts; one that then waited for
+/// a row lock (another holder's DELETE) was granted its old id after a higher
+/// one had been granted and released — caught by the fault suite (834 after
+/// 835). Its acquiring INSERT is now a bulk insert (`INSERT … SELECT`), which
+/// keeps the AUTO-INC lock to its end. Eight instances race on one key on a
+/// private server that skips the log flush (the race needs speed to show);
+/// grants are exclusive, so the order they return in is the grant order.
+#[tokio::test]
+async fn tokens_never_go_backwards_under_contention() {
+    let db = common::private::PrivateMariaDb::start_with(&["--innodb-flush-log-at-trx-commit=2"])
+        .await
+        .unwrap();
+    let mut failures = Vec::new();
+    for (strategy, extra) in [
+        (Strategy::UniqueKey, ""),
+        (Strategy::Optimistic, ""),
+        (Strategy::RowLock, ""),
+        (Strategy::RowLock, "&row_lock_one_statement=false"),
+    ] {
+        let url = format!(
+            "{}{extra}",
+            common::url_for(&db.url(), strategy, "fenced_race")
+        );
+        MySqlLock::migrate(&url).await.unwrap();
+        let k = key("race");
+        let grants: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
+        let end = Instant::now() + Duration::from_secs(4);
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let lock = MySqlLock::connect(&url).await.unwrap();
+            let (k, grants) = (k.clone(), grants.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    if let Some(l) = lock.try_acquire(&k, &opts(Duration::from_secs(30))).await? {
+                        grants.lock().unwrap().push(l.token.get());
+                        lock.release(&l).await?;
+                    }
+                }
+                Ok::<_, Error>(())
+            }));
+        }
+        for t in tasks {
+            if let Err(e) = t.await.unwrap() {
+                failures.push(format!("{strategy}{extra}: {e}"));
+            }
+        }
+        let grants = grants.lock().unwrap();
+        let mut top = 0;
+        let mut backwards = Vec::new();
+        for &t in grants.iter() {
+            if t < top {
+                backwards.push(format!("{t} after {top}"));
+            }
+            top = top.max(t);
+        }
+        if grants.len() < 50 {
+            failures.push(format!("{strategy}{extra}: only {} grants", grants.len()));
+        }
+        if !backwards.is_empty() {
+            failures.push(format!(
+                "{strategy}{extra}: {} of {} grants went backwards: {:?}",
+                backwards.len(),
+                grants.len(),
+                &backwards[..backwards.len().min(10)]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The verdict and token of every grant come from the statement's own OK
+/// packet, never from what an earlier statement left in the connection's
+/// `LAST_INSERT_ID()`: a lock whose pool is one connection (so every
+/// statement shares one session) first leaves a token, a re-entry and a
+/// partial release there (each sets `LAST_INSERT_ID(…)` to an id or a
+/// count); then its try on a key another instance holds must be refused,
+/// and releases / extends of that key with a foreign or stale lease must
+/// report the lease lost and leave the holder untouched.
+#[tokio::test]
+async fn verdicts_never_come_from_a_previous_statement() {
+    let mut failures = Vec::new();
+    for strategy in [Strategy::UniqueKey, Strategy::Optimistic, Strategy::RowLock] {
+        let h = MySqlHarness::new(strategy).await;
+        // row_lock needs a second connection (see row_lock_refuses_a_single_connection_pool).
+        let pool = if strategy == Strategy::RowLock { 2 } else { 1 };
+        let mine = MySqlLock::builder(&h.url())
+            .unwrap()
+            .max_connections(pool)
+            .connect()
+            .await
+            .unwrap();
+        let theirs = h.lock().await;
+        let (a, b) = (key("verdict-a"), key("verdict-b"));
+        let me = LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .owner("verdict-me")
+            .reentrant(true)
+            .build()
+            .unwrap();
+        let them = LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .owner("verdict-them")
+            .build()
+            .unwrap();
+        let name = strategy.to_string();
+        let held = theirs.try_acquire(&b, &them).await.unwrap().unwrap();
+        let first = mine.try_acquire(&a, &me).await.unwrap().unwrap();
+        let again = mine.try_acquire(&a, &me).await.unwrap().unwrap();
+        assert_eq!(
+            again.token, first.token,
+            "{name}: a re-entry keeps the token"
+        );
+        mine.release(&again).await.unwrap();
+        // The session's LAST_INSERT_ID() now holds a token or a count.
+        for _ in 0..3 {
+            if let Some(l) = mine.try_acquire(&b, &me).await.unwrap() {
+                failures.push(format!(
+                    "{name}: a try on a key held by another owner was granted token {} \
+                     (the holder has {}, this session's last token was {})",
+                    l.token, held.token, first.token
+                ));
+            }
+        }
+        // Another owner with the holder's token; the holder's owner with
+        // this session's earlier token (optimistic's tokens are per-key
+        // versions and may equal the holder's: then that one is the real
+        // lease, not a forgery) and with a token the holder never had.
+        let mut forged = vec![fenced_api::Lease::new(
+            b.clone(),
+            me.owner().unwrap().clone(),
+            held.token,
+            Duration::from_secs(30),
+            Instant::now(),
+        )];
+        for t in [first.token.get(), held.token.get() + 1] {
+            if t != held.token.get() {
+                forged.push(fenced_api::Lease::new(
+                    b.clone(),
+                    held.owner.clone(),
+                    fenced_api::FencingToken::new(t),
+                    Duration::from_secs(30),
+                    Instant::now(),
+                ));
+            }
+        }
+        for lease in &forged {
+            match mine.extend(lease, Duration::from_secs(30)).await {
+                Err(Error::LeaseLost { .. }) => {}
+                other => failures.push(format!(
+                    "{name}: extend with a foreign lease (owner {}, token {}): {other:?}",
+                    lease.owner.as_str(),
+                    lease.token
+                )),
+            }
+            match mine.release(lease).await {
+                Ok(fenced_api::ReleaseOutcome::NotHeld) => {}
+                other => failures.push(format!(
+                    "{name}: release with a foreign lease (owner {}, token {}): {other:?}",
+                    lease.owner.as_str(),
+                    lease.token
+                )),
+            }
+        }
+        let info = theirs.inspect(&b).await.unwrap();
+        if info.as_ref().map(|i| (&i.owner, i.token)) != Some((&held.owner, held.token)) {
+            failures.push(format!("{name}: the holder's lock changed: {info:?}"));
+        }
+        mine.release(&first).await.unwrap();
+        theirs.release(&held).await.unwrap();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `innodb_autoinc_lock_mode = 2` (MySQL 8's default) allocates ids without
+/// the AUTO-INC lock, so `unique_key`'s bulk-insert guard (see
+/// `tokens_never_go_backwards_under_contention`) does not hold there: eight
+/// clients saw tokens go backwards within seconds. `unique_key` must refuse
+/// such a server (it used to warn and hand out inverted tokens); the other
+/// strategies take their tokens under the row lock and work.
+#[tokio::test]
+async fn unique_key_refuses_autoinc_lock_mode_2() {
+    let db = common::private::PrivateMariaDb::start_with(&["--innodb-autoinc-lock-mode=2"])
+        .await
+        .unwrap();
+    let url = common::url_for(&db.url(), Strategy::UniqueKey, "fenced_mode2");
+    MySqlLock::migrate(&url).await.unwrap();
+    match MySqlLock::connect(&url).await {
+        Err(e @ Error::Config { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("innodb_autoinc_lock_mode") && msg.contains("optimistic"),
+                "the refusal should name the setting and the alternatives: {msg}"
+            );
+        }
+        other => panic!(
+            "unique_key on innodb_autoinc_lock_mode=2: expected a config error, got {other:?}"
+        ),
+    }
+    for strategy in [Strategy::Optimistic, Strategy::RowLock] {
+        let url = common::url_for(&db.url(), strategy, "fenced_mode2");
+        MySqlLock::migrate(&url).await.unwrap();
+        let lock = MySqlLock::connect(&url).await.unwrap();
+        let k = key("mode2");
+        let l = lock
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{strategy}: a free key was refused"));
+        lock.release(&l).await.unwrap();
+    }
+}
+
+/// MariaDB's `SIMULTANEOUS_ASSIGNMENT` sql_mode (part of `sql_mode=ORACLE`)
+/// makes every assignment of an UPDATE see the old row. `optimistic`'s take
+/// compared the *new* version with `version`, which there reads the old
+/// one: the row's version was bumped and the token handed out, but the
+/// holder was never written — so the next client was granted the same key
+/// while the first believed it held it.
+#[tokio::test]
+async fn optimistic_take_holds_under_simultaneous_assignment() {
+    let db = common::private::PrivateMariaDb::start_with(&[
+        "--sql-mode=STRICT_TRANS_TABLES,SIMULTANEOUS_ASSIGNMENT",
+    ])
+    .await
+    .unwrap();
+    let mut failures = Vec::new();
+    for strategy in [Strategy::Optimistic, Strategy::UniqueKey, Strategy::RowLock] {
+        let url = common::url_for(&db.url(), strategy, "fenced_simul");
+        MySqlLock::migrate(&url).await.unwrap();
+        let (one, two) = (
+            MySqlLock::connect(&url).await.unwrap(),
+            MySqlLock::connect(&url).await.unwrap(),
+        );
+        let k = key("simul");
+        let l = one
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        if let Some(other) = two
+            .try_acquire(&k, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+        {
+            failures.push(format!(
+                "{strategy}: granted twice (tokens {} and {})",
+                l.token, other.token
+            ));
+        }
+        match one.inspect(&k).await.unwrap() {
+            Some(i) if i.owner == l.owner && i.token == l.token => {}
+            other => failures.push(format!("{strategy}: inspect shows {other:?}")),
+        }
+        if one.release(&l).await.unwrap() != fenced_api::ReleaseOutcome::Released {
+            failures.push(format!(
+                "{strategy}: the holder's release was not confirmed"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

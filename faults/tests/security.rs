@@ -957,7 +957,6 @@ async fn mysql_tls_fixture_serves_verified_tls_only_and_wrong_cas_fail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: fenced-mysql builds sqlx without a TLS feature, so ssl-mode=REQUIRED/VERIFY_CA/VERIFY_IDENTITY can never connect (and the default PREFERRED is always plaintext)"]
 async fn mysql_tls_round_trip_with_the_test_ca() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new("fenced mariadb test CA").expect("CA");

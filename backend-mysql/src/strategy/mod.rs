@@ -33,22 +33,40 @@ pub(crate) fn info_from_row(key: &LockKey, row: &MySqlRow) -> Result<LockInfo> {
     ))
 }
 
+/// How long a release keeps retrying statements that lost a deadlock or a
+/// lock wait (it stays within the operation timeout the caller bounds it by).
+const CONFLICT_RETRY_FOR: Duration = Duration::from_secs(3);
+
 /// Runs a statement (or transaction) that may lose a deadlock or a lock wait
-/// to a concurrent one — concurrent releases of re-entered entries do — and
-/// retries it a few times: the loser was rolled back and changed nothing.
+/// to a concurrent one — concurrent releases of re-entered entries do, and
+/// so does a holder's DELETE against contenders whose refused
+/// `INSERT … ON DUPLICATE KEY UPDATE` locks the same row — and retries it,
+/// with a short jittered pause, for up to 3 s: the loser was rolled back
+/// and changed nothing, and a release that gave up would leave the key
+/// taken until its TTL.
 pub(crate) async fn retry_lock_conflicts<T, F, Fut>(mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
 {
+    let start = tokio::time::Instant::now();
     let mut attempt: u64 = 0;
     loop {
         match op().await {
-            Err(e) if error::is_lock_conflict(&e) && attempt < 5 => {
+            Err(e) if error::is_lock_conflict(&e) && start.elapsed() < CONFLICT_RETRY_FOR => {
                 attempt += 1;
-                tokio::time::sleep(Duration::from_millis(attempt * 3)).await;
+                let bound = attempt.min(10) * 2;
+                tokio::time::sleep(Duration::from_micros(500 + fastrand_u64(bound * 1000))).await;
             }
             other => return other.map_err(error::map),
         }
     }
+}
+
+/// A cheap pseudo-random number below `n` (jitter only; no crate needed).
+fn fastrand_u64(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.finish() % n.max(1)
 }

@@ -1,10 +1,13 @@
 //! `optimistic`: one permanent row per key taken with a conditional UPDATE
 //! (the seeds' "乐观锁版本号" posture).
 //!
-//! * acquire = `UPDATE … SET holder = ?, version = LAST_INSERT_ID(version + 1), …
-//!   WHERE lock_key = ? AND (holder IS NULL OR expire_time <= now)`: one round
-//!   trip once the key's row exists, and the new version — the fencing token —
-//!   comes back in the OK packet. A missing row is created with `INSERT IGNORE`.
+//! * acquire = one `UPDATE` of the key's row whose assignments decide from
+//!   the old holder and expiry: a free or expired row is taken
+//!   (`version = LAST_INSERT_ID(version + 1)`), a held one is left untouched
+//!   with `LAST_INSERT_ID(0)`. The OK packet's insert id is the new version —
+//!   the fencing token — or 0 for "held": acquired, refused or taken over, one
+//!   statement. Only a key's first acquisition finds no row (0 rows matched)
+//!   and creates it with `INSERT IGNORE` before trying again.
 //! * release clears the holder (matching holder **and** version); the row
 //!   stays, so the table never grows with traffic, only with distinct keys.
 
@@ -16,16 +19,17 @@ use fenced_api::{
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
 };
-use sqlx::{MySqlPool, Row, SqlStr};
+use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
 use super::{info_from_row, micros, retry_lock_conflicts};
+use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::sql;
 
 #[derive(Debug)]
 pub(crate) struct Optimistic {
-    pool: MySqlPool,
+    conns: Conns,
     scope: String,
     take: SqlStr,
     create_row: SqlStr,
@@ -44,14 +48,29 @@ impl Optimistic {
         let t = &table;
         let current = "holder = ? AND version = ? AND expire_time > UTC_TIMESTAMP(6)";
         Optimistic {
-            pool,
+            conns: Conns::new(pool),
             scope,
-            take: sql!(
-                "UPDATE {t} SET version = LAST_INSERT_ID(version + 1), holder = ?, reentrant_count = 1, \
-                 expire_time = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND (holder IS NULL OR expire_time <= UTC_TIMESTAMP(6))"
-            ),
             create_row: sql!("INSERT IGNORE INTO {t} (lock_key, version) VALUES (?, 0)"),
+            // `version` decides (from the old holder and expiry) and leaves
+            // its verdict in LAST_INSERT_ID() — the new version (>= 1) if
+            // taken, 0 if not — which the later assignments read. They read
+            // nothing else that an earlier assignment changes, so the result
+            // is the same whether assignments see earlier ones (MySQL, MariaDB
+            // by default) or all see the old row (MariaDB's sql_mode
+            // SIMULTANEOUS_ASSIGNMENT, part of sql_mode=ORACLE): comparing
+            // `version` itself there would read the old version and never
+            // set the holder of a row it had just taken. A held row is left
+            // unchanged; the OK packet's insert id is the verdict.
+            take: sql!(
+                "UPDATE {t} SET \
+                 version = IF(holder IS NULL OR expire_time <= UTC_TIMESTAMP(6), \
+                 LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
+                 reentrant_count = IF(LAST_INSERT_ID() > 0, 1, reentrant_count), \
+                 holder = IF(LAST_INSERT_ID() > 0, ?, holder), \
+                 expire_time = IF(LAST_INSERT_ID() > 0, \
+                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expire_time) \
+                 WHERE lock_key = ?"
+            ),
             reenter: sql!(
                 "UPDATE {t} SET reentrant_count = reentrant_count + 1, version = LAST_INSERT_ID(version), \
                  expire_time = GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
@@ -90,18 +109,41 @@ impl Optimistic {
         }
     }
 
+    /// One try: `Some(token)` if taken, `None` if held. Creates the key's
+    /// row first if it has none (its first acquisition ever).
     async fn take(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<Option<u64>> {
-        let res = sqlx::query(self.take.clone())
-            .bind(owner.as_str().as_bytes())
-            .bind(micros(ttl))
-            .bind(key.as_bytes())
-            .execute(&self.pool)
-            .await;
-        match res {
-            Ok(done) if done.rows_affected() == 1 => Ok(Some(done.last_insert_id())),
-            Ok(_) => Ok(None),
-            Err(e) if error::is_lock_conflict(&e) => Ok(None),
-            Err(e) => Err(error::map(e)),
+        let mut deadlocks = 0;
+        let mut created = false;
+        loop {
+            let res = self
+                .conns
+                .execute(
+                    sqlx::query(self.take.clone())
+                        .bind(owner.as_str().as_bytes())
+                        .bind(micros(ttl))
+                        .bind(key.as_bytes()),
+                )
+                .await;
+            match res {
+                Ok(done) if done.last_insert_id() > 0 => return Ok(Some(done.last_insert_id())),
+                // Matched (found rows): held.
+                Ok(done) if done.rows_affected() > 0 => return Ok(None),
+                Ok(_) if created => return Ok(None),
+                Ok(_) => {
+                    self.conns
+                        .execute(sqlx::query(self.create_row.clone()).bind(key.as_bytes()))
+                        .await
+                        .db()?;
+                    created = true;
+                }
+                // A deadlock victim was rolled back and says nothing about
+                // this key: try again.
+                Err(e) if error::number(&e) == Some(error::code::DEADLOCK) && deadlocks < 3 => {
+                    deadlocks += 1;
+                }
+                Err(e) if error::is_lock_conflict(&e) => return Ok(None),
+                Err(e) => return Err(error::map(e)),
+            }
         }
     }
 
@@ -112,19 +154,25 @@ impl Optimistic {
         owner: &Owner,
     ) -> Result<Option<u64>> {
         if opts.is_reentrant() {
-            let done = sqlx::query(self.reenter.clone())
-                .bind(micros(opts.ttl()))
-                .bind(key.as_bytes())
-                .bind(owner.as_str().as_bytes())
-                .execute(&self.pool)
+            let done = self
+                .conns
+                .execute(
+                    sqlx::query(self.reenter.clone())
+                        .bind(micros(opts.ttl()))
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes()),
+                )
                 .await
                 .db()?;
             return Ok((done.rows_affected() == 1).then(|| done.last_insert_id()));
         }
-        let held = sqlx::query(self.held_by.clone())
-            .bind(key.as_bytes())
-            .bind(owner.as_str().as_bytes())
-            .fetch_optional(&self.pool)
+        let held = self
+            .conns
+            .fetch_optional(
+                sqlx::query(self.held_by.clone())
+                    .bind(key.as_bytes())
+                    .bind(owner.as_str().as_bytes()),
+            )
             .await
             .db()?;
         if held.is_some() {
@@ -139,37 +187,28 @@ impl Optimistic {
         &self,
         lease: &Lease,
     ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
-        let bind = |sql: SqlStr| {
-            sqlx::query(sql)
-                .bind(lease.key.as_bytes())
-                .bind(lease.owner.as_str().as_bytes())
-                .bind(lease.token.get())
+        let mut c = self.conns.get().await?;
+        let done = self
+            .bind(self.release_last.clone(), lease)
+            .execute(c.conn())
+            .await;
+        let done = match done {
+            Ok(d) => d,
+            Err(e) => {
+                c.settle(Some(&e));
+                return Err(e);
+            }
         };
-        let done = bind(self.release_last.clone()).execute(&self.pool).await?;
         if done.rows_affected() == 1 {
+            c.settle(None);
             notify_released(&self.scope, &lease.key);
             return Ok(ReleaseOutcome::Released);
         }
         // Slow path (re-entered, expired or foreign lease): decide under a row
-        // lock, so concurrent releases of re-entered entries never race.
-        let mut tx = self.pool.begin().await?;
-        let row = bind(self.lock_own.clone()).fetch_optional(&mut *tx).await?;
-        let outcome = match row {
-            Some(r) => {
-                let count: u32 = r.try_get(0)?;
-                if count > 1 {
-                    bind(self.release_one.clone()).execute(&mut *tx).await?;
-                    ReleaseOutcome::StillHeld {
-                        remaining: count - 1,
-                    }
-                } else {
-                    bind(self.release_last.clone()).execute(&mut *tx).await?;
-                    ReleaseOutcome::Released
-                }
-            }
-            None => ReleaseOutcome::NotHeld,
-        };
-        tx.commit().await?;
+        // lock, so concurrent releases of re-entered entries never race. On
+        // any failure the connection is closed, never reused mid-transaction.
+        let outcome = self.release_slow(c.conn(), lease).await?;
+        c.settle(None);
         match outcome {
             ReleaseOutcome::Released => notify_released(&self.scope, &lease.key),
             ReleaseOutcome::NotHeld => {
@@ -177,6 +216,50 @@ impl Optimistic {
             }
             _ => {}
         }
+        Ok(outcome)
+    }
+
+    fn bind<'q>(
+        &self,
+        sql: SqlStr,
+        lease: &'q Lease,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        sqlx::query(sql)
+            .bind(lease.key.as_bytes())
+            .bind(lease.owner.as_str().as_bytes())
+            .bind(lease.token.get())
+    }
+
+    async fn release_slow(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+    ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        let row = self
+            .bind(self.lock_own.clone(), lease)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let outcome = match row {
+            Some(r) => {
+                let count: u32 = r.try_get(0)?;
+                if count > 1 {
+                    self.bind(self.release_one.clone(), lease)
+                        .execute(&mut *tx)
+                        .await?;
+                    ReleaseOutcome::StillHeld {
+                        remaining: count - 1,
+                    }
+                } else {
+                    self.bind(self.release_last.clone(), lease)
+                        .execute(&mut *tx)
+                        .await?;
+                    ReleaseOutcome::Released
+                }
+            }
+            None => ReleaseOutcome::NotHeld,
+        };
+        tx.commit().await?;
         Ok(outcome)
     }
 }
@@ -208,21 +291,7 @@ impl DistributedLock for Optimistic {
                 )));
             }
         }
-        // Held, or the key's row does not exist yet: create it and try once more.
-        let created = sqlx::query(self.create_row.clone())
-            .bind(key.as_bytes())
-            .execute(&self.pool)
-            .await
-            .db()?
-            .rows_affected();
-        if created == 0 {
-            return Ok(None);
-        }
-        let sent = Instant::now();
-        Ok(self
-            .take(key, &owner, ttl)
-            .await?
-            .map(|v| Lease::new(key.clone(), owner, FencingToken::new(v), ttl, sent)))
+        Ok(None)
     }
 
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
@@ -232,13 +301,16 @@ impl DistributedLock for Optimistic {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = LockOptions::validate_ttl(ttl)?;
         let sent = Instant::now();
-        let done = sqlx::query(self.extend.clone())
-            .bind(micros(ttl))
-            .bind(micros(ttl))
-            .bind(lease.key.as_bytes())
-            .bind(lease.owner.as_str().as_bytes())
-            .bind(lease.token.get())
-            .execute(&self.pool)
+        let done = self
+            .conns
+            .execute(
+                sqlx::query(self.extend.clone())
+                    .bind(micros(ttl))
+                    .bind(micros(ttl))
+                    .bind(lease.key.as_bytes())
+                    .bind(lease.owner.as_str().as_bytes())
+                    .bind(lease.token.get()),
+            )
             .await
             .db()?;
         if done.rows_affected() == 1 {
@@ -258,18 +330,18 @@ impl DistributedLock for Optimistic {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row = sqlx::query(self.inspect.clone())
-            .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
+        let row = self
+            .conns
+            .fetch_optional(sqlx::query(self.inspect.clone()).bind(key.as_bytes()))
             .await
             .db()?;
         row.map(|r| info_from_row(key, &r)).transpose()
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let done = sqlx::query(self.force.clone())
-            .bind(key.as_bytes())
-            .execute(&self.pool)
+        let done = self
+            .conns
+            .execute(sqlx::query(self.force.clone()).bind(key.as_bytes()))
             .await
             .db()?;
         let removed = done.rows_affected() > 0;

@@ -1,11 +1,44 @@
 //! `unique_key`: INSERT a row per held key (the seeds' "posture one").
 //!
-//! * acquire = one autocommit `INSERT`; a duplicate key means "held". If the
-//!   existing row is expired (crashed holder), it is deleted — only if still
-//!   expired, in the same statement — and the INSERT retried once, so a
-//!   takeover needs no reaper.
+//! * acquire = one autocommit `INSERT … ON DUPLICATE KEY UPDATE`: inserted
+//!   means acquired; on a duplicate the update clause changes nothing of a
+//!   live row and only reports, in the same round trip, whether the existing
+//!   row has expired (it bumps the dead row's `reentrant_count`, so the
+//!   affected-row count says 2). A refused try is therefore one statement.
+//!   Only an expired row (crashed holder) costs more: it is deleted — only
+//!   if still expired — and the INSERT retried once, so a takeover needs no
+//!   reaper.
 //! * the row's `AUTO_INCREMENT` id is the fencing token: it only grows, and
-//!   since MariaDB 10.2.4 / MySQL 8.0 it survives restarts.
+//!   since MariaDB 10.2.4 / MySQL 8.0 it survives restarts. But an id is
+//!   allocated when the INSERT *starts*: an INSERT that then waits for a row
+//!   lock (another holder's DELETE in flight, or a refused contender's
+//!   duplicate check) can be granted its old id after a later-allocated,
+//!   higher id was granted and released — a token going backwards, and the
+//!   release of that lower token then succeeds (the fault suite's "834 after
+//!   835"). Measured here with eight clients on one key (`tests/regressions.rs`
+//!   `tokens_never_go_backwards_under_contention`): `INSERT … VALUES … ON
+//!   DUPLICATE KEY UPDATE` about 6 inversions per 15 s. Written as `INSERT …
+//!   SELECT … FROM DUAL`, the INSERT is a "bulk insert", for which InnoDB
+//!   holds the table's AUTO-INC lock until the statement ends
+//!   (`innodb_autoinc_lock_mode` 0 or 1; 1 is MariaDB's default): no other id
+//!   is allocated while it waits, so ids are granted in allocation order;
+//!   none of those runs showed an inversion. With `innodb_autoinc_lock_mode =
+//!   2` (MySQL 8's default) InnoDB takes no such lock and inversions remain
+//!   (measured: 2 per 15 s on MariaDB started with mode 2), so
+//!   [`MySqlLock::connect`](crate::MySqlLock::connect) refuses `unique_key`
+//!   there with [`Error::Config`]: set the mode to 1 (a startup option), or
+//!   use `optimistic` or `row_lock`, whose tokens are taken under the row
+//!   lock and never depend on it.
+//! * the verdict of a grant comes from the statement's own OK packet, never
+//!   from the connection's earlier state: the acquiring statement evaluates
+//!   `LAST_INSERT_ID(0)` on every path that does not insert, so its insert
+//!   id is either the id it just inserted or 0 — also on a connection whose
+//!   previous statement left another value in `LAST_INSERT_ID()` (tested in
+//!   `tests/regressions.rs`, `verdicts_never_come_from_a_previous_statement`).
+//!   The affected-row count (sqlx sets `CLIENT_FOUND_ROWS`: found, not
+//!   changed rows) only tells a live holder (1) from an expired one (2).
+//!   Triggers on fenced's tables are not supported: a trigger that inserts a
+//!   row changes the OK packet's insert id.
 //! * release / extend match `id` **and** `owner` (and, for extend, that the
 //!   row has not expired on the server's clock).
 
@@ -17,17 +50,54 @@ use fenced_api::{
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
 };
-use sqlx::{MySqlPool, Row, SqlStr};
+use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
 use super::{info_from_row, micros, retry_lock_conflicts};
+use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::sql;
+
+/// Refuses a server that allocates AUTO_INCREMENT ids without the AUTO-INC
+/// lock (`innodb_autoinc_lock_mode = 2`): there a waiting INSERT can be
+/// granted an id lower than one already granted (see the module docs), and
+/// fencing tokens would go backwards.
+pub(crate) async fn check_autoinc_mode(pool: &MySqlPool, server: &str) -> Result<()> {
+    let mode: i64 = sqlx::query("SELECT @@innodb_autoinc_lock_mode")
+        .fetch_one(pool)
+        .await
+        .db()?
+        .try_get(0)
+        .db()?;
+    if mode == 2 {
+        tracing::error!(
+            server,
+            "innodb_autoinc_lock_mode = 2: refusing strategy unique_key (its tokens could go backwards)"
+        );
+        return Err(Error::config(
+            "strategy unique_key needs innodb_autoinc_lock_mode 0 or 1 (this server runs 2, MySQL 8's \
+             default: a waiting INSERT can be granted an id lower than one already granted, so fencing \
+             tokens could go backwards); start the server with innodb_autoinc_lock_mode=1, or use \
+             ?strategy=optimistic or ?strategy=row_lock",
+        ));
+    }
+    Ok(())
+}
+
+/// What the acquiring statement found.
+enum Insert {
+    /// The row is ours; the token.
+    Acquired(u64),
+    /// A live holder.
+    Held,
+    /// A holder whose row has expired on the server's clock.
+    Expired,
+}
 
 /// SQL for one base table, built once.
 #[derive(Debug)]
 pub(crate) struct UniqueKey {
-    pool: MySqlPool,
+    conns: Conns,
     scope: String,
     insert: SqlStr,
     delete_expired: SqlStr,
@@ -50,11 +120,20 @@ impl UniqueKey {
     pub(crate) fn new(pool: MySqlPool, table: String, scope: String) -> Self {
         let t = &table;
         UniqueKey {
-            pool,
+            conns: Conns::new(pool),
             scope,
+            // `SELECT … FROM DUAL`, not `VALUES`: a bulk insert keeps the
+            // AUTO-INC lock to the end of the statement, so its id cannot be
+            // overtaken while it waits (see the module docs). On a duplicate,
+            // `LAST_INSERT_ID(0)` makes the OK packet's insert id 0 (never a
+            // real id), and a dead row's count is bumped so the affected-row
+            // count (found rows: 1 unchanged, 2 changed) tells an expired
+            // holder from a live one. A live row is left as it is.
             insert: sql!(
                 "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_time, create_time) \
-                 VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))"
+                 SELECT ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6) FROM DUAL \
+                 ON DUPLICATE KEY UPDATE reentrant_count = \
+                 IF(expire_time <= UTC_TIMESTAMP(6), reentrant_count + 1, reentrant_count) + LAST_INSERT_ID(0)"
             ),
             delete_expired: sql!(
                 "DELETE FROM {t} WHERE lock_key = ? AND expire_time <= UTC_TIMESTAMP(6)"
@@ -112,19 +191,35 @@ impl UniqueKey {
             }
     }
 
-    async fn insert(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<Option<u64>> {
-        let res = sqlx::query(self.insert.clone())
-            .bind(key.as_bytes())
-            .bind(owner.as_str().as_bytes())
-            .bind(micros(ttl))
-            .execute(&self.pool)
-            .await;
-        match res {
-            Ok(done) => Ok(Some(done.last_insert_id())),
-            Err(e) if error::is_duplicate(&e) => Ok(None),
-            // A deadlock or lock wait while racing other inserters: not acquired.
-            Err(e) if error::is_lock_conflict(&e) => Ok(None),
-            Err(e) => Err(error::map(e)),
+    async fn insert(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<Insert> {
+        let mut deadlocks = 0;
+        loop {
+            let res = self
+                .conns
+                .execute(
+                    sqlx::query(self.insert.clone())
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes())
+                        .bind(micros(ttl)),
+                )
+                .await;
+            return match res {
+                Ok(done) if done.last_insert_id() > 0 => {
+                    Ok(Insert::Acquired(done.last_insert_id()))
+                }
+                Ok(done) if done.rows_affected() >= 2 => Ok(Insert::Expired),
+                Ok(_) => Ok(Insert::Held),
+                // Chosen as a deadlock victim by concurrent inserts or
+                // deletes — of other keys too (gap locks): rolled back,
+                // changed nothing, says nothing about this key. Try again.
+                Err(e) if error::number(&e) == Some(error::code::DEADLOCK) && deadlocks < 3 => {
+                    deadlocks += 1;
+                    continue;
+                }
+                // A lock wait while racing other inserters: not acquired.
+                Err(e) if error::is_lock_conflict(&e) => Ok(Insert::Held),
+                Err(e) => Err(error::map(e)),
+            };
         }
     }
 
@@ -136,19 +231,25 @@ impl UniqueKey {
         owner: &Owner,
     ) -> Result<Option<u64>> {
         if opts.is_reentrant() {
-            let done = sqlx::query(self.reenter.clone())
-                .bind(micros(opts.ttl()))
-                .bind(key.as_bytes())
-                .bind(owner.as_str().as_bytes())
-                .execute(&self.pool)
+            let done = self
+                .conns
+                .execute(
+                    sqlx::query(self.reenter.clone())
+                        .bind(micros(opts.ttl()))
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes()),
+                )
                 .await
                 .db()?;
             return Ok((done.rows_affected() == 1).then(|| done.last_insert_id()));
         }
-        let held = sqlx::query(self.held_by.clone())
-            .bind(key.as_bytes())
-            .bind(owner.as_str().as_bytes())
-            .fetch_optional(&self.pool)
+        let held = self
+            .conns
+            .fetch_optional(
+                sqlx::query(self.held_by.clone())
+                    .bind(key.as_bytes())
+                    .bind(owner.as_str().as_bytes()),
+            )
             .await
             .db()?;
         if held.is_some() {
@@ -159,9 +260,9 @@ impl UniqueKey {
 
     /// One expired-row cleanup for the key; true if a row was removed.
     async fn take_over_expired(&self, key: &LockKey) -> Result<bool> {
-        let done = sqlx::query(self.delete_expired.clone())
-            .bind(key.as_bytes())
-            .execute(&self.pool)
+        let done = self
+            .conns
+            .execute(sqlx::query(self.delete_expired.clone()).bind(key.as_bytes()))
             .await;
         match done {
             Ok(d) => Ok(d.rows_affected() > 0),
@@ -174,9 +275,9 @@ impl UniqueKey {
     pub(crate) async fn reap(&self, batch: u32) -> Result<u64> {
         let mut total = 0;
         loop {
-            let n = sqlx::query(self.reap.clone())
-                .bind(batch)
-                .execute(&self.pool)
+            let n = self
+                .conns
+                .execute(sqlx::query(self.reap.clone()).bind(batch))
                 .await
                 .db()?
                 .rows_affected();
@@ -191,10 +292,13 @@ impl UniqueKey {
     pub(crate) async fn purge(&self, older_than: Duration, batch: u32) -> Result<u64> {
         let mut total = 0;
         loop {
-            let n = sqlx::query(self.purge.clone())
-                .bind(older_than.as_secs())
-                .bind(batch)
-                .execute(&self.pool)
+            let n = self
+                .conns
+                .execute(
+                    sqlx::query(self.purge.clone())
+                        .bind(older_than.as_secs())
+                        .bind(batch),
+                )
                 .await
                 .db()?
                 .rows_affected();
@@ -207,8 +311,9 @@ impl UniqueKey {
 
     /// (rows, expired rows) in the lock table.
     pub(crate) async fn table_size(&self) -> Result<(u64, u64)> {
-        let row = sqlx::query(self.count.clone())
-            .fetch_one(&self.pool)
+        let row = self
+            .conns
+            .fetch_one(sqlx::query(self.count.clone()))
             .await
             .db()?;
         let rows: i64 = row.try_get(0).db()?;
@@ -224,19 +329,46 @@ impl UniqueKey {
     ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
         let id = lease.token.get();
         let owner = lease.owner.as_str().as_bytes();
+        let mut c = self.conns.get().await?;
         let done = sqlx::query(self.release_last.clone())
             .bind(id)
             .bind(owner)
-            .execute(&self.pool)
-            .await?;
+            .execute(c.conn())
+            .await;
+        let done = match done {
+            Ok(d) => d,
+            Err(e) => {
+                c.settle(Some(&e));
+                return Err(e);
+            }
+        };
         if done.rows_affected() == 1 {
+            c.settle(None);
             notify_released(&self.scope, &lease.key);
             return Ok(ReleaseOutcome::Released);
         }
         // Slow path (re-entered, expired or foreign lease): decide under a row
         // lock, so concurrent releases of re-entered entries never race
         // (separate statements could delete a row another entry just re-took).
-        let mut tx = self.pool.begin().await?;
+        // On any failure the connection is closed, never reused mid-transaction.
+        let outcome = self.release_slow(c.conn(), id, owner).await?;
+        c.settle(None);
+        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
+            notify_released(&self.scope, &lease.key);
+        }
+        if outcome == ReleaseOutcome::NotHeld {
+            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
+        }
+        Ok(outcome)
+    }
+
+    async fn release_slow(
+        &self,
+        conn: &mut MySqlConnection,
+        id: u64,
+        owner: &[u8],
+    ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
+        let mut tx = sqlx::Connection::begin(conn).await?;
         let row = sqlx::query(self.lock_own.clone())
             .bind(id)
             .bind(owner)
@@ -272,12 +404,6 @@ impl UniqueKey {
             }
         };
         tx.commit().await?;
-        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
-            notify_released(&self.scope, &lease.key);
-        }
-        if outcome == ReleaseOutcome::NotHeld {
-            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
-        }
         Ok(outcome)
     }
 }
@@ -289,16 +415,20 @@ impl DistributedLock for UniqueKey {
         let ttl = opts.ttl();
         for attempt in 0..2 {
             let sent = Instant::now();
-            if let Some(id) = self.insert(key, &owner, ttl).await? {
-                return Ok(Some(Lease::new(
-                    key.clone(),
-                    owner,
-                    FencingToken::new(id),
-                    ttl,
-                    sent,
-                )));
-            }
-            if opts.owner().is_some() {
+            let expired = match self.insert(key, &owner, ttl).await? {
+                Insert::Acquired(id) => {
+                    return Ok(Some(Lease::new(
+                        key.clone(),
+                        owner,
+                        FencingToken::new(id),
+                        ttl,
+                        sent,
+                    )))
+                }
+                Insert::Held => false,
+                Insert::Expired => true,
+            };
+            if !expired && opts.owner().is_some() {
                 let sent = Instant::now();
                 if let Some(id) = self.same_owner(key, opts, &owner).await? {
                     return Ok(Some(Lease::new(
@@ -310,9 +440,10 @@ impl DistributedLock for UniqueKey {
                     )));
                 }
             }
-            // Held. A crashed holder's expired row is removed right here (only
-            // while still expired), then the INSERT is retried once.
-            if attempt == 0 && !self.take_over_expired(key).await? {
+            // A crashed holder's expired row is removed right here (only
+            // while still expired), then the INSERT is retried once. A live
+            // holder costs nothing more: the refusal was one statement.
+            if !(attempt == 0 && expired && self.take_over_expired(key).await?) {
                 break;
             }
         }
@@ -326,12 +457,15 @@ impl DistributedLock for UniqueKey {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = LockOptions::validate_ttl(ttl)?;
         let sent = Instant::now();
-        let done = sqlx::query(self.extend.clone())
-            .bind(micros(ttl))
-            .bind(micros(ttl))
-            .bind(lease.token.get())
-            .bind(lease.owner.as_str().as_bytes())
-            .execute(&self.pool)
+        let done = self
+            .conns
+            .execute(
+                sqlx::query(self.extend.clone())
+                    .bind(micros(ttl))
+                    .bind(micros(ttl))
+                    .bind(lease.token.get())
+                    .bind(lease.owner.as_str().as_bytes()),
+            )
             .await
             .db()?;
         // sqlx sets CLIENT_FOUND_ROWS, so this counts matched rows, not only
@@ -353,25 +487,24 @@ impl DistributedLock for UniqueKey {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row = sqlx::query(self.inspect.clone())
-            .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
+        let row = self
+            .conns
+            .fetch_optional(sqlx::query(self.inspect.clone()).bind(key.as_bytes()))
             .await
             .db()?;
         row.map(|r| info_from_row(key, &r)).transpose()
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let current = sqlx::query(self.force_current.clone())
-            .bind(key.as_bytes())
-            .execute(&self.pool)
+        let current = self
+            .conns
+            .execute(sqlx::query(self.force_current.clone()).bind(key.as_bytes()))
             .await
             .db()?
             .rows_affected()
             > 0;
-        sqlx::query(self.force_any.clone())
-            .bind(key.as_bytes())
-            .execute(&self.pool)
+        self.conns
+            .execute(sqlx::query(self.force_any.clone()).bind(key.as_bytes()))
             .await
             .db()?;
         if current {

@@ -43,25 +43,37 @@ pub struct MySqlHarness {
     server: String,
     strategy: Strategy,
     table: String,
+    /// Extra URL parameters (`&k=v…`).
+    extra: &'static str,
     private: Option<Arc<private::PrivateMariaDb>>,
 }
 
 impl MySqlHarness {
     /// On the shared server, in this run's table.
     pub async fn new(strategy: Strategy) -> Self {
+        Self::with(strategy, "").await
+    }
+
+    /// With extra URL parameters (`"&row_lock_one_statement=false"`).
+    pub async fn with(strategy: Strategy, extra: &'static str) -> Self {
         let server = server_url().await;
         let h = MySqlHarness {
             server,
             strategy,
             table: run_table().to_owned(),
+            extra,
             private: None,
         };
         h.migrate(&h.table).await;
         h
     }
 
+    fn url_of(&self, server: &str, table: &str) -> String {
+        format!("{}{}", url_for(server, self.strategy, table), self.extra)
+    }
+
     pub fn url(&self) -> String {
-        url_for(&self.server, self.strategy, &self.table)
+        self.url_of(&self.server, &self.table)
     }
 
     async fn migrate(&self, table: &str) {
@@ -89,7 +101,7 @@ impl Harness for MySqlHarness {
         let table = format!("{}_{clean}", self.table);
         self.migrate(&table).await;
         Ok(Arc::new(
-            MySqlLock::connect(&url_for(&self.server, self.strategy, &table)).await?,
+            MySqlLock::connect(&self.url_of(&self.server, &table)).await?,
         ))
     }
 
@@ -124,6 +136,7 @@ impl Harness for MySqlHarness {
             server: server.url(),
             strategy: self.strategy,
             table: "fenced_private".into(),
+            extra: self.extra,
             private: Some(server),
         };
         h.migrate(&h.table).await;

@@ -10,6 +10,7 @@ use tokio::process::{Child, Command};
 pub struct PrivateMariaDb {
     dir: PathBuf,
     port: u16,
+    extra: Vec<String>,
     child: tokio::sync::Mutex<Option<Child>>,
 }
 
@@ -39,6 +40,11 @@ fn which(names: &[&str]) -> Result<String> {
 impl PrivateMariaDb {
     /// Initialises a datadir under /tmp and starts `mariadbd` on a free port.
     pub async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`start`](Self::start), with extra server options.
+    pub async fn start_with(extra: &[&str]) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("fenced-mariadb-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
@@ -63,6 +69,7 @@ impl PrivateMariaDb {
         let db = PrivateMariaDb {
             dir,
             port: free_port()?,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             child: tokio::sync::Mutex::new(None),
         };
         db.launch().await?;
@@ -94,6 +101,7 @@ impl PrivateMariaDb {
             .arg("--innodb-flush-log-at-trx-commit=1")
             .arg("--innodb-buffer-pool-size=32M")
             .arg("--skip-log-bin")
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
