@@ -26,6 +26,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::{
+    mutant::Mutant,
+    servers::PrivateStore,
     history::{belief_overlaps, check_server_grants, Event, History, Op, Phase, ServerTruth},
     proxy::{Direction, FaultProxy},
     resource::{FencedResource, ResourceTotals, WriteOutcome},
@@ -89,16 +91,19 @@ impl Target {
         }
     }
 
-    /// The URL of this target in namespace `ns`, through `via` if given.
-    fn url(
+    /// The URL of this target in namespace `ns`, through `via` if given;
+    /// on the private server at `private` (its base URL) if given.
+    pub(crate) fn url(
         self,
         ns: &str,
         via: Option<SocketAddr>,
         dir: &std::path::Path,
+        private: Option<&str>,
     ) -> Result<String, String> {
-        let base = match self.server() {
-            None => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
-            Some((url, port)) => {
+        let base = match (self.server(), private) {
+            (None, _) => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
+            (Some(_), Some(p)) => p.to_owned(),
+            (Some((url, port)), None) => {
                 let hp = fenced_conformance::services::host_port(&url, port)?;
                 match via {
                     Some(a) => url.replacen(&hp, &a.to_string(), 1),
@@ -162,11 +167,44 @@ pub enum Fault {
     /// A busy loop starves the holder's runtime (and its watchdog) for
     /// 1.5 × TTL.
     StarvedWatchdog,
+    /// Real client processes; the holder is SIGSTOPped for 2 × TTL mid
+    /// read–write, then SIGCONTed (its write must be refused).
+    ProcessStop,
+    /// Real client processes; the holder is SIGKILLed mid-hold (the others
+    /// must get the key, after the TTL at the latest).
+    ProcessKill,
+    /// Real client processes under libfaketime: one at −1 h holds through
+    /// renewals (nobody may take it early), one at +1 h is SIGKILLed
+    /// holding (the key must not stay taken for its clock's hour).
+    ClockSkew,
+    /// The server (private) is SIGKILLed and restarted while a client holds.
+    ServerRestart,
+    /// As [`Fault::ServerRestart`], on a Redis with AOF `appendfsync always`.
+    ServerRestartAof,
+    /// The leader of a private 3-member etcd cluster is SIGKILLed while a
+    /// client holds.
+    LeaderKill,
+    /// `KILL <id>` of the `row_lock` holder's connection on the server.
+    KillConnection,
+    /// 12 clients on one key on a MariaDB with `innodb_lock_wait_timeout = 1`:
+    /// deadlocks (1213) and lock-wait timeouts (1205) must never read as a grant.
+    LockStorm,
+}
+
+/// Where a fault's clients run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Threads of this process, against the shared servers, through proxies.
+    InProcess,
+    /// Separate client processes (the `fenced-faults-client` binary).
+    Processes,
+    /// Threads of this process against a private server the fault breaks.
+    Server,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 19] = [
         Fault::Contention,
         Fault::PausePastTtl,
         Fault::ShortStalls,
@@ -178,6 +216,14 @@ impl Fault {
         Fault::KillHolder,
         Fault::DroppedAcquires,
         Fault::StarvedWatchdog,
+        Fault::ProcessStop,
+        Fault::ProcessKill,
+        Fault::ClockSkew,
+        Fault::ServerRestart,
+        Fault::ServerRestartAof,
+        Fault::LeaderKill,
+        Fault::KillConnection,
+        Fault::LockStorm,
     ];
 
     /// Its name in reports.
@@ -194,12 +240,70 @@ impl Fault {
             Fault::KillHolder => "kill-holder",
             Fault::DroppedAcquires => "dropped-acquires",
             Fault::StarvedWatchdog => "starved-watchdog",
+            Fault::ProcessStop => "process-sigstop",
+            Fault::ProcessKill => "process-sigkill",
+            Fault::ClockSkew => "client-clock-skew",
+            Fault::ServerRestart => "server-restart",
+            Fault::ServerRestartAof => "server-restart-aof-always",
+            Fault::LeaderKill => "etcd-leader-kill",
+            Fault::KillConnection => "server-kill-connection",
+            Fault::LockStorm => "lock-conflict-storm",
+        }
+    }
+
+    /// Where its clients run.
+    pub fn kind(self) -> FaultKind {
+        match self {
+            Fault::ProcessStop | Fault::ProcessKill | Fault::ClockSkew => FaultKind::Processes,
+            Fault::ServerRestart
+            | Fault::ServerRestartAof
+            | Fault::LeaderKill
+            | Fault::KillConnection
+            | Fault::LockStorm => FaultKind::Server,
+            _ => FaultKind::InProcess,
+        }
+    }
+
+    /// Whether the run needs a private server.
+    pub fn needs_private_server(self) -> bool {
+        self.kind() == FaultKind::Server
+    }
+
+    /// Whether two clients believing they hold the key at once is a
+    /// violation under this fault on `target`: nobody is frozen or cut off,
+    /// or the store keeps its locks through the fault. (Under a pause, a
+    /// partition, or a Redis restart that forgets locks, such overlaps are
+    /// what fencing is for; they are counted, not forbidden.)
+    pub fn forbids_overlap(self, target: Target) -> bool {
+        match self {
+            Fault::Contention | Fault::ClockSkew | Fault::LockStorm => true,
+            // Durable stores keep the lease through a restart; a row_lock
+            // transaction dies with the server (the holder learns at its
+            // next renewal) and a Redis without persistence forgets.
+            Fault::ServerRestart => matches!(
+                target,
+                Target::MySqlUniqueKey | Target::MySqlOptimistic | Target::Etcd
+            ),
+            Fault::ServerRestartAof | Fault::LeaderKill => true,
+            _ => false,
         }
     }
 
     /// Whether the fault can be injected on `target` (network faults need a
     /// network).
     pub fn applies_to(self, target: Target) -> bool {
+        let mysql = matches!(
+            target,
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic
+        );
+        match self {
+            Fault::ServerRestart => return target != Target::Sqlite,
+            Fault::ServerRestartAof => return target == Target::Redis,
+            Fault::LeaderKill => return target == Target::Etcd,
+            Fault::KillConnection => return target == Target::MySqlRowLock,
+            Fault::LockStorm => return mysql,
+            _ => {}
+        }
         !matches!(
             self,
             Fault::BlackholePastTtl
@@ -228,6 +332,12 @@ pub struct RunConfig {
     pub ttl: Duration,
     /// How many times the victim suffers the fault.
     pub injections: usize,
+    /// A deliberately broken lock instead of the real one (control runs).
+    pub mutant: Option<Mutant>,
+    /// The `fenced-faults-client` binary for the process faults (default:
+    /// next to the running executable).
+    #[serde(skip)]
+    pub client_bin: Option<std::path::PathBuf>,
 }
 
 impl RunConfig {
@@ -238,10 +348,18 @@ impl RunConfig {
             fault,
             seed,
             fencing: true,
-            clients: 4,
+            clients: if fault == Fault::LockStorm { 12 } else { 4 },
             ttl: Duration::from_millis(if target == Target::Etcd { 2_000 } else { 600 }),
             injections: 1,
+            mutant: None,
+            client_bin: None,
         }
+    }
+
+    /// Whether this is a control run (fencing off or a mutant): it must be
+    /// caught, not pass.
+    pub fn is_control(&self) -> bool {
+        !self.fencing || self.mutant.is_some()
     }
 }
 
@@ -276,6 +394,25 @@ pub struct RunResult {
     /// Acquires that failed with a retryable error (overload, a connection
     /// cut by the fault) — the caller's "try again".
     pub transient_errors: u64,
+    /// Faults the run saw really happen (a process found stopped, a
+    /// server with a new pid, a new etcd leader, a killed connection).
+    pub confirmed_faults: u64,
+    /// How each fault was confirmed, and what the victim saw.
+    pub evidence: Vec<String>,
+    /// Grants whose token did not exceed a token already granted (and
+    /// acknowledged) before the grant was requested: must be 0.
+    pub token_regressions: usize,
+    /// Belief overlaps under a fault where none is allowed (see
+    /// [`Fault::forbids_overlap`]): must be 0.
+    pub forbidden_overlaps: usize,
+    /// Whether the victim learnt that its lease was gone (a loss signal,
+    /// a refused release or write) in the hold that suffered the fault.
+    pub victim_noticed_loss: Option<bool>,
+    /// From the kill of a holder to the next grant to another client, ms.
+    pub takeover_ms: Option<f64>,
+    /// Deadlocks (1213) and lock-wait timeouts (1205) the server counted
+    /// during a storm.
+    pub lock_conflicts: Option<(u64, u64)>,
     /// The history, as JSON lines.
     #[serde(skip)]
     pub history: String,
@@ -287,6 +424,8 @@ impl RunResult {
         self.resource.accepted_stale == 0
             && self.resource.lost_updates == 0
             && self.non_owner_releases == 0
+            && self.token_regressions == 0
+            && self.forbidden_overlaps == 0
             && self
                 .server_truth
                 .is_none_or(|t| t.overlaps == 0 && t.token_regressions == 0)
@@ -300,28 +439,68 @@ struct Ctx {
     history: History,
     resource: Arc<FencedResource>,
     proxy: Option<Arc<FaultProxy>>,
-    until: Instant,
+    until: Until,
     loss_latency_ms: Arc<Mutex<Vec<f64>>>,
     errors: Arc<Mutex<Vec<String>>>,
     transient: Arc<std::sync::atomic::AtomicU64>,
+    server: Option<Arc<PrivateStore>>,
+    evidence: Arc<Mutex<Vec<String>>>,
+    confirmed: Arc<std::sync::atomic::AtomicU64>,
+    mutant_dir: std::path::PathBuf,
 }
 
-/// Runs one seeded run. Errors are set-up failures (server unreachable, no
-/// port); everything that happens during the run is in the result.
-///
-/// # Errors
-///
-/// A one-line description naming `scripts/services.sh` when a server is
-/// unreachable.
-pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
+/// The end of a run, which a server fault pushes back by the time the
+/// server took to come back.
+#[derive(Clone)]
+struct Until(Arc<Mutex<Instant>>);
+
+impl Until {
+    fn get(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn extend(&self, by: Duration) {
+        let mut u = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *u += by;
+    }
+}
+
+/// What every run sets up before its clients start: a namespace, the
+/// migrated store, the SQLite audit.
+pub(crate) struct Prepared {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ns: String,
+    pub(crate) admin_url: String,
+    pub(crate) audit: Option<Audit>,
+    pub(crate) private: Option<Arc<PrivateStore>>,
+    pub(crate) key: String,
+}
+
+impl Prepared {
+    /// The store URL for a client (through `via` if given).
+    pub(crate) fn url(&self, cfg: &RunConfig, via: Option<SocketAddr>) -> Result<String, String> {
+        let base = self.private.as_ref().map(|p| p.base_url());
+        cfg.target.url(&self.ns, via, self.dir.path(), base.as_deref())
+    }
+
+    /// Where mutants share what they share.
+    pub(crate) fn mutant_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("mutant")
+    }
+}
+
+async fn prepare(cfg: &RunConfig) -> Result<Prepared, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let ns = format!(
         "{}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8],
         cfg.seed
     );
-    let upstream = cfg.target.upstream()?;
-    let admin_url = cfg.target.url(&ns, None, dir.path())?;
+    let private = PrivateStore::for_run(cfg.target, cfg.fault)
+        .await?
+        .map(Arc::new);
+    let base = private.as_ref().map(|p| p.base_url());
+    let admin_url = cfg.target.url(&ns, None, dir.path(), base.as_deref())?;
     let setup = async {
         fenced::migrate(&admin_url).await?;
         fenced::connect(&admin_url).await.map(drop)
@@ -342,18 +521,117 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
     if let Some(a) = &audit {
         a.install().await?;
     }
+    Ok(Prepared {
+        dir,
+        ns,
+        admin_url,
+        audit,
+        private,
+        key: format!("faults/{}", cfg.fault.name()),
+    })
+}
+
+/// What the clients of a run collected, however they ran.
+pub(crate) struct Collected {
+    pub(crate) history: History,
+    pub(crate) resource: Arc<FencedResource>,
+    pub(crate) loss_latency_ms: Vec<f64>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) transient: u64,
+    pub(crate) evidence: Vec<String>,
+    pub(crate) confirmed: u64,
+    pub(crate) lock_conflicts: Option<(u64, u64)>,
+}
+
+/// Liveness, the checks and the cleanup after the clients are done.
+pub(crate) async fn finish(
+    cfg: RunConfig,
+    prep: Prepared,
+    c: Collected,
+) -> Result<RunResult, String> {
+    // Liveness: a fresh client, straight to the server, gets the key.
+    let liveness_ms = liveness(&prep.admin_url, &prep.key, cfg.ttl).await;
+    let server_truth = match &prep.audit {
+        Some(a) => Some(check_server_grants(&a.grants().await?)),
+        None => None,
+    };
+    let events = c.history.events();
+    let overlaps = belief_overlaps(&events);
+    let faults = events
+        .iter()
+        .filter(|e| e.op == Op::Fault && e.phase == Phase::Invoke)
+        .count() as u64;
+    let result = RunResult {
+        acquisitions: count(&events, Op::Acquire, Phase::Ok),
+        faults,
+        belief_overlaps: overlaps.len(),
+        belief_overlap_max_ms: overlaps
+            .iter()
+            .map(|o| o.ns as f64 / 1e6)
+            .fold(0.0, f64::max),
+        resource: c.resource.totals(),
+        server_truth,
+        non_owner_releases: non_owner_releases(&events),
+        loss_latency_ms: c.loss_latency_ms,
+        liveness_ms,
+        errors: c.errors,
+        transient_errors: c.transient,
+        confirmed_faults: if cfg.fault.kind() == FaultKind::InProcess {
+            faults
+        } else {
+            c.confirmed
+        },
+        evidence: c.evidence,
+        token_regressions: crate::checks::token_regressions(&events),
+        forbidden_overlaps: if cfg.fault.forbids_overlap(cfg.target) {
+            overlaps.len()
+        } else {
+            0
+        },
+        victim_noticed_loss: crate::checks::victim_noticed_loss(&events),
+        takeover_ms: crate::checks::takeover_ms(&events),
+        lock_conflicts: c.lock_conflicts,
+        history: c.history.to_jsonl(),
+        config: cfg,
+    };
+    cleanup(&prep.admin_url).await;
+    Ok(result)
+}
+
+/// Runs one seeded run. Errors are set-up failures (server unreachable, no
+/// port); everything that happens during the run is in the result.
+///
+/// # Errors
+///
+/// A one-line description naming `scripts/services.sh` when a server is
+/// unreachable.
+pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
+    let prep = prepare(&cfg).await?;
+    if cfg.fault.kind() == FaultKind::Processes {
+        return crate::procs::run(cfg, prep).await;
+    }
+    // Private servers are reached directly; shared ones through a proxy each.
+    let upstream = match prep.private {
+        Some(_) => None,
+        None => cfg.target.upstream()?,
+    };
     let history = History::new();
     let resource = Arc::new(if cfg.fencing {
         FencedResource::fenced()
     } else {
         FencedResource::unfenced()
     });
-    let key = format!("faults/{}", cfg.fault.name());
     let budget = cfg.ttl * 5 * cfg.injections.max(1) as u32 + cfg.ttl * 3;
-    let until = Instant::now() + budget;
+    let until = Until(Arc::new(Mutex::new(Instant::now() + budget)));
     let loss_latency_ms = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(Mutex::new(Vec::new()));
     let transient = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let evidence = Arc::new(Mutex::new(Vec::new()));
+    let confirmed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let conflicts_before = match (&prep.private, cfg.fault) {
+        (Some(p), Fault::LockStorm) => Some(p.lock_conflicts().await?),
+        _ => None,
+    };
     let mut threads = Vec::new();
     let mut proxies = Vec::new();
     for i in 0..cfg.clients {
@@ -365,21 +643,23 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             )),
             None => None,
         };
-        let url = cfg
-            .target
-            .url(&ns, proxy.as_ref().map(|p| p.addr()), dir.path())?;
+        let url = prep.url(&cfg, proxy.as_ref().map(|p| p.addr()))?;
         proxies.push(proxy.clone());
         let ctx = Ctx {
             cfg: cfg.clone(),
             url,
-            key: key.clone(),
+            key: prep.key.clone(),
             history: history.clone(),
             resource: Arc::clone(&resource),
             proxy,
-            until,
+            until: until.clone(),
             loss_latency_ms: Arc::clone(&loss_latency_ms),
             errors: Arc::clone(&errors),
             transient: Arc::clone(&transient),
+            server: prep.private.clone(),
+            evidence: Arc::clone(&evidence),
+            confirmed: Arc::clone(&confirmed),
+            mutant_dir: prep.mutant_dir(),
         };
         threads.push(std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -405,41 +685,34 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             .push("a client thread panicked".into());
     }
     drop(proxies);
-
-    // Liveness: a fresh client, straight to the server, gets the key.
-    let liveness_ms = liveness(&admin_url, &key, cfg.ttl).await;
-
-    let server_truth = match &audit {
-        Some(a) => Some(check_server_grants(&a.grants().await?)),
-        None => None,
+    let lock_conflicts = match (&prep.private, conflicts_before) {
+        (Some(p), Some((d0, t0))) => {
+            let (d1, t1) = p.lock_conflicts().await?;
+            let (d, t) = (d1.saturating_sub(d0), t1.saturating_sub(t0));
+            evidence.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                "the server counted {d} deadlocks (1213) and {t} lock-wait timeouts (1205)"
+            ));
+            if d + t > 0 {
+                confirmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Some((d, t))
+        }
+        _ => None,
     };
-    let events = history.events();
-    let overlaps = belief_overlaps(&events);
-    let result = RunResult {
-        acquisitions: count(&events, Op::Acquire, Phase::Ok),
-        faults: events
-            .iter()
-            .filter(|e| e.op == Op::Fault && e.phase == Phase::Invoke)
-            .count() as u64,
-        belief_overlaps: overlaps.len(),
-        belief_overlap_max_ms: overlaps
-            .iter()
-            .map(|o| o.ns as f64 / 1e6)
-            .fold(0.0, f64::max),
-        resource: resource.totals(),
-        server_truth,
-        non_owner_releases: non_owner_releases(&events),
+    let take = |m: &Arc<Mutex<Vec<String>>>| std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()));
+    let collected = Collected {
+        history,
+        resource,
         loss_latency_ms: std::mem::take(
             &mut *loss_latency_ms.lock().unwrap_or_else(|p| p.into_inner()),
         ),
-        liveness_ms,
-        errors: std::mem::take(&mut *errors.lock().unwrap_or_else(|p| p.into_inner())),
-        transient_errors: transient.load(std::sync::atomic::Ordering::Relaxed),
-        history: history.to_jsonl(),
-        config: cfg,
+        errors: take(&errors),
+        transient: transient.load(std::sync::atomic::Ordering::Relaxed),
+        evidence: take(&evidence),
+        confirmed: confirmed.load(std::sync::atomic::Ordering::Relaxed),
+        lock_conflicts,
     };
-    cleanup(&admin_url).await;
-    Ok(result)
+    finish(cfg, prep, collected).await
 }
 
 fn count(events: &[Event], op: Op, phase: Phase) -> u64 {
@@ -535,6 +808,10 @@ async fn client(p: usize, ctx: Ctx) {
         Ok(l) => l,
         Err(e) => return ctx.error(format!("client {p}: connect: {e}")),
     };
+    let lock = match cfg.mutant {
+        Some(m) => m.wrap(lock, &ctx.mutant_dir),
+        None => lock,
+    };
     let client = match LockClient::builder(lock)
         .ttl(ttl)
         .wait(WaitPolicy::Timeout(ttl * 3))
@@ -550,7 +827,7 @@ async fn client(p: usize, ctx: Ctx) {
     if victim {
         tokio::time::sleep(ttl / 4).await;
     }
-    while Instant::now() < ctx.until {
+    while Instant::now() < ctx.until.get() {
         let inject = left > 0;
         if inject {
             left -= 1;
@@ -692,10 +969,44 @@ enum Holding {
     Died,
 }
 
+/// The server faults, acted by the victim while it holds. The run's end
+/// moves back by the time the server took, so that the others still
+/// contend afterwards; then the victim waits a TTL before it writes, so that
+/// a successor (if the store let one in) writes first.
+async fn server_fault(ctx: &Ctx) {
+    let Some(server) = ctx.server.as_deref() else {
+        return ctx.error("a server fault without a private server".into());
+    };
+    let started = Instant::now();
+    let done = match ctx.cfg.fault {
+        Fault::ServerRestart | Fault::ServerRestartAof => server.restart().await,
+        Fault::LeaderKill => server.kill_leader().await,
+        Fault::KillConnection => server.kill_lock_connection().await,
+        _ => return,
+    };
+    ctx.until.extend(started.elapsed());
+    match done {
+        Ok(evidence) => {
+            ctx.evidence
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(evidence);
+            ctx.confirmed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Err(e) => ctx.error(format!("{}: {e}", ctx.cfg.fault.name())),
+    }
+    tokio::time::sleep(ctx.cfg.ttl).await;
+}
+
 /// Faults that hit the holder between its read and its write.
 async fn while_holding(_p: usize, ctx: &Ctx, rng: &mut fastrand::Rng) -> Holding {
     let ttl = ctx.cfg.ttl;
     match ctx.cfg.fault {
+        Fault::ServerRestart
+        | Fault::ServerRestartAof
+        | Fault::LeaderKill
+        | Fault::KillConnection => server_fault(ctx).await,
         Fault::PausePastTtl => std::thread::sleep(ttl * 2),
         Fault::ShortStalls => {
             for _ in 0..4 {
@@ -740,7 +1051,11 @@ async fn while_holding(_p: usize, ctx: &Ctx, rng: &mut fastrand::Rng) -> Holding
         Fault::Contention
         | Fault::ReplyDelayedPastTtl
         | Fault::LostAcquireAck
-        | Fault::DroppedAcquires => {}
+        | Fault::DroppedAcquires
+        | Fault::LockStorm
+        | Fault::ProcessStop
+        | Fault::ProcessKill
+        | Fault::ClockSkew => {}
     }
     Holding::Alive
 }
