@@ -99,6 +99,82 @@ pub fn takeover_ms(events: &[Event]) -> Option<f64> {
         .map(|e| (e.t_ns - kill.t_ns) as f64 / 1e6)
 }
 
+/// RELIABILITY.md's second table: for the process and server faults (and
+/// their controls), whether each fault was confirmed to have happened, and
+/// the checks those faults add.
+pub fn evidence_markdown(results: &[crate::scenario::RunResult]) -> String {
+    use std::fmt::Write as _;
+
+    use crate::scenario::{Fault, FaultKind, Target};
+    let mut cells: std::collections::BTreeMap<(usize, usize, usize), Vec<&crate::scenario::RunResult>> =
+        Default::default();
+    for r in results {
+        if r.config.fault.kind() == FaultKind::InProcess && r.config.mutant.is_none() {
+            continue;
+        }
+        let t = Target::ALL.iter().position(|t| *t == r.config.target).unwrap_or(0);
+        let f = Fault::ALL.iter().position(|f| *f == r.config.fault).unwrap_or(0);
+        cells
+            .entry((crate::report::variant(r), t, f))
+            .or_default()
+            .push(r);
+    }
+    let mut out = String::new();
+    if cells.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\n## Process and server faults: evidence and their own checks\n\n\
+         | store | fault | runs | faults confirmed / injected | token regressions | overlaps where none is allowed | victim noticed its loss (runs) | takeover after SIGKILL p50 / max ms | deadlocks / lock-wait timeouts (server) | evidence (first run) |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|---|"
+    );
+    for ((v, t, f), runs) in &cells {
+        let confirmed: u64 = runs.iter().map(|r| r.confirmed_faults).sum();
+        let injected: u64 = runs.iter().map(|r| r.faults).sum();
+        let regressions: usize = runs.iter().map(|r| r.token_regressions).sum();
+        let forbidden: usize = runs.iter().map(|r| r.forbidden_overlaps).sum();
+        let noticed = runs.iter().filter(|r| r.victim_noticed_loss == Some(true)).count();
+        let mut take: Vec<f64> = runs.iter().filter_map(|r| r.takeover_ms).collect();
+        take.sort_by(f64::total_cmp);
+        let take = match (take.get(take.len() / 2), take.last()) {
+            (Some(p50), Some(max)) => format!("{p50:.0} / {max:.0}"),
+            _ => "–".into(),
+        };
+        let conflicts = runs
+            .iter()
+            .filter_map(|r| r.lock_conflicts)
+            .fold(None, |acc: Option<(u64, u64)>, (d, w)| {
+                let (a, b) = acc.unwrap_or((0, 0));
+                Some((a + d, b + w))
+            })
+            .map_or_else(|| "–".into(), |(d, w)| format!("{d} / {w}"));
+        let evidence = runs
+            .first()
+            .map(|r| r.evidence.join("; ").replace('|', "/"))
+            .unwrap_or_default();
+        let label = match v {
+            0 => String::new(),
+            1 => " **(fencing off)**".into(),
+            _ => format!(
+                " **(mutant: {})**",
+                runs.first()
+                    .and_then(|r| r.config.mutant)
+                    .map_or("?", |m| m.name())
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {}{label} | {} | {confirmed} / {injected} | {regressions} | {forbidden} | {noticed} of {} | {take} | {conflicts} | {evidence} |",
+            Target::ALL[*t].name(),
+            Fault::ALL[*f].name(),
+            runs.len(),
+            runs.len(),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ use std::{path::PathBuf, sync::Arc};
 use clap::Parser;
 use fenced_faults::{
     report,
+    mutant::Mutant,
     scenario::{run, Fault, RunConfig, RunResult, Target},
 };
 use tokio::sync::Semaphore;
@@ -64,6 +65,22 @@ async fn main() -> std::process::ExitCode {
                 configs.push(c);
             }
         }
+        // Controls: a lock with one safety mechanism removed must be caught
+        // by the fault that exposes it.
+        for (mutant, fault) in [
+            (Mutant::NxDropped, Fault::Contention),
+            (Mutant::OwnerCheckRemoved, Fault::PausePastTtl),
+            (Mutant::ClientClockExpiry, Fault::ClockSkew),
+        ] {
+            let name = format!("{} × mutant {}", target.name(), mutant.name());
+            if fault.applies_to(target) && wanted(&name) {
+                for i in 0..args.runs.min(3) {
+                    let mut c = RunConfig::new(target, fault, args.seed + i);
+                    c.mutant = Some(mutant);
+                    configs.push(c);
+                }
+            }
+        }
     }
     if configs.is_empty() {
         eprintln!("no cell matches --only {:?}", args.only);
@@ -106,9 +123,10 @@ async fn main() -> std::process::ExitCode {
             lines.push_str(&l);
             lines.push('\n');
         }
-        if r.config.fencing && !r.is_safe() {
+        if !r.is_safe() {
             let p = args.jsonl.with_file_name(format!(
-                "unsafe-{}-{}-{}.jsonl",
+                "{}-{}-{}-{}.jsonl",
+                if r.config.is_control() { "control" } else { "unsafe" },
                 r.config.target.name(),
                 r.config.fault.name(),
                 r.config.seed
@@ -151,7 +169,7 @@ async fn main() -> std::process::ExitCode {
     println!("{md}");
     let unsafe_runs = results
         .iter()
-        .filter(|r| r.config.fencing && !r.is_safe())
+        .filter(|r| !r.config.is_control() && !r.is_safe())
         .count();
     if unsafe_runs > 0 || !setup_errors.is_empty() {
         eprintln!(

@@ -2,7 +2,10 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use crate::scenario::{Fault, RunResult, Target};
+use crate::{
+    mutant::Mutant,
+    scenario::{Fault, RunResult, Target},
+};
 
 /// Aggregated results of one store × fault cell.
 #[derive(Debug, Default, Clone)]
@@ -23,6 +26,11 @@ pub struct Cell {
     pub lost_updates: u64,
     /// Releases confirmed for an overtaken holder.
     pub non_owner_releases: usize,
+    /// Grants below a token already granted, and belief overlaps where the
+    /// fault allows none (see [`RunResult`]).
+    pub token_regressions: usize,
+    /// Belief overlaps under faults that allow none.
+    pub forbidden_overlaps: usize,
     /// Server-side grants checked, overlapping pairs and token regressions
     /// (`None` when the store has no audit).
     pub server: Option<(usize, usize, usize)>,
@@ -46,7 +54,9 @@ impl Cell {
     /// Adds one run.
     pub fn add(&mut self, r: &RunResult) {
         self.runs += 1;
-        self.control = !r.config.fencing;
+        self.control = r.config.is_control();
+        self.token_regressions += r.token_regressions;
+        self.forbidden_overlaps += r.forbidden_overlaps;
         self.faults += r.faults;
         self.acquisitions += r.acquisitions;
         self.accepted_stale += r.resource.accepted_stale;
@@ -75,6 +85,8 @@ impl Cell {
         self.accepted_stale == 0
             && self.lost_updates == 0
             && self.non_owner_releases == 0
+            && self.token_regressions == 0
+            && self.forbidden_overlaps == 0
             && self.server.is_none_or(|(_, o, r)| o == 0 && r == 0)
     }
 }
@@ -93,9 +105,29 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |x| format!("{x:.0}"))
 }
 
-/// Groups results by (control?, store, fault).
-pub fn cells(results: &[RunResult]) -> BTreeMap<(bool, usize, usize), Cell> {
-    let mut m: BTreeMap<(bool, usize, usize), Cell> = BTreeMap::new();
+/// A run's variant: 0 the real lock with fencing, 1 fencing off, 2 + i the
+/// i-th mutant (control runs are the variants above 0).
+pub fn variant(r: &RunResult) -> usize {
+    match r.config.mutant {
+        Some(m) => 2 + Mutant::ALL.iter().position(|x| *x == m).unwrap_or(0),
+        None => usize::from(!r.config.fencing),
+    }
+}
+
+fn variant_label(v: usize) -> String {
+    match v {
+        0 => String::new(),
+        1 => " **(fencing off)**".into(),
+        _ => format!(
+            " **(mutant: {})**",
+            Mutant::ALL.get(v - 2).map_or("?", |m| m.name())
+        ),
+    }
+}
+
+/// Groups results by (variant, store, fault).
+pub fn cells(results: &[RunResult]) -> BTreeMap<(usize, usize, usize), Cell> {
+    let mut m: BTreeMap<(usize, usize, usize), Cell> = BTreeMap::new();
     for r in results {
         let t = Target::ALL
             .iter()
@@ -105,7 +137,7 @@ pub fn cells(results: &[RunResult]) -> BTreeMap<(bool, usize, usize), Cell> {
             .iter()
             .position(|f| *f == r.config.fault)
             .unwrap_or(0);
-        m.entry((!r.config.fencing, t, f)).or_default().add(r);
+        m.entry((variant(r), t, f)).or_default().add(r);
     }
     m
 }
@@ -133,12 +165,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let all = cells(results);
-    for ((control, t, f), c) in &all {
-        let name = if *control {
-            format!("{} **(fencing off)**", Fault::ALL[*f].name())
-        } else {
-            Fault::ALL[*f].name().to_owned()
-        };
+    for ((v, t, f), c) in &all {
+        let name = format!("{}{}", Fault::ALL[*f].name(), variant_label(*v));
         let live: Vec<f64> = c.liveness_ms.iter().flatten().copied().collect();
         let not_live = c.liveness_ms.iter().filter(|l| l.is_none()).count();
         let live_cell = if not_live > 0 {
@@ -181,14 +209,14 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     }
     let unsafe_cells: Vec<String> = all
         .iter()
-        .filter(|((control, _, _), c)| !control && !c.is_safe())
+        .filter(|((v, _, _), c)| *v == 0 && !c.is_safe())
         .map(|((_, t, f), _)| format!("{} × {}", Target::ALL[*t].name(), Fault::ALL[*f].name()))
         .collect();
     let caught = all
         .iter()
-        .filter(|((control, _, _), c)| *control && !c.is_safe())
+        .filter(|((v, _, _), c)| *v > 0 && !c.is_safe())
         .count();
-    let controls = all.keys().filter(|(control, _, _)| *control).count();
+    let controls = all.keys().filter(|(v, _, _)| *v > 0).count();
     let _ = writeln!(out, "\n## Verdict\n");
     if unsafe_cells.is_empty() {
         let _ = writeln!(
@@ -205,7 +233,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     }
     let _ = writeln!(
         out,
-        "- Control runs with fencing off: {caught} of {controls} showed the violations the \
+        "- Control runs (fencing off, or a mutant lock): {caught} of {controls} showed the violations the \
          checks exist for (the checker can fail)."
     );
     let errors: Vec<String> = all
@@ -226,6 +254,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
             let _ = writeln!(out, "- {e}");
         }
     }
+    out.push_str(&crate::checks::evidence_markdown(results));
     let _ = writeln!(
         out,
         "\n## Reading the columns\n\n\

@@ -302,6 +302,11 @@ impl Fault {
             Fault::LeaderKill => return target == Target::Etcd,
             Fault::KillConnection => return target == Target::MySqlRowLock,
             Fault::LockStorm => return mysql,
+            // SQLite's clock is the calling process's wall clock (the store
+            // runs inside the client): a client with a skewed clock *is* a
+            // store with a skewed clock. Documented in fenced-sqlite; the
+            // short profile shows it as a control.
+            Fault::ClockSkew => return target != Target::Sqlite,
             _ => {}
         }
         !matches!(
@@ -348,8 +353,12 @@ impl RunConfig {
             fault,
             seed,
             fencing: true,
-            clients: if fault == Fault::LockStorm { 12 } else { 4 },
-            ttl: Duration::from_millis(if target == Target::Etcd { 2_000 } else { 600 }),
+            clients: if fault == Fault::LockStorm { 16 } else { 4 },
+            ttl: Duration::from_millis(match (target, fault) {
+                (Target::Etcd, _) => 2_000,
+                (_, Fault::LockStorm) => 300,
+                _ => 600,
+            }),
             injections: 1,
             mutant: None,
             client_bin: None,
@@ -689,8 +698,25 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
         (Some(p), Some((d0, t0))) => {
             let (d1, t1) = p.lock_conflicts().await?;
             let (d, t) = (d1.saturating_sub(d0), t1.saturating_sub(t0));
+            // What the clients saw of them: refusals, never grants.
+            let seen = history
+                .events()
+                .iter()
+                .filter(|e| e.op == Op::Acquire && matches!(e.phase, Phase::Fail | Phase::Unknown))
+                .fold((0, 0, 0), |(dl, lw, to), e| {
+                    let d = e.detail.to_ascii_lowercase();
+                    if d.contains("1213") || d.contains("deadlock") {
+                        (dl + 1, lw, to)
+                    } else if d.contains("1205") || d.contains("lock wait") {
+                        (dl, lw + 1, to)
+                    } else {
+                        (dl, lw, to + 1)
+                    }
+                });
             evidence.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
-                "the server counted {d} deadlocks (1213) and {t} lock-wait timeouts (1205)"
+                "the server counted {d} deadlocks (1213) and {t} lock-wait timeouts (1205); \
+                 the clients saw {} deadlock and {} lock-wait errors and {} other refusals/timeouts",
+                seen.0, seen.1, seen.2
             ));
             if d + t > 0 {
                 confirmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -803,6 +829,7 @@ impl Ctx {
 async fn client(p: usize, ctx: Ctx) {
     let cfg = &ctx.cfg;
     let ttl = cfg.ttl;
+    let storm = cfg.fault == Fault::LockStorm;
     let mut rng = fastrand::Rng::with_seed(cfg.seed.wrapping_mul(1_000_003).wrapping_add(p as u64));
     let lock = match fenced::connect(&ctx.url).await {
         Ok(l) => l,
@@ -814,13 +841,16 @@ async fn client(p: usize, ctx: Ctx) {
     };
     let client = match LockClient::builder(lock)
         .ttl(ttl)
-        .wait(WaitPolicy::Timeout(ttl * 3))
+        // A storm waits one TTL: on MariaDB that is a 1 s lock wait, which
+        // the queue of long holds outlasts (1205).
+        .wait(WaitPolicy::Timeout(if storm { ttl } else { ttl * 3 }))
         .build()
     {
         Ok(c) => c,
         Err(e) => return ctx.error(format!("client {p}: {e}")),
     };
     let victim = p == 0;
+    let mut holds = 0u64;
     let mut left = if victim { cfg.injections } else { 0 };
     // The victim lets the others warm up first; then it injects on every
     // hold until its injections are spent.
@@ -907,7 +937,20 @@ async fn client(p: usize, ctx: Ctx) {
             let _ = guard.leak();
             return;
         }
-        tokio::time::sleep(Duration::from_millis(rng.u64(1..=5))).await;
+        if storm {
+            holds += 1;
+            tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
+            if holds % 3 == 0 {
+                // A holder that dies: its row expires, and the next
+                // acquirers race to take the expired lock over (deadlocks).
+                ctx.push(p, Op::Lost, Phase::Ok, Some(token), "abandoned");
+                watcher.abort();
+                let _ = guard.leak();
+                continue;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(rng.u64(1..=5))).await;
+        }
         let outcome = ctx.resource.write(token, read);
         let (phase, detail) = match outcome {
             WriteOutcome::Accepted => (Phase::Ok, "accepted"),

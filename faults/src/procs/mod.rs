@@ -151,6 +151,11 @@ impl Hub {
                 if let Some(w) = it.next().and_then(|s| s.parse::<i64>().ok()) {
                     lock(&self.clocks).insert(n, w - wall_ms());
                 }
+                // The client's own pid: under faketime the spawned process
+                // is the wrapper, which a signal must not be sent to.
+                if let Some(pid) = it.next().and_then(|s| s.parse::<u32>().ok()) {
+                    lock(&self.pids).insert(n, pid);
+                }
                 ok()
             }
             Some("EV") => {
@@ -252,6 +257,10 @@ impl Hub {
             }
             Action::Kill => {
                 self.push(id, Op::Fault, Phase::Invoke, token, format!("SIGKILL pid {pid}"));
+                // A process being killed believes nothing any more (and
+                // does nothing: it is sleeping between its read and write).
+                self.push(id, Op::Lost, Phase::Ok, token, "killed");
+                lock(&self.holding).remove(&id);
                 if let Err(e) = send_signal(Some(pid), "KILL") {
                     return self.error(format!("SIGKILL {pid}: {e}"));
                 }
@@ -261,9 +270,6 @@ impl Hub {
                     )),
                     None => self.error(format!("client {id} (pid {pid}) survived SIGKILL")),
                 }
-                // A dead process believes nothing any more.
-                self.push(id, Op::Lost, Phase::Ok, token, "killed");
-                lock(&self.holding).remove(&id);
             }
         }
     }
@@ -435,9 +441,6 @@ pub(crate) async fn run(cfg: RunConfig, prep: Prepared) -> Result<RunResult, Str
         let child = cmd
             .spawn()
             .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-        if let Some(pid) = child.id() {
-            lock(&hub.pids).insert(i, pid);
-        }
         children.push(child);
     }
 
@@ -464,6 +467,13 @@ pub(crate) async fn run(cfg: RunConfig, prep: Prepared) -> Result<RunResult, Str
                 let _ = c.kill().await;
                 hub.error(format!("client {i} still running {bound:?} after the end (killed)"));
             }
+        }
+    }
+    // Under faketime the client is a child of the wrapper: make sure none
+    // outlives the run.
+    for pid in lock(&hub.pids).values() {
+        if matches!(proc_state(*pid), Some(s) if s != 'Z' && s != 'X') {
+            let _ = send_signal(Some(*pid), "KILL");
         }
     }
     accept.abort();
