@@ -247,8 +247,22 @@ impl Hub {
                     None => self.error(format!("client {id} (pid {pid}) never showed as stopped")),
                 }
                 let hub = Arc::clone(self);
+                let stopped_at = hub.history.now_ns();
                 tokio::spawn(async move {
                     tokio::time::sleep(d).await;
+                    // Stay stopped until a successor wrote (bounded), so
+                    // that the late write always meets a higher token.
+                    let more = Instant::now() + d * 4;
+                    while Instant::now() < more
+                        && !hub.history.events().iter().any(|e| {
+                            e.t_ns > stopped_at
+                                && e.process != id
+                                && e.op == Op::Write
+                                && e.phase == Phase::Ok
+                        })
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                     hub.push(id, Op::Fault, Phase::Ok, token, format!("SIGCONT pid {pid}"));
                     if let Err(e) = send_signal(Some(pid), "CONT") {
                         hub.error(format!("SIGCONT {pid}: {e}"));
@@ -513,7 +527,10 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
         let expect: i64 = if skew.starts_with('-') { -3_600_000 } else { 3_600_000 };
         let seen = lock(&hub.clocks).get(&i).copied().unwrap_or(0);
         if (seen - expect).abs() < 300_000 {
-            hub.confirm(format!("client {i} runs with its wall clock {:+} s off", seen / 1000));
+            lock(&hub.evidence).push(format!(
+                "client {i} runs with its wall clock {:+} s off",
+                seen / 1000
+            ));
         } else {
             hub.error(format!(
                 "client {i} should run {skew} but its clock is {:+} ms off",
@@ -551,6 +568,15 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
         {
             tokio::time::sleep(ttl / 4).await;
         }
+        let long_holds = hub
+            .history
+            .events()
+            .iter()
+            .filter(|e| e.process == 0 && e.op == Op::Write && e.detail == "accepted")
+            .count();
+        lock(&hub.evidence).push(format!(
+            "client 0 (-1 h) kept the key through renewals for {long_holds} hold(s) of 2 x TTL"
+        ));
     }
     Ok(())
 }
