@@ -60,7 +60,10 @@ fn victim_hold(events: &[Event]) -> Option<(&Event, u64)> {
         events
             .iter()
             .find(|e| {
-                e.process == p && e.t_ns >= fault.t_ns && e.op == Op::Acquire && e.phase == Phase::Ok
+                e.process == p
+                    && e.t_ns >= fault.t_ns
+                    && e.op == Op::Acquire
+                    && e.phase == Phase::Ok
             })
             .and_then(|e| e.token)
     })?;
@@ -106,14 +109,22 @@ pub fn evidence_markdown(results: &[crate::scenario::RunResult]) -> String {
     use std::fmt::Write as _;
 
     use crate::scenario::{Fault, FaultKind, Target};
-    let mut cells: std::collections::BTreeMap<(usize, usize, usize), Vec<&crate::scenario::RunResult>> =
-        Default::default();
+    let mut cells: std::collections::BTreeMap<
+        (usize, usize, usize),
+        Vec<&crate::scenario::RunResult>,
+    > = Default::default();
     for r in results {
         if r.config.fault.kind() == FaultKind::InProcess && r.config.mutant.is_none() {
             continue;
         }
-        let t = Target::ALL.iter().position(|t| *t == r.config.target).unwrap_or(0);
-        let f = Fault::ALL.iter().position(|f| *f == r.config.fault).unwrap_or(0);
+        let t = Target::ALL
+            .iter()
+            .position(|t| *t == r.config.target)
+            .unwrap_or(0);
+        let f = Fault::ALL
+            .iter()
+            .position(|f| *f == r.config.fault)
+            .unwrap_or(0);
         cells
             .entry((crate::report::variant(r), t, f))
             .or_default()
@@ -134,7 +145,10 @@ pub fn evidence_markdown(results: &[crate::scenario::RunResult]) -> String {
         let injected: u64 = runs.iter().map(|r| r.faults).sum();
         let regressions: usize = runs.iter().map(|r| r.token_regressions).sum();
         let forbidden: usize = runs.iter().map(|r| r.forbidden_overlaps).sum();
-        let noticed = runs.iter().filter(|r| r.victim_noticed_loss == Some(true)).count();
+        let noticed = runs
+            .iter()
+            .filter(|r| r.victim_noticed_loss == Some(true))
+            .count();
         let mut take: Vec<f64> = runs.iter().filter_map(|r| r.takeover_ms).collect();
         take.sort_by(f64::total_cmp);
         let take = match (take.get(take.len() / 2), take.last()) {

@@ -13,8 +13,8 @@ use std::{path::PathBuf, sync::Arc};
 
 use clap::Parser;
 use fenced_faults::{
-    report,
     mutant::Mutant,
+    report,
     scenario::{run, Fault, RunConfig, RunResult, Target},
 };
 use tokio::sync::Semaphore;
@@ -126,7 +126,11 @@ async fn main() -> std::process::ExitCode {
         if !r.is_safe() {
             let p = args.jsonl.with_file_name(format!(
                 "{}-{}-{}-{}.jsonl",
-                if r.config.is_control() { "control" } else { "unsafe" },
+                if r.config.is_control() {
+                    "control"
+                } else {
+                    "unsafe"
+                },
                 r.config.target.name(),
                 r.config.fault.name(),
                 r.config.seed

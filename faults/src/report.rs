@@ -161,6 +161,34 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let _ = writeln!(
         out,
+        "Process and server faults (second table below) work differently. \
+         **Client processes** (`process-sigstop`, `process-sigkill`, `client-clock-skew`): the 4 \
+         clients are `fenced-faults-client` processes; they share the fenced counter and the history \
+         through a loopback TCP hub in the runner, which stamps every step before the client takes \
+         it. When the victim has read the counter (it holds the lock) the hub SIGSTOPs it for \
+         2 × TTL — and until a successor has written — then SIGCONTs it, or SIGKILLs it; the fault \
+         counts as confirmed only when `/proc/<pid>/stat` shows the process stopped or dead. \
+         `client-clock-skew` runs one client under libfaketime an hour behind (it holds 2 × TTL \
+         through renewals: nobody may take the key from it) and one an hour ahead, SIGKILLed \
+         holding (the key must be free after the TTL, not after its clock's hour); overlaps are \
+         forbidden there. SQLite is left out of that cell: its clock is the client process's own \
+         (the store runs inside the client), so a skewed client is a skewed store — the short \
+         profile shows the check catching exactly that. **Server faults** run against a private \
+         server (own port and data): `server-restart` SIGKILLs and restarts it while the victim \
+         holds (MariaDB with InnoDB, Redis without persistence, etcd), `server-restart-aof-always` \
+         does the same to a Redis with AOF `appendfsync always`, `etcd-leader-kill` SIGKILLs the \
+         leader of a 3-member cluster, `server-kill-connection` runs `KILL` on the connection \
+         holding the `row_lock` transaction, and `lock-conflict-storm` runs 16 clients (TTL \
+         300 ms, every third holder dying) on a MariaDB with `innodb_lock_wait_timeout = 1`, \
+         reading the server's own deadlock and lock-wait-timeout counters. Restarts are confirmed \
+         by a new pid, the leader kill by a new leader, the KILL by the connection id. After a \
+         server fault the victim waits a TTL before writing, so a successor — if the store let \
+         one in — writes first. **Mutant controls** wrap the real store in a lock with one safety \
+         mechanism removed (owner check on release, NX on acquire, expiry judged on the clients' \
+         wall clocks) and run the fault that exposes it; each must come out unsafe.\n"
+    );
+    let _ = writeln!(
+        out,
         "| store | fault | runs | faults | acquisitions | server grants / overlaps / token regressions | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
          |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
@@ -271,7 +299,18 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
            signal can only fire when the process runs again.\n\
          - **live after**: how long a fresh client waited for the key after the run.\n\
          - **retryable errors**: acquires the store answered with \"try again\" (a cut \
-           connection, overload); the caller retries them.\n"
+           connection, overload); the caller retries them.\n\
+         - **token regressions** (second table): grants whose token is not above a token already \
+           granted and acknowledged before the grant was requested — across restarts and \
+           failovers too. Must be 0.\n\
+         - **overlaps where none is allowed**: belief overlaps under faults that freeze or cut off \
+           nobody, or on stores that keep their locks through the fault (contention, clock skew, \
+           storms, restarts of durable stores, the etcd leader kill). Must be 0.\n\
+         - **victim noticed its loss**: runs in which the holder hit by the fault learnt that its \
+           lease was gone (loss signal, refused release, refused write). Required where the store \
+           loses the lock (SIGSTOP past the TTL, Redis restart without persistence, row_lock after \
+           a restart or a KILL); a durable store may keep the lease instead.\n\
+         - **takeover after SIGKILL**: from the kill of a holder to the next grant to another client.\n"
     );
     out
 }

@@ -26,11 +26,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::{
-    mutant::Mutant,
-    servers::PrivateStore,
     history::{belief_overlaps, check_server_grants, Event, History, Op, Phase, ServerTruth},
+    mutant::Mutant,
     proxy::{Direction, FaultProxy},
     resource::{FencedResource, ResourceTotals, WriteOutcome},
+    servers::PrivateStore,
     truth::Audit,
 };
 
@@ -489,7 +489,8 @@ impl Prepared {
     /// The store URL for a client (through `via` if given).
     pub(crate) fn url(&self, cfg: &RunConfig, via: Option<SocketAddr>) -> Result<String, String> {
         let base = self.private.as_ref().map(|p| p.base_url());
-        cfg.target.url(&self.ns, via, self.dir.path(), base.as_deref())
+        cfg.target
+            .url(&self.ns, via, self.dir.path(), base.as_deref())
     }
 
     /// Where mutants share what they share.
@@ -725,7 +726,9 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
         }
         _ => None,
     };
-    let take = |m: &Arc<Mutex<Vec<String>>>| std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()));
+    let take = |m: &Arc<Mutex<Vec<String>>>| {
+        std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()))
+    };
     let collected = Collected {
         history,
         resource,
@@ -940,7 +943,7 @@ async fn client(p: usize, ctx: Ctx) {
         if storm {
             holds += 1;
             tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
-            if holds % 3 == 0 {
+            if holds.is_multiple_of(3) {
                 // A holder that dies: its row expires, and the next
                 // acquirers race to take the expired lock over (deadlocks).
                 ctx.push(p, Op::Lost, Phase::Ok, Some(token), "abandoned");

@@ -202,8 +202,9 @@ async fn a_skewed_client_clock_changes_no_expiry() {
             );
         }
         assert!(
-            r.evidence.iter().any(|e| e.contains("kept the key through renewals")
-                && !e.contains("for 0 hold")),
+            r.evidence
+                .iter()
+                .any(|e| e.contains("kept the key through renewals") && !e.contains("for 0 hold")),
             "{name}: the slow-clock client never completed a long hold: {:?}\n{}",
             r.evidence,
             r.history
@@ -275,7 +276,9 @@ async fn server_restarts_while_held() {
     ] {
         let r = cell(target, fault, 1).await;
         assert!(
-            r.evidence.iter().any(|e| e.starts_with("server restarted: pid")),
+            r.evidence
+                .iter()
+                .any(|e| e.starts_with("server restarted: pid")),
             "{} × {}: no restart seen: {:?}",
             target.name(),
             fault.name(),
@@ -315,7 +318,9 @@ async fn etcd_leader_killed_while_held() {
 async fn row_lock_connection_killed_by_the_server() {
     let r = cell(Target::MySqlRowLock, Fault::KillConnection, 1).await;
     assert!(
-        r.evidence.iter().any(|e| e.starts_with("KILL of the holding connection")),
+        r.evidence
+            .iter()
+            .any(|e| e.starts_with("KILL of the holding connection")),
         "no KILL: {:?}",
         r.evidence
     );

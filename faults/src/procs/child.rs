@@ -68,7 +68,13 @@ impl Hub {
         c.0.next_line().await.ok().flatten()
     }
 
-    async fn event(&self, op: &str, phase: &str, token: Option<u64>, detail: &str) -> Option<String> {
+    async fn event(
+        &self,
+        op: &str,
+        phase: &str,
+        token: Option<u64>,
+        detail: &str,
+    ) -> Option<String> {
         let t = token.map_or_else(|| "-".to_owned(), |t| t.to_string());
         self.ask(&format!("EV {op} {phase} {t} {detail}")).await
     }
@@ -87,7 +93,11 @@ pub async fn main(args: ClientArgs) -> i32 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     if hub
-        .ask(&format!("HELLO {} {wall_ms} {}", args.id, std::process::id()))
+        .ask(&format!(
+            "HELLO {} {wall_ms} {}",
+            args.id,
+            std::process::id()
+        ))
         .await
         .is_none()
     {
@@ -97,7 +107,8 @@ pub async fn main(args: ClientArgs) -> i32 {
     let lock = match fenced::connect(&args.url).await {
         Ok(l) => l,
         Err(e) => {
-            hub.ask(&format!("ERR 0 client {}: connect: {e}", args.id)).await;
+            hub.ask(&format!("ERR 0 client {}: connect: {e}", args.id))
+                .await;
             return 1;
         }
     };

@@ -168,8 +168,7 @@ impl Hub {
                 };
                 let token = it.next().and_then(|t| t.parse::<u64>().ok());
                 let detail = it.next().unwrap_or("").to_owned();
-                if (op, phase) == (Op::Acquire, Phase::Invoke) && self.over.load(Ordering::SeqCst)
-                {
+                if (op, phase) == (Op::Acquire, Phase::Invoke) && self.over.load(Ordering::SeqCst) {
                     return ("END".into(), None);
                 }
                 match (op, phase) {
@@ -200,7 +199,13 @@ impl Hub {
                 let token = it.next().and_then(|t| t.parse().ok()).unwrap_or(0);
                 match self.resource.read(token) {
                     None => {
-                        self.push(*id, Op::Write, Phase::Fail, Some(token), "stale read refused");
+                        self.push(
+                            *id,
+                            Op::Write,
+                            Phase::Fail,
+                            Some(token),
+                            "stale read refused",
+                        );
                         ("STALE".into(), None)
                     }
                     Some(r) => {
@@ -236,7 +241,13 @@ impl Hub {
         self.fired.fetch_add(1, Ordering::SeqCst);
         match action {
             Action::Stop(d) => {
-                self.push(id, Op::Fault, Phase::Invoke, token, format!("SIGSTOP pid {pid}"));
+                self.push(
+                    id,
+                    Op::Fault,
+                    Phase::Invoke,
+                    token,
+                    format!("SIGSTOP pid {pid}"),
+                );
                 if let Err(e) = send_signal(Some(pid), "STOP") {
                     return self.error(format!("SIGSTOP {pid}: {e}"));
                 }
@@ -263,14 +274,26 @@ impl Hub {
                     {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    hub.push(id, Op::Fault, Phase::Ok, token, format!("SIGCONT pid {pid}"));
+                    hub.push(
+                        id,
+                        Op::Fault,
+                        Phase::Ok,
+                        token,
+                        format!("SIGCONT pid {pid}"),
+                    );
                     if let Err(e) = send_signal(Some(pid), "CONT") {
                         hub.error(format!("SIGCONT {pid}: {e}"));
                     }
                 });
             }
             Action::Kill => {
-                self.push(id, Op::Fault, Phase::Invoke, token, format!("SIGKILL pid {pid}"));
+                self.push(
+                    id,
+                    Op::Fault,
+                    Phase::Invoke,
+                    token,
+                    format!("SIGKILL pid {pid}"),
+                );
                 // A process being killed believes nothing any more (and
                 // does nothing: it is sleeping between its read and write).
                 self.push(id, Op::Lost, Phase::Ok, token, "killed");
@@ -471,15 +494,18 @@ pub(crate) async fn run(cfg: RunConfig, prep: Prepared) -> Result<RunResult, Str
                     .iter()
                     .any(|e| e.starts_with(&format!("client {i} ")) && e.contains("killed"));
                 if !killed {
-                    let log = std::fs::read_to_string(prep.dir.path().join(format!("client-{i}.log")))
-                        .unwrap_or_default();
+                    let log =
+                        std::fs::read_to_string(prep.dir.path().join(format!("client-{i}.log")))
+                            .unwrap_or_default();
                     hub.error(format!("client {i} exited with {status}: {}", log.trim()));
                 }
             }
             Ok(Err(e)) => hub.error(format!("client {i}: wait: {e}")),
             Err(_) => {
                 let _ = c.kill().await;
-                hub.error(format!("client {i} still running {bound:?} after the end (killed)"));
+                hub.error(format!(
+                    "client {i} still running {bound:?} after the end (killed)"
+                ));
             }
         }
     }
@@ -524,7 +550,11 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
     }
     for (i, r) in roles.iter().enumerate() {
         let Some(skew) = r.skew else { continue };
-        let expect: i64 = if skew.starts_with('-') { -3_600_000 } else { 3_600_000 };
+        let expect: i64 = if skew.starts_with('-') {
+            -3_600_000
+        } else {
+            3_600_000
+        };
         let seen = lock(&hub.clocks).get(&i).copied().unwrap_or(0);
         if (seen - expect).abs() < 300_000 {
             lock(&hub.evidence).push(format!(
@@ -562,9 +592,12 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
     if cfg.fault == Fault::ClockSkew {
         // The slow client (−1 h) must have completed a long hold.
         let deadline = Instant::now() + ttl * 6;
-        while !hub.history.events().iter().any(|e| {
-            e.process == 0 && e.op == Op::Write && e.detail == "accepted"
-        }) && Instant::now() < deadline
+        while !hub
+            .history
+            .events()
+            .iter()
+            .any(|e| e.process == 0 && e.op == Op::Write && e.detail == "accepted")
+            && Instant::now() < deadline
         {
             tokio::time::sleep(ttl / 4).await;
         }
