@@ -123,14 +123,9 @@ async fn main() -> std::process::ExitCode {
             lines.push_str(&l);
             lines.push('\n');
         }
-        if !r.is_safe() {
+        if !r.config.is_control() && !r.is_safe() {
             let p = args.jsonl.with_file_name(format!(
-                "{}-{}-{}-{}.jsonl",
-                if r.config.is_control() {
-                    "control"
-                } else {
-                    "unsafe"
-                },
+                "unsafe-{}-{}-{}.jsonl",
                 r.config.target.name(),
                 r.config.fault.name(),
                 r.config.seed

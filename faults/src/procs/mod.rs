@@ -577,7 +577,9 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
         other => return Err(format!("{} is not a process fault", other.name())),
     };
     lock(&hub.hooks).insert(victim, action);
-    let by = Instant::now() + ttl * 6 + Duration::from_secs(10);
+    // Generous: a polling store does not queue, and a loaded machine can
+    // keep one client from winning for a while.
+    let by = Instant::now() + ttl * 10 + Duration::from_secs(30);
     while hub.fired.load(Ordering::SeqCst) == 0 {
         if Instant::now() > by {
             lock(&hub.hooks).clear();
