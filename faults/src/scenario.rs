@@ -557,10 +557,16 @@ pub(crate) struct Collected {
 pub(crate) async fn finish(
     cfg: RunConfig,
     prep: Prepared,
-    c: Collected,
+    mut c: Collected,
 ) -> Result<RunResult, String> {
     // Liveness: a fresh client, straight to the server, gets the key.
-    let liveness_ms = liveness(&prep.admin_url, &prep.key, cfg.ttl).await;
+    let liveness_ms = match liveness(&prep.admin_url, &prep.key, cfg.ttl).await {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            c.errors.push(e);
+            None
+        }
+    };
     let server_truth = match &prep.audit {
         Some(a) => Some(check_server_grants(&a.grants().await?)),
         None => None,
@@ -781,17 +787,23 @@ pub fn non_owner_releases(events: &[Event]) -> usize {
     n
 }
 
-async fn liveness(url: &str, key: &str, ttl: Duration) -> Option<f64> {
-    let lock = fenced::connect(url).await.ok()?;
-    let client = LockClient::builder(lock).ttl(ttl).build().ok()?;
+/// How long a fresh client needed for the key; why it could not get it.
+async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
+    let lock = fenced::connect(url)
+        .await
+        .map_err(|e| format!("liveness: connect: {e}"))?;
+    let client = LockClient::builder(lock)
+        .ttl(ttl)
+        .build()
+        .map_err(|e| format!("liveness: {e}"))?;
     let start = Instant::now();
     let g = client
         .acquire_with(key, WaitPolicy::Timeout(ttl * 4))
         .await
-        .ok()?;
+        .map_err(|e| format!("liveness: acquire: {e}"))?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let _ = g.release().await;
-    Some(ms)
+    Ok(ms)
 }
 
 /// Drops the run's MySQL tables (Redis keys and etcd leases expire by

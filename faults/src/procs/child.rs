@@ -45,6 +45,10 @@ pub struct ClientArgs {
     /// Seed of the work times.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Rest after each hold, ms (a long holder leaves the others a turn on
+    /// stores without a queue).
+    #[arg(long, default_value_t = 0)]
+    pub rest_ms: u64,
     /// Wrap the lock in this mutant (control runs).
     #[arg(long)]
     pub mutant: Option<String>,
@@ -185,6 +189,6 @@ pub async fn main(args: ClientArgs) -> i32 {
             }
         };
         watcher.abort();
-        tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..=3) + args.rest_ms)).await;
     }
 }

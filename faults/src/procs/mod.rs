@@ -359,6 +359,7 @@ fn client_binary(cfg: &RunConfig) -> Result<PathBuf, String> {
 struct Role {
     skew: Option<&'static str>,
     work_ms: (u64, u64),
+    rest_ms: u64,
 }
 
 fn roles(cfg: &RunConfig) -> Vec<Role> {
@@ -369,20 +370,24 @@ fn roles(cfg: &RunConfig) -> Vec<Role> {
             (Fault::ProcessStop | Fault::ProcessKill, 0) => Role {
                 skew: None,
                 work_ms: (50, 60),
+                rest_ms: 0,
             },
             // Holds through several renewals: an expiry taken from its
             // clock (an hour behind) would let the others in at once.
             (Fault::ClockSkew, 0) => Role {
                 skew: Some("-1h"),
                 work_ms: (ttl * 2, ttl * 2),
+                rest_ms: ttl * 2,
             },
             (Fault::ClockSkew, 1) => Role {
                 skew: Some("+1h"),
                 work_ms: (50, 60),
+                rest_ms: 0,
             },
             _ => Role {
                 skew: None,
                 work_ms: (1, 5),
+                rest_ms: 0,
             },
         })
         .collect()
@@ -461,7 +466,9 @@ pub(crate) async fn run(cfg: RunConfig, prep: Prepared) -> Result<RunResult, Str
             .arg("--work-max-ms")
             .arg(role.work_ms.1.to_string())
             .arg("--seed")
-            .arg(cfg.seed.to_string());
+            .arg(cfg.seed.to_string())
+            .arg("--rest-ms")
+            .arg(role.rest_ms.to_string());
         if let Some(m) = cfg.mutant {
             cmd.arg("--mutant")
                 .arg(m.name())
