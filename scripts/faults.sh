@@ -6,6 +6,13 @@
 #   scripts/faults.sh                      # full profile: 100 runs per cell
 #   scripts/faults.sh --runs 3 --seed 42   # a quick look
 #   scripts/faults.sh --only redis         # one store (or `kill`, one fault)
+#   scripts/faults.sh --only process-,server-,leader,storm,mutant
+#                                          # the client-process and server faults, mutant controls
+#
+# Needs, besides the three services: the fenced-faults-client binary (built
+# below with the runner), libfaketime's `faketime` for the clock-skew cell,
+# and the mariadbd / redis-server / etcd binaries for the private servers of
+# the server faults — all installed by scripts/services.sh.
 #
 # The short profile (one run per cell) runs in CI as
 # `cargo test -p fenced-faults --test short_profile`.

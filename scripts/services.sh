@@ -278,7 +278,19 @@ setup_protoc() {
     fi
 }
 
+# --- faketime (the fault suite's clock-skew scenario) -----------------------
+
+setup_faketime() {
+    if have faketime; then
+        echo "faketime: already installed"
+    else
+        apt_install faketime
+        echo "faketime: installed (libfaketime, for client processes with a skewed clock)"
+    fi
+}
+
 setup_mariadb
 setup_redis
 setup_etcd
 setup_protoc
+setup_faketime

@@ -6,16 +6,26 @@
 //!   connections, a dropped reply);
 //! * `private` — private server instances (MariaDB, redis-server, etcd single
 //!   and 3-member) on their own ports and data directories, so destructive
-//!   tests never disturb the shared services.
+//!   tests never disturb the shared services;
+//! * [`procs`] — client *processes* (the `fenced-faults-client` binary) for
+//!   SIGSTOP, SIGKILL and skewed clocks, sharing the fenced resource and the
+//!   history through a small TCP hub in the parent;
+//! * [`servers`] — the server faults (restart, etcd leader kill, `KILL` of a
+//!   lock connection, lock-conflict storms) on private servers;
+//! * [`mutant`] — deliberately broken locks for control runs.
 //!
 //! Everything here targets loopback only and is bounded in count and time.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod checks;
 pub mod history;
+pub mod mutant;
 pub mod private;
+pub mod procs;
 pub mod proxy;
 pub mod report;
 pub mod resource;
 pub mod scenario;
+pub mod servers;
 pub mod truth;

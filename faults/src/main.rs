@@ -13,6 +13,7 @@ use std::{path::PathBuf, sync::Arc};
 
 use clap::Parser;
 use fenced_faults::{
+    mutant::Mutant,
     report,
     scenario::{run, Fault, RunConfig, RunResult, Target},
 };
@@ -66,6 +67,22 @@ async fn main() -> std::process::ExitCode {
                 let mut c = RunConfig::new(target, Fault::PausePastTtl, args.seed + i);
                 c.fencing = false;
                 configs.push(c);
+            }
+        }
+        // Controls: a lock with one safety mechanism removed must be caught
+        // by the fault that exposes it.
+        for (mutant, fault) in [
+            (Mutant::NxDropped, Fault::Contention),
+            (Mutant::OwnerCheckRemoved, Fault::PausePastTtl),
+            (Mutant::ClientClockExpiry, Fault::ClockSkew),
+        ] {
+            let name = format!("{} × mutant {}", target.name(), mutant.name());
+            if fault.applies_to(target) && wanted(&name) {
+                for i in 0..args.runs.min(3) {
+                    let mut c = RunConfig::new(target, fault, args.seed + i);
+                    c.mutant = Some(mutant);
+                    configs.push(c);
+                }
             }
         }
     }
@@ -128,7 +145,7 @@ async fn main() -> std::process::ExitCode {
             lines.push_str(&l);
             lines.push('\n');
         }
-        if r.config.fencing && !r.is_safe() {
+        if !r.config.is_control() && !r.is_safe() {
             let p = args.jsonl.with_file_name(format!(
                 "unsafe-{}-{}-{}.jsonl",
                 r.config.target.name(),
@@ -173,7 +190,7 @@ async fn main() -> std::process::ExitCode {
     println!("{md}");
     let unsafe_runs = results
         .iter()
-        .filter(|r| r.config.fencing && !r.is_safe())
+        .filter(|r| !r.config.is_control() && !r.is_safe())
         .count();
     if unsafe_runs > 0 || !setup_errors.is_empty() {
         eprintln!(

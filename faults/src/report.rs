@@ -2,7 +2,10 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use crate::scenario::{Fault, RunResult, Target};
+use crate::{
+    mutant::Mutant,
+    scenario::{Fault, RunResult, Target},
+};
 
 /// Aggregated results of one store × fault cell.
 #[derive(Debug, Default, Clone)]
@@ -31,6 +34,11 @@ pub struct Cell {
     pub server_missing: usize,
     /// Why overlaps cannot be judged from this store's record, if so.
     pub overlaps_unjudged: Option<&'static str>,
+    /// Grants below a token already granted, and belief overlaps where the
+    /// fault allows none (see [`RunResult`]).
+    pub token_regressions: usize,
+    /// Belief overlaps under faults that allow none.
+    pub forbidden_overlaps: usize,
     /// Client-belief overlaps and the longest, ms.
     pub belief_overlaps: usize,
     /// Longest belief overlap, ms.
@@ -51,7 +59,9 @@ impl Cell {
     /// Adds one run.
     pub fn add(&mut self, r: &RunResult) {
         self.runs += 1;
-        self.control = !r.config.fencing;
+        self.control = r.config.is_control();
+        self.token_regressions += r.token_regressions;
+        self.forbidden_overlaps += r.forbidden_overlaps;
         self.faults += r.faults;
         self.acquisitions += r.acquisitions;
         self.accepted_stale += r.resource.accepted_stale;
@@ -85,6 +95,8 @@ impl Cell {
         self.accepted_stale == 0
             && self.lost_updates == 0
             && self.non_owner_releases == 0
+            && self.token_regressions == 0
+            && self.forbidden_overlaps == 0
             && self
                 .server
                 .is_none_or(|(_, o, r, u)| o == 0 && r == 0 && u == 0)
@@ -115,9 +127,29 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |x| format!("{x:.0}"))
 }
 
-/// Groups results by (control?, store, fault).
-pub fn cells(results: &[RunResult]) -> BTreeMap<(bool, usize, usize), Cell> {
-    let mut m: BTreeMap<(bool, usize, usize), Cell> = BTreeMap::new();
+/// A run's variant: 0 the real lock with fencing, 1 fencing off, 2 + i the
+/// i-th mutant (control runs are the variants above 0).
+pub fn variant(r: &RunResult) -> usize {
+    match r.config.mutant {
+        Some(m) => 2 + Mutant::ALL.iter().position(|x| *x == m).unwrap_or(0),
+        None => usize::from(!r.config.fencing),
+    }
+}
+
+fn variant_label(v: usize) -> String {
+    match v {
+        0 => String::new(),
+        1 => " **(fencing off)**".into(),
+        _ => format!(
+            " **(mutant: {})**",
+            Mutant::ALL.get(v - 2).map_or("?", |m| m.name())
+        ),
+    }
+}
+
+/// Groups results by (variant, store, fault).
+pub fn cells(results: &[RunResult]) -> BTreeMap<(usize, usize, usize), Cell> {
+    let mut m: BTreeMap<(usize, usize, usize), Cell> = BTreeMap::new();
     for r in results {
         let t = Target::ALL
             .iter()
@@ -127,7 +159,7 @@ pub fn cells(results: &[RunResult]) -> BTreeMap<(bool, usize, usize), Cell> {
             .iter()
             .position(|f| *f == r.config.fault)
             .unwrap_or(0);
-        m.entry((!r.config.fencing, t, f)).or_default().add(r);
+        m.entry((variant(r), t, f)).or_default().add(r);
     }
     m
 }
@@ -151,16 +183,40 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let _ = writeln!(
         out,
+        "Process and server faults (second table below) work differently. \
+         **Client processes** (`process-sigstop`, `process-sigkill`, `client-clock-skew`): the 4 \
+         clients are `fenced-faults-client` processes; they share the fenced counter and the history \
+         through a loopback TCP hub in the runner, which stamps every step before the client takes \
+         it. When the victim has read the counter (it holds the lock) the hub SIGSTOPs it for \
+         2 × TTL — and until a successor has written — then SIGCONTs it, or SIGKILLs it; the fault \
+         counts as confirmed only when `/proc/<pid>/stat` shows the process stopped or dead. \
+         `client-clock-skew` runs one client under libfaketime an hour behind (it holds 2 × TTL \
+         through renewals: nobody may take the key from it) and one an hour ahead, SIGKILLed \
+         holding (the key must be free after the TTL, not after its clock's hour); overlaps are \
+         forbidden there. SQLite is left out of that cell: its clock is the client process's own \
+         (the store runs inside the client), so a skewed client is a skewed store — the short \
+         profile shows the check catching exactly that. **Server faults** run against a private \
+         server (own port and data): `server-restart` SIGKILLs and restarts it while the victim \
+         holds (MariaDB with InnoDB, Redis without persistence, etcd), `server-restart-aof-always` \
+         does the same to a Redis with AOF `appendfsync always`, `etcd-leader-kill` SIGKILLs the \
+         leader of a 3-member cluster, `server-kill-connection` runs `KILL` on the connection \
+         holding the `row_lock` transaction, and `lock-conflict-storm` runs 16 clients (TTL \
+         300 ms, every third holder dying) on a MariaDB with `innodb_lock_wait_timeout = 1`, \
+         reading the server's own deadlock and lock-wait-timeout counters. Restarts are confirmed \
+         by a new pid, the leader kill by a new leader, the KILL by the connection id. After a \
+         server fault the victim waits a TTL before writing, so a successor — if the store let \
+         one in — writes first. **Mutant controls** wrap the real store in a lock with one safety \
+         mechanism removed (owner check on release, NX on acquire, expiry judged on the clients' \
+         wall clocks) and run the fault that exposes it; each must come out unsafe.\n"
+    );
+    let _ = writeln!(
+        out,
         "| store | fault | runs | faults | acquisitions | server grants | server overlaps | token regressions | unvouched client grants | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
          |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let all = cells(results);
-    for ((control, t, f), c) in &all {
-        let name = if *control {
-            format!("{} **(fencing off)**", Fault::ALL[*f].name())
-        } else {
-            Fault::ALL[*f].name().to_owned()
-        };
+    for ((v, t, f), c) in &all {
+        let name = format!("{}{}", Fault::ALL[*f].name(), variant_label(*v));
         let live: Vec<f64> = c.liveness_ms.iter().flatten().copied().collect();
         let not_live = c.liveness_ms.iter().filter(|l| l.is_none()).count();
         let live_cell = if not_live > 0 {
@@ -207,14 +263,14 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     }
     let unsafe_cells: Vec<String> = all
         .iter()
-        .filter(|((control, _, _), c)| !control && !c.is_safe())
+        .filter(|((v, _, _), c)| *v == 0 && !c.is_safe())
         .map(|((_, t, f), _)| format!("{} × {}", Target::ALL[*t].name(), Fault::ALL[*f].name()))
         .collect();
     let caught = all
         .iter()
-        .filter(|((control, _, _), c)| *control && !c.is_safe())
+        .filter(|((v, _, _), c)| *v > 0 && !c.is_safe())
         .count();
-    let controls = all.keys().filter(|(control, _, _)| *control).count();
+    let controls = all.keys().filter(|(v, _, _)| *v > 0).count();
     let _ = writeln!(out, "\n## Verdict\n");
     if unsafe_cells.is_empty() {
         let _ = writeln!(
@@ -230,8 +286,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         );
     }
     let (mut grants, mut bad, mut missing, mut unjudged) = (0, 0, 0, Vec::new());
-    for ((control, t, _), c) in &all {
-        if *control {
+    for ((v, t, _), c) in &all {
+        if *v > 0 {
             continue;
         }
         if let Some((g, o, r, u)) = c.server {
@@ -263,7 +319,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "- Control runs with fencing off: {caught} of {controls} showed the violations the \
+        "- Control runs (fencing off, or a mutant lock): {caught} of {controls} showed the violations the \
          checks exist for (the checker can fail)."
     );
     let errors: Vec<String> = all
@@ -284,6 +340,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
             let _ = writeln!(out, "- {e}");
         }
     }
+    out.push_str(&crate::checks::evidence_markdown(results));
     let _ = writeln!(
         out,
         "\n## Reading the columns\n\n\
@@ -303,7 +360,18 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
            signal can only fire when the process runs again.\n\
          - **live after**: how long a fresh client waited for the key after the run.\n\
          - **retryable errors**: acquires the store answered with \"try again\" (a cut \
-           connection, overload); the caller retries them.\n"
+           connection, overload); the caller retries them.\n\
+         - **token regressions** (second table): grants whose token is not above a token already \
+           granted and acknowledged before the grant was requested — across restarts and \
+           failovers too. Must be 0.\n\
+         - **overlaps where none is allowed**: belief overlaps under faults that freeze or cut off \
+           nobody, or on stores that keep their locks through the fault (contention, clock skew, \
+           storms, restarts of durable stores, the etcd leader kill). Must be 0.\n\
+         - **victim noticed its loss**: runs in which the holder hit by the fault learnt that its \
+           lease was gone (loss signal, refused release, refused write). Required where the store \
+           loses the lock (SIGSTOP past the TTL, Redis restart without persistence, row_lock after \
+           a restart or a KILL); a durable store may keep the lease instead.\n\
+         - **takeover after SIGKILL**: from the kill of a holder to the next grant to another client.\n"
     );
     let _ = writeln!(out, "{}", crate::truth::METHOD);
     out
@@ -330,6 +398,13 @@ mod tests {
             liveness_ms: Some(1.0),
             errors: Vec::new(),
             transient_errors: 0,
+            confirmed_faults: 1,
+            evidence: Vec::new(),
+            token_regressions: 0,
+            forbidden_overlaps: 0,
+            victim_noticed_loss: None,
+            takeover_ms: None,
+            lock_conflicts: None,
             history: String::new(),
         }
     }

@@ -27,8 +27,10 @@ use tokio::time::Instant;
 
 use crate::{
     history::{belief_overlaps, Event, History, Op, Phase, ServerTruth},
+    mutant::Mutant,
     proxy::{Direction, FaultProxy},
     resource::{FencedResource, ResourceTotals, WriteOutcome},
+    servers::PrivateStore,
     truth::Recorder,
 };
 
@@ -91,16 +93,19 @@ impl Target {
         }
     }
 
-    /// The URL of this target in namespace `ns`, through `via` if given.
-    fn url(
+    /// The URL of this target in namespace `ns`, through `via` if given;
+    /// on the private server at `private` (its base URL) if given.
+    pub(crate) fn url(
         self,
         ns: &str,
         via: Option<SocketAddr>,
         dir: &std::path::Path,
+        private: Option<&str>,
     ) -> Result<String, String> {
-        let base = match self.server() {
-            None => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
-            Some((url, port)) => {
+        let base = match (self.server(), private) {
+            (None, _) => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
+            (Some(_), Some(p)) => p.to_owned(),
+            (Some((url, port)), None) => {
                 let hp = fenced_conformance::services::host_port(&url, port)?;
                 match via {
                     Some(a) => url.replacen(&hp, &a.to_string(), 1),
@@ -164,11 +169,44 @@ pub enum Fault {
     /// A busy loop starves the holder's runtime (and its watchdog) for
     /// 1.5 × TTL.
     StarvedWatchdog,
+    /// Real client processes; the holder is SIGSTOPped for 2 × TTL mid
+    /// read–write, then SIGCONTed (its write must be refused).
+    ProcessStop,
+    /// Real client processes; the holder is SIGKILLed mid-hold (the others
+    /// must get the key, after the TTL at the latest).
+    ProcessKill,
+    /// Real client processes under libfaketime: one at −1 h holds through
+    /// renewals (nobody may take it early), one at +1 h is SIGKILLed
+    /// holding (the key must not stay taken for its clock's hour).
+    ClockSkew,
+    /// The server (private) is SIGKILLed and restarted while a client holds.
+    ServerRestart,
+    /// As [`Fault::ServerRestart`], on a Redis with AOF `appendfsync always`.
+    ServerRestartAof,
+    /// The leader of a private 3-member etcd cluster is SIGKILLed while a
+    /// client holds.
+    LeaderKill,
+    /// `KILL <id>` of the `row_lock` holder's connection on the server.
+    KillConnection,
+    /// 12 clients on one key on a MariaDB with `innodb_lock_wait_timeout = 1`:
+    /// deadlocks (1213) and lock-wait timeouts (1205) must never read as a grant.
+    LockStorm,
+}
+
+/// Where a fault's clients run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Threads of this process, against the shared servers, through proxies.
+    InProcess,
+    /// Separate client processes (the `fenced-faults-client` binary).
+    Processes,
+    /// Threads of this process against a private server the fault breaks.
+    Server,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 19] = [
         Fault::Contention,
         Fault::PausePastTtl,
         Fault::ShortStalls,
@@ -180,6 +218,14 @@ impl Fault {
         Fault::KillHolder,
         Fault::DroppedAcquires,
         Fault::StarvedWatchdog,
+        Fault::ProcessStop,
+        Fault::ProcessKill,
+        Fault::ClockSkew,
+        Fault::ServerRestart,
+        Fault::ServerRestartAof,
+        Fault::LeaderKill,
+        Fault::KillConnection,
+        Fault::LockStorm,
     ];
 
     /// Its name in reports.
@@ -196,12 +242,75 @@ impl Fault {
             Fault::KillHolder => "kill-holder",
             Fault::DroppedAcquires => "dropped-acquires",
             Fault::StarvedWatchdog => "starved-watchdog",
+            Fault::ProcessStop => "process-sigstop",
+            Fault::ProcessKill => "process-sigkill",
+            Fault::ClockSkew => "client-clock-skew",
+            Fault::ServerRestart => "server-restart",
+            Fault::ServerRestartAof => "server-restart-aof-always",
+            Fault::LeaderKill => "etcd-leader-kill",
+            Fault::KillConnection => "server-kill-connection",
+            Fault::LockStorm => "lock-conflict-storm",
+        }
+    }
+
+    /// Where its clients run.
+    pub fn kind(self) -> FaultKind {
+        match self {
+            Fault::ProcessStop | Fault::ProcessKill | Fault::ClockSkew => FaultKind::Processes,
+            Fault::ServerRestart
+            | Fault::ServerRestartAof
+            | Fault::LeaderKill
+            | Fault::KillConnection
+            | Fault::LockStorm => FaultKind::Server,
+            _ => FaultKind::InProcess,
+        }
+    }
+
+    /// Whether the run needs a private server.
+    pub fn needs_private_server(self) -> bool {
+        self.kind() == FaultKind::Server
+    }
+
+    /// Whether two clients believing they hold the key at once is a
+    /// violation under this fault on `target`: nobody is frozen or cut off,
+    /// or the store keeps its locks through the fault. (Under a pause, a
+    /// partition, or a Redis restart that forgets locks, such overlaps are
+    /// what fencing is for; they are counted, not forbidden.)
+    pub fn forbids_overlap(self, target: Target) -> bool {
+        match self {
+            Fault::Contention | Fault::ClockSkew | Fault::LockStorm => true,
+            // Durable stores keep the lease through a restart; a row_lock
+            // transaction dies with the server (the holder learns at its
+            // next renewal) and a Redis without persistence forgets.
+            Fault::ServerRestart => matches!(
+                target,
+                Target::MySqlUniqueKey | Target::MySqlOptimistic | Target::Etcd
+            ),
+            Fault::ServerRestartAof | Fault::LeaderKill => true,
+            _ => false,
         }
     }
 
     /// Whether the fault can be injected on `target` (network faults need a
     /// network).
     pub fn applies_to(self, target: Target) -> bool {
+        let mysql = matches!(
+            target,
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic
+        );
+        match self {
+            Fault::ServerRestart => return target != Target::Sqlite,
+            Fault::ServerRestartAof => return target == Target::Redis,
+            Fault::LeaderKill => return target == Target::Etcd,
+            Fault::KillConnection => return target == Target::MySqlRowLock,
+            Fault::LockStorm => return mysql,
+            // SQLite's clock is the calling process's wall clock (the store
+            // runs inside the client): a client with a skewed clock *is* a
+            // store with a skewed clock. Documented in fenced-sqlite; the
+            // short profile shows it as a control.
+            Fault::ClockSkew => return target != Target::Sqlite,
+            _ => {}
+        }
         !matches!(
             self,
             Fault::BlackholePastTtl
@@ -230,6 +339,12 @@ pub struct RunConfig {
     pub ttl: Duration,
     /// How many times the victim suffers the fault.
     pub injections: usize,
+    /// A deliberately broken lock instead of the real one (control runs).
+    pub mutant: Option<Mutant>,
+    /// The `fenced-faults-client` binary for the process faults (default:
+    /// next to the running executable).
+    #[serde(skip)]
+    pub client_bin: Option<std::path::PathBuf>,
 }
 
 impl RunConfig {
@@ -240,10 +355,22 @@ impl RunConfig {
             fault,
             seed,
             fencing: true,
-            clients: 4,
-            ttl: Duration::from_millis(if target == Target::Etcd { 2_000 } else { 600 }),
+            clients: if fault == Fault::LockStorm { 16 } else { 4 },
+            ttl: Duration::from_millis(match (target, fault) {
+                (Target::Etcd, _) => 2_000,
+                (_, Fault::LockStorm) => 300,
+                _ => 600,
+            }),
             injections: 1,
+            mutant: None,
+            client_bin: None,
         }
+    }
+
+    /// Whether this is a control run (fencing off or a mutant): it must be
+    /// caught, not pass.
+    pub fn is_control(&self) -> bool {
+        !self.fencing || self.mutant.is_some()
     }
 }
 
@@ -278,6 +405,25 @@ pub struct RunResult {
     /// Acquires that failed with a retryable error (overload, a connection
     /// cut by the fault) — the caller's "try again".
     pub transient_errors: u64,
+    /// Faults the run saw really happen (a process found stopped, a
+    /// server with a new pid, a new etcd leader, a killed connection).
+    pub confirmed_faults: u64,
+    /// How each fault was confirmed, and what the victim saw.
+    pub evidence: Vec<String>,
+    /// Grants whose token did not exceed a token already granted (and
+    /// acknowledged) before the grant was requested: must be 0.
+    pub token_regressions: usize,
+    /// Belief overlaps under a fault where none is allowed (see
+    /// [`Fault::forbids_overlap`]): must be 0.
+    pub forbidden_overlaps: usize,
+    /// Whether the victim learnt that its lease was gone (a loss signal,
+    /// a refused release or write) in the hold that suffered the fault.
+    pub victim_noticed_loss: Option<bool>,
+    /// From the kill of a holder to the next grant to another client, ms.
+    pub takeover_ms: Option<f64>,
+    /// Deadlocks (1213) and lock-wait timeouts (1205) the server counted
+    /// during a storm.
+    pub lock_conflicts: Option<(u64, u64)>,
     /// The history, as JSON lines.
     #[serde(skip)]
     pub history: String,
@@ -289,6 +435,8 @@ impl RunResult {
         self.resource.accepted_stale == 0
             && self.resource.lost_updates == 0
             && self.non_owner_releases == 0
+            && self.token_regressions == 0
+            && self.forbidden_overlaps == 0
             && self.server_truth.is_none_or(|t| {
                 t.overlaps == 0 && t.token_regressions == 0 && t.unmatched_client_grants == 0
             })
@@ -302,28 +450,68 @@ struct Ctx {
     history: History,
     resource: Arc<FencedResource>,
     proxy: Option<Arc<FaultProxy>>,
-    until: Instant,
+    until: Until,
     loss_latency_ms: Arc<Mutex<Vec<f64>>>,
     errors: Arc<Mutex<Vec<String>>>,
     transient: Arc<std::sync::atomic::AtomicU64>,
+    server: Option<Arc<PrivateStore>>,
+    evidence: Arc<Mutex<Vec<String>>>,
+    confirmed: Arc<std::sync::atomic::AtomicU64>,
+    mutant_dir: std::path::PathBuf,
 }
 
-/// Runs one seeded run. Errors are set-up failures (server unreachable, no
-/// port); everything that happens during the run is in the result.
-///
-/// # Errors
-///
-/// A one-line description naming `scripts/services.sh` when a server is
-/// unreachable.
-pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
+/// The end of a run, which a server fault pushes back by the time the
+/// server took to come back.
+#[derive(Clone)]
+struct Until(Arc<Mutex<Instant>>);
+
+impl Until {
+    fn get(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn extend(&self, by: Duration) {
+        let mut u = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *u += by;
+    }
+}
+
+/// What every run sets up before its clients start: a namespace, the
+/// migrated store.
+pub(crate) struct Prepared {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ns: String,
+    pub(crate) admin_url: String,
+    pub(crate) private: Option<Arc<PrivateStore>>,
+    pub(crate) key: String,
+}
+
+impl Prepared {
+    /// The store URL for a client (through `via` if given).
+    pub(crate) fn url(&self, cfg: &RunConfig, via: Option<SocketAddr>) -> Result<String, String> {
+        let base = self.private.as_ref().map(|p| p.base_url());
+        cfg.target
+            .url(&self.ns, via, self.dir.path(), base.as_deref())
+    }
+
+    /// Where mutants share what they share.
+    pub(crate) fn mutant_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("mutant")
+    }
+}
+
+async fn prepare(cfg: &RunConfig) -> Result<Prepared, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let ns = format!(
         "{}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8],
         cfg.seed
     );
-    let upstream = cfg.target.upstream()?;
-    let admin_url = cfg.target.url(&ns, None, dir.path())?;
+    let private = PrivateStore::for_run(cfg.target, cfg.fault)
+        .await?
+        .map(Arc::new);
+    let base = private.as_ref().map(|p| p.base_url());
+    let admin_url = cfg.target.url(&ns, None, dir.path(), base.as_deref())?;
     let setup = async {
         fenced::migrate(&admin_url).await?;
         fenced::connect(&admin_url).await.map(drop)
@@ -334,20 +522,143 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             cfg.target.name()
         )
     })?;
+    Ok(Prepared {
+        dir,
+        ns,
+        admin_url,
+        private,
+        key: format!("faults/{}", cfg.fault.name()),
+    })
+}
+
+/// Starts the store's own record of the run (server truth, truth.rs);
+/// before the clients start.
+pub(crate) async fn start_recorder(
+    cfg: &RunConfig,
+    prep: &Prepared,
+    history: &History,
+) -> Result<Recorder, String> {
+    if cfg.fault.kind() == FaultKind::Server {
+        // Restarts and kills break a MONITOR stream or a watch, and the
+        // private servers of these faults keep no binary log.
+        return Ok(Recorder::None(SERVER_FAULT_REASON));
+    }
+    Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
+}
+
+/// Why server faults have no server truth.
+pub const SERVER_FAULT_REASON: &str =
+    "server faults run on a private server that the fault restarts or kills (which breaks a MONITOR stream or a watch) and that keeps no binary log";
+
+/// What the clients of a run collected, however they ran.
+pub(crate) struct Collected {
+    pub(crate) history: History,
+    /// The store's own record of the run (started before the clients).
+    pub(crate) recorder: Recorder,
+    pub(crate) resource: Arc<FencedResource>,
+    pub(crate) loss_latency_ms: Vec<f64>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) transient: u64,
+    pub(crate) evidence: Vec<String>,
+    pub(crate) confirmed: u64,
+    pub(crate) lock_conflicts: Option<(u64, u64)>,
+}
+
+/// Liveness, the checks and the cleanup after the clients are done.
+pub(crate) async fn finish(
+    cfg: RunConfig,
+    prep: Prepared,
+    mut c: Collected,
+) -> Result<RunResult, String> {
+    // Liveness: a fresh client, straight to the server, gets the key.
+    let liveness_ms = match liveness(&prep.admin_url, &prep.key, cfg.ttl).await {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            c.errors.push(e);
+            None
+        }
+    };
+    let events = c.history.events();
+    // Server truth: what the store itself recorded (truth.rs).
+    let recorder = std::mem::replace(&mut c.recorder, Recorder::None(""));
+    let server_truth = recorder.finish(&events).await?;
+    let overlaps = belief_overlaps(&events);
+    let faults = events
+        .iter()
+        .filter(|e| e.op == Op::Fault && e.phase == Phase::Invoke)
+        .count() as u64;
+    let result = RunResult {
+        acquisitions: count(&events, Op::Acquire, Phase::Ok),
+        faults,
+        belief_overlaps: overlaps.len(),
+        belief_overlap_max_ms: overlaps
+            .iter()
+            .map(|o| o.ns as f64 / 1e6)
+            .fold(0.0, f64::max),
+        resource: c.resource.totals(),
+        server_truth,
+        non_owner_releases: non_owner_releases(&events),
+        loss_latency_ms: c.loss_latency_ms,
+        liveness_ms,
+        errors: c.errors,
+        transient_errors: c.transient,
+        confirmed_faults: if cfg.fault.kind() == FaultKind::InProcess {
+            faults
+        } else {
+            c.confirmed
+        },
+        evidence: c.evidence,
+        token_regressions: crate::checks::token_regressions(&events),
+        forbidden_overlaps: if cfg.fault.forbids_overlap(cfg.target) {
+            overlaps.len()
+        } else {
+            0
+        },
+        victim_noticed_loss: crate::checks::victim_noticed_loss(&events),
+        takeover_ms: crate::checks::takeover_ms(&events),
+        lock_conflicts: c.lock_conflicts,
+        history: c.history.to_jsonl(),
+        config: cfg,
+    };
+    cleanup(&prep.admin_url).await;
+    Ok(result)
+}
+
+/// Runs one seeded run. Errors are set-up failures (server unreachable, no
+/// port); everything that happens during the run is in the result.
+///
+/// # Errors
+///
+/// A one-line description naming `scripts/services.sh` when a server is
+/// unreachable.
+pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
+    let prep = prepare(&cfg).await?;
+    if cfg.fault.kind() == FaultKind::Processes {
+        return crate::procs::run(cfg, prep).await;
+    }
+    // Private servers are reached directly; shared ones through a proxy each.
+    let upstream = match prep.private {
+        Some(_) => None,
+        None => cfg.target.upstream()?,
+    };
     let history = History::new();
-    // Server truth: recorded by the store from here on (truth.rs).
-    let recorder = Recorder::start(cfg.target, &admin_url, dir.path(), &history).await?;
+    let recorder = start_recorder(&cfg, &prep, &history).await?;
     let resource = Arc::new(if cfg.fencing {
         FencedResource::fenced()
     } else {
         FencedResource::unfenced()
     });
-    let key = format!("faults/{}", cfg.fault.name());
     let budget = cfg.ttl * 5 * cfg.injections.max(1) as u32 + cfg.ttl * 3;
-    let until = Instant::now() + budget;
+    let until = Until(Arc::new(Mutex::new(Instant::now() + budget)));
     let loss_latency_ms = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(Mutex::new(Vec::new()));
     let transient = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let evidence = Arc::new(Mutex::new(Vec::new()));
+    let confirmed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let conflicts_before = match (&prep.private, cfg.fault) {
+        (Some(p), Fault::LockStorm) => Some(p.lock_conflicts().await?),
+        _ => None,
+    };
     let mut threads = Vec::new();
     let mut proxies = Vec::new();
     for i in 0..cfg.clients {
@@ -359,21 +670,23 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             )),
             None => None,
         };
-        let url = cfg
-            .target
-            .url(&ns, proxy.as_ref().map(|p| p.addr()), dir.path())?;
+        let url = prep.url(&cfg, proxy.as_ref().map(|p| p.addr()))?;
         proxies.push(proxy.clone());
         let ctx = Ctx {
             cfg: cfg.clone(),
             url,
-            key: key.clone(),
+            key: prep.key.clone(),
             history: history.clone(),
             resource: Arc::clone(&resource),
             proxy,
-            until,
+            until: until.clone(),
             loss_latency_ms: Arc::clone(&loss_latency_ms),
             errors: Arc::clone(&errors),
             transient: Arc::clone(&transient),
+            server: prep.private.clone(),
+            evidence: Arc::clone(&evidence),
+            confirmed: Arc::clone(&confirmed),
+            mutant_dir: prep.mutant_dir(),
         };
         threads.push(std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -399,38 +712,54 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             .push("a client thread panicked".into());
     }
     drop(proxies);
-
-    // Liveness: a fresh client, straight to the server, gets the key.
-    let liveness_ms = liveness(&admin_url, &key, cfg.ttl).await;
-
-    let events = history.events();
-    let server_truth = recorder.finish(&events).await?;
-    let overlaps = belief_overlaps(&events);
-    let result = RunResult {
-        acquisitions: count(&events, Op::Acquire, Phase::Ok),
-        faults: events
-            .iter()
-            .filter(|e| e.op == Op::Fault && e.phase == Phase::Invoke)
-            .count() as u64,
-        belief_overlaps: overlaps.len(),
-        belief_overlap_max_ms: overlaps
-            .iter()
-            .map(|o| o.ns as f64 / 1e6)
-            .fold(0.0, f64::max),
-        resource: resource.totals(),
-        server_truth,
-        non_owner_releases: non_owner_releases(&events),
+    let lock_conflicts = match (&prep.private, conflicts_before) {
+        (Some(p), Some((d0, t0))) => {
+            let (d1, t1) = p.lock_conflicts().await?;
+            let (d, t) = (d1.saturating_sub(d0), t1.saturating_sub(t0));
+            // What the clients saw of them: refusals, never grants.
+            let seen = history
+                .events()
+                .iter()
+                .filter(|e| e.op == Op::Acquire && matches!(e.phase, Phase::Fail | Phase::Unknown))
+                .fold((0, 0, 0), |(dl, lw, to), e| {
+                    let d = e.detail.to_ascii_lowercase();
+                    if d.contains("1213") || d.contains("deadlock") {
+                        (dl + 1, lw, to)
+                    } else if d.contains("1205") || d.contains("lock wait") {
+                        (dl, lw + 1, to)
+                    } else {
+                        (dl, lw, to + 1)
+                    }
+                });
+            evidence.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                "the server counted {d} deadlocks (1213) and {t} lock-wait timeouts (1205); \
+                 the clients saw {} deadlock and {} lock-wait errors and {} other refusals/timeouts",
+                seen.0, seen.1, seen.2
+            ));
+            if d + t > 0 {
+                confirmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Some((d, t))
+        }
+        _ => None,
+    };
+    let take = |m: &Arc<Mutex<Vec<String>>>| {
+        std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()))
+    };
+    let collected = Collected {
+        history,
+        recorder,
+        resource,
         loss_latency_ms: std::mem::take(
             &mut *loss_latency_ms.lock().unwrap_or_else(|p| p.into_inner()),
         ),
-        liveness_ms,
-        errors: std::mem::take(&mut *errors.lock().unwrap_or_else(|p| p.into_inner())),
-        transient_errors: transient.load(std::sync::atomic::Ordering::Relaxed),
-        history: history.to_jsonl(),
-        config: cfg,
+        errors: take(&errors),
+        transient: transient.load(std::sync::atomic::Ordering::Relaxed),
+        evidence: take(&evidence),
+        confirmed: confirmed.load(std::sync::atomic::Ordering::Relaxed),
+        lock_conflicts,
     };
-    cleanup(&admin_url).await;
-    Ok(result)
+    finish(cfg, prep, collected).await
 }
 
 fn count(events: &[Event], op: Op, phase: Phase) -> u64 {
@@ -470,17 +799,23 @@ pub fn non_owner_releases(events: &[Event]) -> usize {
     n
 }
 
-async fn liveness(url: &str, key: &str, ttl: Duration) -> Option<f64> {
-    let lock = fenced::connect(url).await.ok()?;
-    let client = LockClient::builder(lock).ttl(ttl).build().ok()?;
+/// How long a fresh client needed for the key; why it could not get it.
+async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
+    let lock = fenced::connect(url)
+        .await
+        .map_err(|e| format!("liveness: connect: {e}"))?;
+    let client = LockClient::builder(lock)
+        .ttl(ttl)
+        .build()
+        .map_err(|e| format!("liveness: {e}"))?;
     let start = Instant::now();
     let g = client
         .acquire_with(key, WaitPolicy::Timeout(ttl * 4))
         .await
-        .ok()?;
+        .map_err(|e| format!("liveness: acquire: {e}"))?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let _ = g.release().await;
-    Some(ms)
+    Ok(ms)
 }
 
 /// Drops the run's MySQL tables (Redis keys and etcd leases expire by
@@ -521,27 +856,35 @@ impl Ctx {
 async fn client(p: usize, ctx: Ctx) {
     let cfg = &ctx.cfg;
     let ttl = cfg.ttl;
+    let storm = cfg.fault == Fault::LockStorm;
     let mut rng = fastrand::Rng::with_seed(cfg.seed.wrapping_mul(1_000_003).wrapping_add(p as u64));
     let lock = match fenced::connect(&ctx.url).await {
         Ok(l) => l,
         Err(e) => return ctx.error(format!("client {p}: connect: {e}")),
     };
+    let lock = match cfg.mutant {
+        Some(m) => m.wrap(lock, &ctx.mutant_dir),
+        None => lock,
+    };
     let client = match LockClient::builder(lock)
         .ttl(ttl)
-        .wait(WaitPolicy::Timeout(ttl * 3))
+        // A storm waits one TTL: on MariaDB that is a 1 s lock wait, which
+        // the queue of long holds outlasts (1205).
+        .wait(WaitPolicy::Timeout(if storm { ttl } else { ttl * 3 }))
         .build()
     {
         Ok(c) => c,
         Err(e) => return ctx.error(format!("client {p}: {e}")),
     };
     let victim = p == 0;
+    let mut holds = 0u64;
     let mut left = if victim { cfg.injections } else { 0 };
     // The victim lets the others warm up first; then it injects on every
     // hold until its injections are spent.
     if victim {
         tokio::time::sleep(ttl / 4).await;
     }
-    while Instant::now() < ctx.until {
+    while Instant::now() < ctx.until.get() {
         let inject = left > 0;
         if inject {
             left -= 1;
@@ -621,7 +964,20 @@ async fn client(p: usize, ctx: Ctx) {
             let _ = guard.leak();
             return;
         }
-        tokio::time::sleep(Duration::from_millis(rng.u64(1..=5))).await;
+        if storm {
+            holds += 1;
+            tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
+            if holds.is_multiple_of(3) {
+                // A holder that dies: its row expires, and the next
+                // acquirers race to take the expired lock over (deadlocks).
+                ctx.push(p, Op::Lost, Phase::Ok, Some(token), "abandoned");
+                watcher.abort();
+                let _ = guard.leak();
+                continue;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(rng.u64(1..=5))).await;
+        }
         let outcome = ctx.resource.write(token, read);
         let (phase, detail) = match outcome {
             WriteOutcome::Accepted => (Phase::Ok, "accepted"),
@@ -683,10 +1039,44 @@ enum Holding {
     Died,
 }
 
+/// The server faults, acted by the victim while it holds. The run's end
+/// moves back by the time the server took, so that the others still
+/// contend afterwards; then the victim waits a TTL before it writes, so that
+/// a successor (if the store let one in) writes first.
+async fn server_fault(ctx: &Ctx) {
+    let Some(server) = ctx.server.as_deref() else {
+        return ctx.error("a server fault without a private server".into());
+    };
+    let started = Instant::now();
+    let done = match ctx.cfg.fault {
+        Fault::ServerRestart | Fault::ServerRestartAof => server.restart().await,
+        Fault::LeaderKill => server.kill_leader().await,
+        Fault::KillConnection => server.kill_lock_connection().await,
+        _ => return,
+    };
+    ctx.until.extend(started.elapsed());
+    match done {
+        Ok(evidence) => {
+            ctx.evidence
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(evidence);
+            ctx.confirmed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Err(e) => ctx.error(format!("{}: {e}", ctx.cfg.fault.name())),
+    }
+    tokio::time::sleep(ctx.cfg.ttl).await;
+}
+
 /// Faults that hit the holder between its read and its write.
 async fn while_holding(_p: usize, ctx: &Ctx, rng: &mut fastrand::Rng) -> Holding {
     let ttl = ctx.cfg.ttl;
     match ctx.cfg.fault {
+        Fault::ServerRestart
+        | Fault::ServerRestartAof
+        | Fault::LeaderKill
+        | Fault::KillConnection => server_fault(ctx).await,
         Fault::PausePastTtl => std::thread::sleep(ttl * 2),
         Fault::ShortStalls => {
             for _ in 0..4 {
@@ -731,7 +1121,11 @@ async fn while_holding(_p: usize, ctx: &Ctx, rng: &mut fastrand::Rng) -> Holding
         Fault::Contention
         | Fault::ReplyDelayedPastTtl
         | Fault::LostAcquireAck
-        | Fault::DroppedAcquires => {}
+        | Fault::DroppedAcquires
+        | Fault::LockStorm
+        | Fault::ProcessStop
+        | Fault::ProcessKill
+        | Fault::ClockSkew => {}
     }
     Holding::Alive
 }

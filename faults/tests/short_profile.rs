@@ -5,10 +5,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fenced_faults::scenario::{run, Fault, RunConfig, RunResult, Target};
+use fenced_faults::{
+    mutant::Mutant,
+    scenario::{run, Fault, FaultKind, RunConfig, RunResult, Target},
+};
+
+/// A run of `fault` on `target`, with the client processes built for this test.
+fn config(target: Target, fault: Fault, seed: u64) -> RunConfig {
+    let mut cfg = RunConfig::new(target, fault, seed);
+    cfg.client_bin = Some(env!("CARGO_BIN_EXE_fenced-faults-client").into());
+    cfg
+}
 
 async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
-    let r = run(RunConfig::new(target, fault, seed))
+    let r = run(config(target, fault, seed))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let name = format!("{} × {} (seed {seed})", target.name(), fault.name());
@@ -27,14 +37,37 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
         r.transient_errors,
         r.history.lines().take(20).collect::<Vec<_>>().join("\n")
     );
-    assert_eq!(r.faults, 1, "{name}: the fault was not injected");
+    assert_eq!(
+        r.faults, 1,
+        "{name}: the fault was not injected: errors {:?}, evidence {:?}",
+        r.errors, r.evidence
+    );
+    if fault != Fault::LockStorm {
+        assert_eq!(
+            r.confirmed_faults, 1,
+            "{name}: the fault was not seen to happen: {:?}",
+            r.evidence
+        );
+    }
+    assert_eq!(
+        (r.token_regressions, r.forbidden_overlaps),
+        (0, 0),
+        "{name}: tokens went backwards or two holders overlapped where the store allows none\n{}",
+        r.history
+    );
     assert!(
         r.liveness_ms.is_some(),
         "{name}: the key was not free again within 4 × TTL after the run"
     );
     assert!(r.errors.is_empty(), "{name}: errors {:?}", r.errors);
+    if fault.kind() == FaultKind::Server {
+        // Their private servers are restarted or killed and keep no binary
+        // log: no record by design (scenario::SERVER_FAULT_REASON).
+        assert!(r.server_truth.is_none(), "{name}: unexpected server record");
+        return r;
+    }
     // Server truth: every store keeps a record (MySQL through the private
-    // binlog server every_fault_on holds); every client grant is in it.
+    // binlog server the caller holds, see `binlog`); every client grant is in it.
     let t = r
         .server_truth
         .unwrap_or_else(|| panic!("{name}: no server truth was recorded"));
@@ -58,18 +91,24 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
     r
 }
 
-async fn every_fault_on(target: Target) {
-    // The MySQL cells run on a private MariaDB with a binary log (server truth).
-    let _binlog = match target {
+/// The MySQL cells run on a private MariaDB with a binary log (server
+/// truth) while the returned guard lives.
+async fn binlog(target: Target) -> Option<impl Drop> {
+    match target {
         Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => Some(
             fenced_faults::truth::binlog::private_server()
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
         ),
         _ => None,
-    };
+    }
+}
+
+async fn every_fault_on(target: Target) {
+    let _binlog = binlog(target).await;
     for fault in Fault::ALL {
-        if fault.applies_to(target) {
+        // The process and server faults have tests of their own below.
+        if fault.applies_to(target) && fault.kind() == FaultKind::InProcess {
             cell(target, fault, 1).await;
         }
     }
@@ -126,4 +165,216 @@ async fn without_fencing_a_paused_holder_corrupts_the_resource() {
             target.name()
         );
     }
+}
+
+/// Real client processes: the holder is SIGSTOPped between its read and its
+/// write for 2 × TTL, then SIGCONTed. Others must get the key meanwhile, and
+/// its late write must be refused by the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstopped_client_processes_are_fenced_off() {
+    for target in Target::ALL {
+        let _binlog = binlog(target).await;
+        let r = cell(target, Fault::ProcessStop, 1).await;
+        let name = format!("{} × process-sigstop", target.name());
+        assert!(
+            r.evidence.iter().any(|e| e.contains("/proc state T")),
+            "{name}: the process was not seen stopped: {:?}",
+            r.evidence
+        );
+        assert!(
+            r.belief_overlaps > 0,
+            "{name}: nobody took the key while the holder was stopped\n{}",
+            r.history
+        );
+        assert!(
+            r.resource.rejected > 0 && r.victim_noticed_loss == Some(true),
+            "{name}: the stopped holder's write was not refused ({:?}, noticed {:?})\n{}",
+            r.resource,
+            r.victim_noticed_loss,
+            r.history
+        );
+    }
+}
+
+/// Real client processes: the holder is SIGKILLed holding. The others get
+/// the key — at the TTL at the latest (hang bound: 4 × TTL + 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_holders_free_the_key_by_the_ttl() {
+    for target in Target::ALL {
+        let _binlog = binlog(target).await;
+        let r = cell(target, Fault::ProcessKill, 1).await;
+        let bound = (r.config.ttl * 4).as_secs_f64() * 1e3 + 2_000.0;
+        assert!(
+            r.takeover_ms.is_some_and(|t| t < bound),
+            "{}: after the SIGKILL nobody got the key within {bound} ms ({:?})\n{}",
+            target.name(),
+            r.takeover_ms,
+            r.history
+        );
+    }
+}
+
+/// A client an hour behind holds through renewals (nobody may take it
+/// early), one an hour ahead is SIGKILLed holding (its key must not stay
+/// taken for its clock's hour). Expiry is the store's business.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_client_clock_changes_no_expiry() {
+    for target in Target::ALL {
+        if !Fault::ClockSkew.applies_to(target) {
+            continue;
+        }
+        let _binlog = binlog(target).await;
+        let r = cell(target, Fault::ClockSkew, 1).await;
+        let name = format!("{} × client-clock-skew", target.name());
+        for skew in ["-3600 s off", "+3600 s off"] {
+            assert!(
+                r.evidence
+                    .iter()
+                    .any(|e| e.contains(skew) || e.contains(&skew.replace("3600", "3599"))),
+                "{name}: no client ran with its clock {skew}: {:?}",
+                r.evidence
+            );
+        }
+        assert!(
+            r.evidence
+                .iter()
+                .any(|e| e.contains("kept the key through renewals") && !e.contains("for 0 hold")),
+            "{name}: the slow-clock client never completed a long hold: {:?}\n{}",
+            r.evidence,
+            r.history
+        );
+        let bound = (r.config.ttl * 4).as_secs_f64() * 1e3 + 2_000.0;
+        assert!(
+            r.takeover_ms.is_some_and(|t| t < bound),
+            "{name}: the fast-clock holder's key stayed taken ({:?} ms)",
+            r.takeover_ms
+        );
+    }
+}
+
+/// The skew check can fail: SQLite's clock is the client process's own wall
+/// clock (documented in fenced-sqlite), so a client an hour behind writes
+/// expiries the others read as past, and one an hour ahead keeps a dead
+/// holder's key for an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_expiry_follows_the_client_clock_the_check_sees_it() {
+    let r = run(config(Target::Sqlite, Fault::ClockSkew, 1))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !r.is_safe() || r.liveness_ms.is_none() || r.takeover_ms.is_none(),
+        "sqlite × client-clock-skew: a skewed clock went unnoticed: {:?}\n{}",
+        r.evidence,
+        r.history
+    );
+}
+
+/// Mutants: a lock with one safety mechanism removed must be caught by the
+/// fault that exposes it — owner check removed (a paused holder's release
+/// frees its successor), NX dropped (contention), expiry from the client
+/// clock (a client an hour behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutant_locks_are_caught_by_the_fault_suite() {
+    for (mutant, fault) in [
+        (Mutant::OwnerCheckRemoved, Fault::PausePastTtl),
+        (Mutant::NxDropped, Fault::Contention),
+        (Mutant::ClientClockExpiry, Fault::ClockSkew),
+    ] {
+        let mut cfg = config(Target::Redis, fault, 3);
+        cfg.mutant = Some(mutant);
+        let r = run(cfg).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            !r.is_safe(),
+            "redis × {} with the {} mutant passed: the suite cannot see that bug\n{:?} non-owner releases {} forbidden overlaps {}",
+            fault.name(),
+            mutant.name(),
+            r.resource,
+            r.non_owner_releases,
+            r.forbidden_overlaps
+        );
+    }
+}
+
+/// The server restarts (SIGKILL, same data) while a client holds: no token
+/// goes backwards, no two holders overlap where the store keeps its locks,
+/// the holder learns its loss where the store forgets (Redis without
+/// persistence), and the key is live afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restarts_while_held() {
+    for (target, fault) in [
+        (Target::Redis, Fault::ServerRestart),
+        (Target::Redis, Fault::ServerRestartAof),
+        (Target::Etcd, Fault::ServerRestart),
+        (Target::MySqlRowLock, Fault::ServerRestart),
+        (Target::MySqlUniqueKey, Fault::ServerRestart),
+    ] {
+        let r = cell(target, fault, 1).await;
+        assert!(
+            r.evidence
+                .iter()
+                .any(|e| e.starts_with("server restarted: pid")),
+            "{} × {}: no restart seen: {:?}",
+            target.name(),
+            fault.name(),
+            r.evidence
+        );
+        if (target, fault) == (Target::Redis, Fault::ServerRestart)
+            || target == Target::MySqlRowLock
+        {
+            assert_eq!(
+                r.victim_noticed_loss,
+                Some(true),
+                "{} × {}: the store forgot the lock but the holder never noticed\n{}",
+                target.name(),
+                fault.name(),
+                r.history
+            );
+        }
+    }
+}
+
+/// The leader of a 3-member etcd cluster is SIGKILLed while a client holds:
+/// safety, increasing tokens, a new leader, and the key live afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_leader_killed_while_held() {
+    let r = cell(Target::Etcd, Fault::LeaderKill, 1).await;
+    assert!(
+        r.evidence.iter().any(|e| e.contains("new leader")),
+        "no new leader: {:?}",
+        r.evidence
+    );
+}
+
+/// The server KILLs the row_lock holder's connection: the holder must learn
+/// it lost the lock, its write must not land after a successor's, and the
+/// others get the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_lock_connection_killed_by_the_server() {
+    let r = cell(Target::MySqlRowLock, Fault::KillConnection, 1).await;
+    assert!(
+        r.evidence
+            .iter()
+            .any(|e| e.starts_with("KILL of the holding connection")),
+        "no KILL: {:?}",
+        r.evidence
+    );
+    assert_eq!(
+        r.victim_noticed_loss,
+        Some(true),
+        "the holder never noticed its connection was killed\n{}",
+        r.history
+    );
+}
+
+/// 16 clients on one key on a MariaDB with `innodb_lock_wait_timeout = 1`,
+/// holders dying every third hold: every grant exclusive, no refusal read
+/// as a grant; the server's deadlock and lock-wait counters are reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lock_conflict_storm_grants_stay_exclusive() {
+    let r = cell(Target::MySqlUniqueKey, Fault::LockStorm, 1).await;
+    assert!(
+        r.lock_conflicts.is_some(),
+        "the server's lock counters were not read: {:?}",
+        r.evidence
+    );
 }

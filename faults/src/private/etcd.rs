@@ -243,6 +243,11 @@ impl PrivateEtcd {
         Ok(())
     }
 
+    /// Member `i`'s process id (`None` while it is down).
+    pub fn member_pid(&self, i: usize) -> Option<u32> {
+        self.procs.get(i).and_then(Proc::pid)
+    }
+
     /// SIGKILLs member `i`.
     pub fn kill(&self, i: usize) {
         self.procs[i].kill();

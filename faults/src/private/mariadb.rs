@@ -47,6 +47,8 @@ impl PrivateMariaDb {
         let out = tokio::process::Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            // Its own tmpdir: two installs sharing /tmp collide on temp tables.
+            .arg(format!("--tmpdir={}", dir.path().display()))
             .arg("--user=root")
             .arg("--auth-root-authentication-method=normal")
             .arg("--skip-test-db")
@@ -117,6 +119,7 @@ impl PrivateMariaDb {
             .arg(format!("--socket={}", self.socket().display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("error.log").display()))
+            .arg(format!("--tmpdir={}", d.display()))
             .arg("--user=root")
             .arg("--innodb-flush-log-at-trx-commit=1")
             .arg("--innodb-buffer-pool-size=32M");
@@ -159,6 +162,11 @@ impl PrivateMariaDb {
     pub async fn restart(&self) -> Result<()> {
         self.proc.kill();
         self.launch().await
+    }
+
+    /// The server's process id (`None` while it is down).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
     }
 
     /// Kills the server hard (SIGKILL) and leaves it down.

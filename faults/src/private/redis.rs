@@ -154,6 +154,11 @@ impl PrivateRedis {
         self.launch().await
     }
 
+    /// The server's process id (`None` while it is down).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
     /// Kills the server hard and leaves it down.
     pub fn kill(&self) {
         self.proc.kill();

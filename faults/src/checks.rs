@@ -1,0 +1,243 @@
+//! History checks the newer fault scenarios add to those of
+//! [`history`](crate::history): tokens never going backwards across a server
+//! restart, whether the victim learnt of its loss, and how long a killed
+//! holder kept the key from the others.
+
+use crate::history::{Event, Op, Phase};
+
+/// Grants whose token is not above a token already granted — and
+/// acknowledged to its client — before this grant was even requested. Such
+/// a grant is a regression whatever the delays: the store had issued the
+/// higher token first. (Grants are compared with grants acknowledged before
+/// the request, so a reply delayed past a later grant is not counted.)
+pub fn token_regressions(events: &[Event]) -> usize {
+    let mut last_invoke: std::collections::HashMap<(usize, &str), u64> = Default::default();
+    // Acknowledged grants in time order: (ack time, token) per key.
+    let mut acked: std::collections::HashMap<&str, Vec<(u64, u64)>> = Default::default();
+    let mut n = 0;
+    for e in events {
+        match (e.op, e.phase) {
+            (Op::Acquire, Phase::Invoke) => {
+                last_invoke.insert((e.process, e.key.as_str()), e.t_ns);
+            }
+            (Op::Acquire, Phase::Ok) => {
+                let Some(token) = e.token else { continue };
+                let asked = last_invoke
+                    .get(&(e.process, e.key.as_str()))
+                    .copied()
+                    .unwrap_or(0);
+                let before = acked.entry(e.key.as_str()).or_default();
+                if before.iter().any(|&(t, tok)| t < asked && tok >= token) {
+                    n += 1;
+                }
+                before.push((e.t_ns, token));
+            }
+            _ => {}
+        }
+    }
+    n
+}
+
+/// The first injected fault, the victim it hit, and the token of the hold
+/// it hit (the hold current at the fault, else the victim's next one).
+fn victim_hold(events: &[Event]) -> Option<(&Event, u64)> {
+    let fault = events
+        .iter()
+        .find(|e| e.op == Op::Fault && e.phase == Phase::Invoke)?;
+    let p = fault.process;
+    let mut current = None;
+    for e in events.iter().filter(|e| e.process == p) {
+        if e.t_ns > fault.t_ns {
+            break;
+        }
+        match (e.op, e.phase) {
+            (Op::Acquire, Phase::Ok) => current = e.token,
+            (Op::Release, Phase::Invoke) | (Op::Lost, _) => current = None,
+            _ => {}
+        }
+    }
+    let token = current.or_else(|| {
+        events
+            .iter()
+            .find(|e| {
+                e.process == p
+                    && e.t_ns >= fault.t_ns
+                    && e.op == Op::Acquire
+                    && e.phase == Phase::Ok
+            })
+            .and_then(|e| e.token)
+    })?;
+    Some((fault, token))
+}
+
+/// Whether the victim learnt, in the hold the fault hit, that the lease was
+/// gone: a loss signal, a refused release, or a write or read refused for a
+/// stale token. `None` when there was no such hold.
+pub fn victim_noticed_loss(events: &[Event]) -> Option<bool> {
+    let (fault, token) = victim_hold(events)?;
+    Some(events.iter().any(|e| {
+        e.process == fault.process
+            && e.token == Some(token)
+            && match (e.op, e.phase) {
+                (Op::Lost, _) => e.detail != "killed",
+                (Op::Release, Phase::Fail) | (Op::Write, Phase::Fail) => true,
+                _ => false,
+            }
+    }))
+}
+
+/// From the SIGKILL of a holder to the next grant to another client, ms.
+pub fn takeover_ms(events: &[Event]) -> Option<f64> {
+    let kill = events.iter().find(|e| {
+        e.op == Op::Fault && e.phase == Phase::Invoke && e.detail.starts_with("SIGKILL")
+    })?;
+    events
+        .iter()
+        .find(|e| {
+            e.t_ns > kill.t_ns
+                && e.process != kill.process
+                && e.op == Op::Acquire
+                && e.phase == Phase::Ok
+        })
+        .map(|e| (e.t_ns - kill.t_ns) as f64 / 1e6)
+}
+
+/// RELIABILITY.md's second table: for the process and server faults (and
+/// their controls), whether each fault was confirmed to have happened, and
+/// the checks those faults add.
+pub fn evidence_markdown(results: &[crate::scenario::RunResult]) -> String {
+    use std::fmt::Write as _;
+
+    use crate::scenario::{Fault, FaultKind, Target};
+    let mut cells: std::collections::BTreeMap<
+        (usize, usize, usize),
+        Vec<&crate::scenario::RunResult>,
+    > = Default::default();
+    for r in results {
+        if r.config.fault.kind() == FaultKind::InProcess && r.config.mutant.is_none() {
+            continue;
+        }
+        let t = Target::ALL
+            .iter()
+            .position(|t| *t == r.config.target)
+            .unwrap_or(0);
+        let f = Fault::ALL
+            .iter()
+            .position(|f| *f == r.config.fault)
+            .unwrap_or(0);
+        cells
+            .entry((crate::report::variant(r), t, f))
+            .or_default()
+            .push(r);
+    }
+    let mut out = String::new();
+    if cells.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\n## Process and server faults: evidence and their own checks\n\n\
+         | store | fault | runs | faults confirmed / injected | token regressions | overlaps where none is allowed | victim noticed its loss (runs) | takeover after SIGKILL p50 / max ms | deadlocks / lock-wait timeouts (server) | evidence (first run) |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|---|"
+    );
+    for ((v, t, f), runs) in &cells {
+        let confirmed: u64 = runs.iter().map(|r| r.confirmed_faults).sum();
+        let injected: u64 = runs.iter().map(|r| r.faults).sum();
+        let regressions: usize = runs.iter().map(|r| r.token_regressions).sum();
+        let forbidden: usize = runs.iter().map(|r| r.forbidden_overlaps).sum();
+        let noticed = runs
+            .iter()
+            .filter(|r| r.victim_noticed_loss == Some(true))
+            .count();
+        let mut take: Vec<f64> = runs.iter().filter_map(|r| r.takeover_ms).collect();
+        take.sort_by(f64::total_cmp);
+        let take = match (take.get(take.len() / 2), take.last()) {
+            (Some(p50), Some(max)) => format!("{p50:.0} / {max:.0}"),
+            _ => "–".into(),
+        };
+        let conflicts = runs
+            .iter()
+            .filter_map(|r| r.lock_conflicts)
+            .fold(None, |acc: Option<(u64, u64)>, (d, w)| {
+                let (a, b) = acc.unwrap_or((0, 0));
+                Some((a + d, b + w))
+            })
+            .map_or_else(|| "–".into(), |(d, w)| format!("{d} / {w}"));
+        let evidence = runs
+            .first()
+            .map(|r| r.evidence.join("; ").replace('|', "/"))
+            .unwrap_or_default();
+        let label = match v {
+            0 => String::new(),
+            1 => " **(fencing off)**".into(),
+            _ => format!(
+                " **(mutant: {})**",
+                runs.first()
+                    .and_then(|r| r.config.mutant)
+                    .map_or("?", |m| m.name())
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {}{label} | {} | {confirmed} / {injected} | {regressions} | {forbidden} | {noticed} of {} | {take} | {conflicts} | {evidence} |",
+            Target::ALL[*t].name(),
+            Fault::ALL[*f].name(),
+            runs.len(),
+            runs.len(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(process: usize, op: Op, phase: Phase, token: Option<u64>, t_ns: u64) -> Event {
+        Event {
+            process,
+            op,
+            phase,
+            key: "k".into(),
+            token,
+            t_ns,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_token_below_an_acknowledged_one_is_a_regression_a_late_reply_is_not() {
+        let fine = [
+            ev(0, Op::Acquire, Phase::Invoke, None, 0),
+            ev(1, Op::Acquire, Phase::Invoke, None, 1),
+            ev(1, Op::Acquire, Phase::Ok, Some(20), 5),
+            // 0's grant (10) was issued first; its reply came late.
+            ev(0, Op::Acquire, Phase::Ok, Some(10), 6),
+        ];
+        assert_eq!(token_regressions(&fine), 0);
+        let reset = [
+            ev(0, Op::Acquire, Phase::Invoke, None, 0),
+            ev(0, Op::Acquire, Phase::Ok, Some(20), 1),
+            ev(1, Op::Acquire, Phase::Invoke, None, 10),
+            // A restart that forgot the counter hands out 1 again.
+            ev(1, Op::Acquire, Phase::Ok, Some(1), 11),
+        ];
+        assert_eq!(token_regressions(&reset), 1);
+    }
+
+    #[test]
+    fn victim_loss_and_takeover() {
+        let mut fault = ev(0, Op::Fault, Phase::Invoke, None, 10);
+        fault.detail = "SIGKILL pid 1".into();
+        let h = [
+            ev(0, Op::Acquire, Phase::Ok, Some(1), 5),
+            fault,
+            ev(1, Op::Acquire, Phase::Ok, Some(2), 1_000_010),
+        ];
+        assert_eq!(victim_noticed_loss(&h), Some(false));
+        assert_eq!(takeover_ms(&h), Some(1.0));
+        let mut noticed = h.to_vec();
+        noticed.push(ev(0, Op::Write, Phase::Fail, Some(1), 2_000_000));
+        assert_eq!(victim_noticed_loss(&noticed), Some(true));
+    }
+}

@@ -1,0 +1,280 @@
+//! The server-side faults: a run whose fault needs to break the *server*
+//! gets a private one ([`crate::private`]), so destructive acts never touch
+//! the shared services or other tests.
+//!
+//! * restart while held — MariaDB (InnoDB, durable), Redis without
+//!   persistence and with AOF `appendfsync always`, etcd;
+//! * the etcd leader killed in a 3-member cluster;
+//! * `KILL <id>` of the connection holding a `row_lock` transaction;
+//! * a lock-conflict storm on a MariaDB with `innodb_lock_wait_timeout = 1`,
+//!   counting the deadlocks and lock-wait timeouts the server itself saw.
+//!
+//! Every act returns evidence that it really happened (a new pid, a new
+//! leader, the killed connection id, the server's counters), which the run
+//! records and the short profile asserts.
+
+use std::time::Duration;
+
+use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row as _};
+
+use crate::{
+    private::{
+        EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, RedisOptions,
+        RedisPersistence,
+    },
+    scenario::{Fault, Target},
+};
+
+/// A private server for one run.
+#[derive(Debug)]
+pub enum PrivateStore {
+    /// A private MariaDB.
+    MariaDb(PrivateMariaDb),
+    /// A private redis-server (persistence as the fault asks).
+    Redis(PrivateRedis),
+    /// A private etcd: one member, or three for the leader kill.
+    Etcd(PrivateEtcd),
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}; install the servers with scripts/services.sh")
+}
+
+impl PrivateStore {
+    /// The private server `fault` needs on `target`, if it needs one.
+    ///
+    /// # Errors
+    ///
+    /// When the server binary is missing (naming `scripts/services.sh`) or
+    /// the server does not come up.
+    pub async fn for_run(target: Target, fault: Fault) -> Result<Option<Self>, String> {
+        if !fault.needs_private_server() {
+            return Ok(None);
+        }
+        let store = match target {
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => {
+                let db = PrivateMariaDb::start(MariaDbOptions::default())
+                    .await
+                    .map_err(|e| err("private MariaDB", e))?;
+                if fault == Fault::LockStorm {
+                    // Lock waits end in 1205 after a second instead of 50.
+                    db.admin("SET GLOBAL innodb_lock_wait_timeout = 1")
+                        .await
+                        .map_err(|e| err("private MariaDB", e))?;
+                }
+                PrivateStore::MariaDb(db)
+            }
+            Target::Redis => {
+                let persistence = if fault == Fault::ServerRestartAof {
+                    RedisPersistence::AofAlways
+                } else {
+                    RedisPersistence::None
+                };
+                PrivateStore::Redis(
+                    PrivateRedis::start(RedisOptions {
+                        persistence,
+                        ..RedisOptions::default()
+                    })
+                    .await
+                    .map_err(|e| err("private redis-server", e))?,
+                )
+            }
+            Target::Etcd => {
+                let members = if fault == Fault::LeaderKill { 3 } else { 1 };
+                PrivateStore::Etcd(
+                    PrivateEtcd::start(EtcdOptions {
+                        members,
+                        ..EtcdOptions::default()
+                    })
+                    .await
+                    .map_err(|e| err("private etcd", e))?,
+                )
+            }
+            Target::Sqlite => return Ok(None),
+        };
+        Ok(Some(store))
+    }
+
+    /// The server part of the store URL (`Target::url` adds the options).
+    pub fn base_url(&self) -> String {
+        match self {
+            PrivateStore::MariaDb(db) => db.url(),
+            PrivateStore::Redis(r) => r.url(),
+            PrivateStore::Etcd(e) => format!("http://{}", e.hostports()),
+        }
+    }
+
+    /// Kills the server hard (SIGKILL, no shutdown) and starts it again on
+    /// the same data. Evidence: the old and the new pid.
+    ///
+    /// # Errors
+    ///
+    /// When it does not come back, or came back as the same process.
+    pub async fn restart(&self) -> Result<String, String> {
+        let (before, after) = match self {
+            PrivateStore::MariaDb(db) => {
+                let before = db.pid();
+                db.restart().await.map_err(|e| e.to_string())?;
+                (before, db.pid())
+            }
+            PrivateStore::Redis(r) => {
+                let before = r.pid();
+                r.restart().await.map_err(|e| e.to_string())?;
+                (before, r.pid())
+            }
+            PrivateStore::Etcd(e) => {
+                let before = e.member_pid(0);
+                e.restart().await.map_err(|e| e.to_string())?;
+                (before, e.member_pid(0))
+            }
+        };
+        match (before, after) {
+            (Some(b), Some(a)) if a != b => Ok(format!("server restarted: pid {b} -> {a}")),
+            _ => Err(format!(
+                "the server did not restart (pid {before:?} -> {after:?})"
+            )),
+        }
+    }
+
+    /// Kills the etcd leader (SIGKILL) and waits until the survivors have
+    /// elected another. Evidence: the old and the new leader.
+    ///
+    /// # Errors
+    ///
+    /// When this is not a cluster, or no new leader shows up within 30 s.
+    pub async fn kill_leader(&self) -> Result<String, String> {
+        let PrivateStore::Etcd(e) = self else {
+            return Err("the leader kill needs an etcd cluster".into());
+        };
+        let (leader, index) = etcd_leader(e, None).await?;
+        e.kill(index);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match etcd_leader(e, Some(index)).await {
+                Ok((new, _)) if new != leader && new != 0 => {
+                    return Ok(format!(
+                        "leader m{index} ({leader:x}) killed; new leader {new:x}"
+                    ))
+                }
+                _ if tokio::time::Instant::now() > deadline => {
+                    return Err(format!("no new leader 30 s after killing m{index}"))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// `KILL`s every connection with an open transaction that holds row
+    /// locks — on this private server, the `row_lock` holder's. Evidence:
+    /// the connection ids.
+    ///
+    /// # Errors
+    ///
+    /// When no such connection exists or the KILL fails.
+    pub async fn kill_lock_connection(&self) -> Result<String, String> {
+        let PrivateStore::MariaDb(db) = self else {
+            return Err("the connection kill needs MariaDB".into());
+        };
+        let mut c = admin(db).await?;
+        let ids: Vec<u64> = sqlx::query(
+            "SELECT trx_mysql_thread_id FROM information_schema.innodb_trx \
+             WHERE trx_state = 'RUNNING' AND trx_rows_locked > 0 AND trx_mysql_thread_id <> CONNECTION_ID()",
+        )
+        .fetch_all(&mut c)
+        .await
+        .map_err(|e| format!("reading innodb_trx: {e}"))?
+        .iter()
+        .filter_map(|r| r.try_get::<u64, _>(0).ok())
+        .collect();
+        if ids.is_empty() {
+            return Err("no connection holds a row lock".into());
+        }
+        for id in &ids {
+            sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(&mut c)
+                .await
+                .map_err(|e| format!("KILL {id}: {e}"))?;
+        }
+        Ok(format!("KILL of the holding connection(s) {ids:?}"))
+    }
+
+    /// The server's own counts of deadlocks (1213) and lock-wait timeouts
+    /// (1205) so far (`information_schema.INNODB_METRICS`).
+    ///
+    /// # Errors
+    ///
+    /// When this is not MariaDB or the counters cannot be read.
+    pub async fn lock_conflicts(&self) -> Result<(u64, u64), String> {
+        let PrivateStore::MariaDb(db) = self else {
+            return Err("lock-conflict counters need MariaDB".into());
+        };
+        let mut c = admin(db).await?;
+        let rows = sqlx::query(
+            "SELECT name, `count` FROM information_schema.INNODB_METRICS \
+             WHERE name IN ('lock_deadlocks', 'lock_timeouts')",
+        )
+        .fetch_all(&mut c)
+        .await
+        .map_err(|e| format!("reading INNODB_METRICS: {e}"))?;
+        let mut out = (0, 0);
+        for r in rows {
+            let name: String = r.try_get(0).map_err(|e| e.to_string())?;
+            let n: i64 = r.try_get(1).map_err(|e| e.to_string())?;
+            match name.as_str() {
+                "lock_deadlocks" => out.0 = n.max(0) as u64,
+                _ => out.1 = n.max(0) as u64,
+            }
+        }
+        Ok(out)
+    }
+}
+
+async fn admin(db: &PrivateMariaDb) -> Result<sqlx::MySqlConnection, String> {
+    let opts = MySqlConnectOptions::new()
+        .socket(db.socket())
+        .username("root")
+        .database("mysql");
+    sqlx::MySqlConnection::connect_with(&opts)
+        .await
+        .map_err(|e| format!("admin connection to the private MariaDB: {e}"))
+}
+
+/// The leader's member id and index, asking every member but `skip`.
+async fn etcd_leader(e: &PrivateEtcd, skip: Option<usize>) -> Result<(u64, usize), String> {
+    let mut last = String::from("no member answered");
+    for i in 0..e.members().len() {
+        if Some(i) == skip {
+            continue;
+        }
+        let mut c = match e.admin_client(i).await {
+            Ok(c) => c,
+            Err(err) => {
+                last = err.to_string();
+                continue;
+            }
+        };
+        let Ok(Ok(status)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await else {
+            continue;
+        };
+        let leader = status.leader();
+        if leader == 0 {
+            continue;
+        }
+        // Which member is it? Ask each for its own id.
+        for j in 0..e.members().len() {
+            if Some(j) == skip {
+                continue;
+            }
+            let Ok(mut cj) = e.admin_client(j).await else {
+                continue;
+            };
+            if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), cj.status()).await {
+                if s.header().map(|h| h.member_id()) == Some(leader) {
+                    return Ok((leader, j));
+                }
+            }
+        }
+        last = format!("leader {leader:x} is none of the members asked");
+    }
+    Err(format!("finding the etcd leader: {last}"))
+}
