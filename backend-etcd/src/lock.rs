@@ -119,11 +119,21 @@ impl EtcdLock {
             Ok(c) => c.map_err(error::map)?,
             Err(_) => return Err(error::timed_out("connecting", config.connect_timeout)),
         };
-        match tokio::time::timeout(config.connect_timeout, client.status()).await {
-            Ok(status) => {
-                status.map_err(error::map)?;
+        // One member down must not fail the connect: a status request the
+        // channel could not even send (connection refused by that member)
+        // is tried again — on another member — until the connect timeout,
+        // as `call_raw` does for every later request.
+        let deadline = Instant::now() + config.connect_timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, client.status()).await {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) if error::never_sent(&e) && Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "etcd status not sent; trying another member");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(Err(e)) => return Err(error::map(e)),
+                Err(_) => return Err(error::timed_out("status", config.connect_timeout)),
             }
-            Err(_) => return Err(error::timed_out("status", config.connect_timeout)),
         }
         let tracker = Arc::new(Tracker::default());
         let inner = Arc::new_cyclic(|weak| Inner {
