@@ -123,16 +123,25 @@ impl EtcdLock {
         // channel could not even send (connection refused by that member)
         // is tried again — on another member — until the connect timeout,
         // as `call_raw` does for every later request.
+        // When no member ever answers, the last such error (e.g. connection
+        // refused) is what the caller sees, not a bare timeout.
         let deadline = Instant::now() + config.connect_timeout;
+        let mut unsent = None;
         loop {
             match tokio::time::timeout_at(deadline, client.status()).await {
                 Ok(Ok(_)) => break,
                 Ok(Err(e)) if error::never_sent(&e) && Instant::now() < deadline => {
                     tracing::debug!(error = %e, "etcd status not sent; trying another member");
+                    unsent = Some(e);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Ok(Err(e)) => return Err(error::map(e)),
-                Err(_) => return Err(error::timed_out("status", config.connect_timeout)),
+                Err(_) => {
+                    return Err(match unsent {
+                        Some(e) => error::map(e),
+                        None => error::timed_out("status", config.connect_timeout),
+                    })
+                }
             }
         }
         let tracker = Arc::new(Tracker::default());
