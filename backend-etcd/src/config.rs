@@ -83,11 +83,7 @@ impl EtcdConfig {
         // The userinfo ends at the first `@` followed by a host list: a
         // password may contain unencoded `/`, `?`, `#` or `@`, and must never
         // end up in a path, a parameter or a message.
-        let (user, rest) = match rest
-            .match_indices('@')
-            .map(|(i, _)| i)
-            .find(|&i| looks_like_hosts(&rest[i + 1..]))
-        {
+        let (user, rest) = match fenced_api::url::userinfo_end(rest) {
             Some(at) => {
                 let userinfo = &rest[..at];
                 let (u, p) = userinfo.split_once(':').unwrap_or((userinfo, ""));
@@ -178,17 +174,6 @@ impl EtcdConfig {
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
-}
-
-/// Whether `s` starts with `host[:port][,host[:port]…]` and then ends or
-/// goes on with `/`, `?` or `#`.
-fn looks_like_hosts(s: &str) -> bool {
-    let end = s.find(['/', '?', '#']).unwrap_or(s.len());
-    let hosts = &s[..end];
-    !hosts.is_empty()
-        && hosts.chars().all(|c| {
-            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ',' | '[' | ']')
-        })
 }
 
 /// `scheme://host:port` from `host[:port]` (`[v6]:port` too); the port must

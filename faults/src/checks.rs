@@ -117,18 +117,7 @@ pub fn evidence_markdown(results: &[crate::scenario::RunResult]) -> String {
         if r.config.fault.kind() == FaultKind::InProcess && r.config.mutant.is_none() {
             continue;
         }
-        let t = Target::ALL
-            .iter()
-            .position(|t| *t == r.config.target)
-            .unwrap_or(0);
-        let f = Fault::ALL
-            .iter()
-            .position(|f| *f == r.config.fault)
-            .unwrap_or(0);
-        cells
-            .entry((crate::report::variant(r), t, f))
-            .or_default()
-            .push(r);
+        cells.entry(crate::report::cell_key(r)).or_default().push(r);
     }
     let mut out = String::new();
     if cells.is_empty() {

@@ -147,19 +147,24 @@ fn variant_label(v: usize) -> String {
     }
 }
 
+/// A run's cell: (variant, index in [`Target::ALL`], index in [`Fault::ALL`]).
+pub fn cell_key(r: &RunResult) -> (usize, usize, usize) {
+    let t = Target::ALL
+        .iter()
+        .position(|t| *t == r.config.target)
+        .unwrap_or(0);
+    let f = Fault::ALL
+        .iter()
+        .position(|f| *f == r.config.fault)
+        .unwrap_or(0);
+    (variant(r), t, f)
+}
+
 /// Groups results by (variant, store, fault).
 pub fn cells(results: &[RunResult]) -> BTreeMap<(usize, usize, usize), Cell> {
     let mut m: BTreeMap<(usize, usize, usize), Cell> = BTreeMap::new();
     for r in results {
-        let t = Target::ALL
-            .iter()
-            .position(|t| *t == r.config.target)
-            .unwrap_or(0);
-        let f = Fault::ALL
-            .iter()
-            .position(|f| *f == r.config.fault)
-            .unwrap_or(0);
-        m.entry((variant(r), t, f)).or_default().add(r);
+        m.entry(cell_key(r)).or_default().add(r);
     }
     m
 }

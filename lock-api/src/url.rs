@@ -28,11 +28,7 @@ pub fn redact(url: &str) -> String {
     // like a host list. Scanning for it (rather than cutting at the first
     // `/`, `?` or `#`) keeps a password with unencoded `/`, `?`, `#` or `@`
     // out of the output too.
-    let end = rest
-        .match_indices('@')
-        .map(|(i, _)| i)
-        .find(|&i| looks_like_hosts(&rest[i + 1..]));
-    let Some(end) = end else {
+    let Some(end) = userinfo_end(rest) else {
         // No recognisable host after any `@`: hide everything.
         return format!("{scheme}://***");
     };
@@ -41,6 +37,16 @@ pub fn redact(url: &str) -> String {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
         None => url.to_owned(),
     }
+}
+
+/// Where the userinfo of `rest` (a URL after `scheme://`) ends: the first
+/// `@` followed by something that looks like a host list, so a password
+/// with unencoded `/`, `?`, `#` or `@` stays inside the userinfo. `None`
+/// when there is no such `@` (no userinfo, or no recognisable host).
+pub fn userinfo_end(rest: &str) -> Option<usize> {
+    rest.match_indices('@')
+        .map(|(i, _)| i)
+        .find(|&i| looks_like_hosts(&rest[i + 1..]))
 }
 
 /// Whether `s` starts with `host[:port][,host[:port]…]` and then ends or
