@@ -22,6 +22,11 @@ banner() {
     printf '\n==> %s\n' "$*"
 }
 
+banner "disk"
+# A full target dir takes several GB; say how much room there is before a
+# build fails half-way with "No space left on device".
+df -h . | tail -n 1
+
 banner "services (MariaDB, Redis, etcd)"
 bash scripts/services.sh
 
