@@ -106,6 +106,14 @@
 //! * table growth: `unique_key` takes over expired rows inline and has a
 //!   batched reaper ([`MySqlLock::spawn_reaper`]) guarded by a lock of its own.
 //!
+//! Speed: `unique_key`'s table is clustered on `lock_key` (schema 3), so
+//! re-taking a just-released key reuses its record instead of stepping over
+//! delete-marked index entries (≈ 3.5× faster acquire + release on one key);
+//! a [`LockClient`](fenced_api::LockClient) holding many locks renews them
+//! with one `UPDATE` per 256 leases
+//! ([`extend_many`](fenced_api::DistributedLock::extend_many)) for
+//! `unique_key` and `optimistic`.
+//!
 //! Requires MariaDB ≥ 10.3 or MySQL ≥ 8.0 (`NOWAIT`, persistent auto-increment
 //! from MariaDB 10.2.4 / MySQL 8.0). `unique_key` also requires
 //! `innodb_autoinc_lock_mode` 0 or 1 (MariaDB's default is 1; MySQL 8's is
@@ -525,6 +533,10 @@ impl DistributedLock for MySqlLock {
             .await
     }
 
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+        fenced_api::batch::extend_in_chunks(self, leases, ttl, EXTEND_CHUNK).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         self.bounded("release", self.engine().release(lease)).await
     }
@@ -540,5 +552,36 @@ impl DistributedLock for MySqlLock {
 
     fn capabilities(&self) -> Capabilities {
         self.engine().capabilities()
+    }
+}
+
+/// Leases renewed by one statement: far below MySQL's 65 535 placeholders,
+/// small enough that a statement stays a short write.
+const EXTEND_CHUNK: usize = 256;
+
+/// Batch renewals go to the strategy's one-statement form; each is bounded
+/// by the operation timeout like any other statement, and the one-by-one
+/// fallback goes through [`MySqlLock`]'s own (bounded) `extend`.
+#[async_trait]
+impl fenced_api::batch::ExtendChunk for MySqlLock {
+    async fn extend_chunk(
+        &self,
+        owner: &fenced_api::Owner,
+        chunk: &[&Lease],
+        ttl: Duration,
+    ) -> Result<fenced_api::batch::ChunkVerdict> {
+        use fenced_api::batch::ChunkVerdict;
+        match &self.inner.engine {
+            Engine::UniqueKey(u) => {
+                self.bounded("extend_many", u.extend_chunk(owner, chunk, ttl))
+                    .await
+            }
+            Engine::Optimistic(o) => {
+                self.bounded("extend_many", o.extend_chunk(owner, chunk, ttl))
+                    .await
+            }
+            // Each held row lock is its own open transaction: one by one.
+            Engine::RowLock(_) => Ok(ChunkVerdict::Unknown),
+        }
     }
 }

@@ -13,10 +13,18 @@ const MIGRATIONS: &[(u32, &str, &str)] = &[
         "row_lock_live",
         include_str!("../migrations/0002_row_lock_live.sql"),
     ),
+    (
+        3,
+        "unique_key_by_lock_key",
+        include_str!("../migrations/0003_unique_key_by_lock_key.sql"),
+    ),
 ];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
+
+/// How long `migrate` waits for another node's migration of the same tables.
+const MIGRATE_LOCK_WAIT_S: u32 = 120;
 
 fn statements(template: &str, base: &TableName) -> Vec<String> {
     let sql: String = template
@@ -32,19 +40,55 @@ fn statements(template: &str, base: &TableName) -> Vec<String> {
 }
 
 /// Creates or upgrades every table of `base`. Idempotent and safe to run
-/// from several nodes at once (`CREATE TABLE IF NOT EXISTS`, `INSERT IGNORE`).
-/// Returns the migrations applied by this call.
+/// from several nodes at once: it holds a named lock (`GET_LOCK`, on one
+/// connection) while it reads the migration log and applies what is
+/// missing, so each migration runs once even where a statement (an `ALTER`)
+/// could not run twice. Returns the migrations applied by this call.
 pub(crate) async fn migrate(pool: &MySqlPool, base: &TableName) -> Result<Vec<u32>> {
+    let mut conn = pool.acquire().await.db()?;
+    // MySQL caps lock names at 64 characters; a cut name only serialises
+    // two long base names that share a prefix.
+    let name: String = format!("fenced:migrate:{}", base.as_str())
+        .chars()
+        .take(64)
+        .collect();
+    let got: Option<i64> = sqlx::query("SELECT GET_LOCK(?, ?)")
+        .bind(&name)
+        .bind(MIGRATE_LOCK_WAIT_S)
+        .fetch_one(&mut *conn)
+        .await
+        .db()?
+        .try_get(0)
+        .db()?;
+    if got != Some(1) {
+        return Err(Error::backend(
+            crate::error::BACKEND,
+            true,
+            format!(
+                "another migration of `{base}` held the migration lock for {MIGRATE_LOCK_WAIT_S}s; try again"
+            ),
+        ));
+    }
+    let result = apply_missing(&mut conn, base).await;
+    // Also released when the connection closes; errors here change nothing.
+    let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(&name)
+        .execute(&mut *conn)
+        .await;
+    result
+}
+
+async fn apply_missing(conn: &mut sqlx::MySqlConnection, base: &TableName) -> Result<Vec<u32>> {
     let log = base.quoted("_migrations");
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {log} (version INT UNSIGNED NOT NULL PRIMARY KEY, \
          name VARCHAR(100) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
     )))
-    .execute(pool)
+    .execute(&mut *conn)
     .await
     .db()?;
     let done: Vec<u32> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {log}")))
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
         .db()?
         .iter()
@@ -57,14 +101,17 @@ pub(crate) async fn migrate(pool: &MySqlPool, base: &TableName) -> Result<Vec<u3
             continue;
         }
         for stmt in statements(template, base) {
-            sqlx::query(AssertSqlSafe(stmt)).execute(pool).await.db()?;
+            sqlx::query(AssertSqlSafe(stmt))
+                .execute(&mut *conn)
+                .await
+                .db()?;
         }
         sqlx::query(AssertSqlSafe(format!(
             "INSERT IGNORE INTO {log} (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
         )))
         .bind(version)
         .bind(name)
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .db()?;
         tracing::info!(table = %base, version, name, "fenced schema migration applied");
@@ -122,5 +169,9 @@ mod tests {
         assert_eq!(v2.len(), 1);
         assert!(v2[0].starts_with("CREATE TABLE IF NOT EXISTS `jobs_live` ("));
         assert!(v2[0].ends_with("ENGINE=MEMORY"));
+        let v3 = statements(MIGRATIONS[2].2, &base);
+        assert_eq!(v3.len(), 1);
+        assert!(v3[0].starts_with("ALTER TABLE `jobs`"));
+        assert!(v3[0].contains("ADD PRIMARY KEY (lock_key)"));
     }
 }

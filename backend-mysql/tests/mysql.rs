@@ -395,6 +395,109 @@ async fn migrate_is_idempotent() {
 }
 
 #[tokio::test]
+async fn first_migrations_from_two_nodes_at_once_apply_each_version_once() {
+    let server = server_url().await;
+    let url = url_for(
+        &server,
+        Strategy::UniqueKey,
+        &format!("{}_mig2", run_table()),
+    );
+    // v3 is an ALTER, which would fail if run twice: the migration lock
+    // makes the second node find everything applied.
+    let (a, b) = tokio::join!(MySqlLock::migrate(&url), MySqlLock::migrate(&url));
+    let (mut a, b) = (a.unwrap(), b.unwrap());
+    a.extend(b);
+    a.sort_unstable();
+    assert_eq!(a, (1..=fenced_mysql::SCHEMA_VERSION).collect::<Vec<_>>());
+    MySqlLock::connect(&url).await.unwrap();
+}
+
+/// An installation at schema v2 (as earlier builds left it) with a lock
+/// held: `connect` refuses it until `migrate`, which moves unique_key's
+/// table to lock_key as primary key and keeps the holder, its token and the
+/// token sequence.
+#[tokio::test]
+async fn upgrade_to_v3_keeps_held_locks_and_tokens() {
+    let server = server_url().await;
+    let base = format!("{}_v2", run_table());
+    let url = url_for(&server, Strategy::UniqueKey, &base);
+    let p = pool().await;
+    let v1_v2 = [
+        include_str!("../migrations/0001_initial.sql"),
+        include_str!("../migrations/0002_row_lock_live.sql"),
+    ];
+    for template in v1_v2 {
+        let sql: String = template
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            sqlx::query(sqlx::AssertSqlSafe(stmt.replace("{base}", &base)))
+                .execute(&p)
+                .await
+                .unwrap();
+        }
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE `{base}_migrations` (version INT UNSIGNED NOT NULL PRIMARY KEY, \
+         name VARCHAR(100) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+    )))
+    .execute(&p)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO `{base}_migrations` VALUES (1, 'initial', UTC_TIMESTAMP(6)), \
+         (2, 'row_lock_live', UTC_TIMESTAMP(6))"
+    )))
+    .execute(&p)
+    .await
+    .unwrap();
+    let held = key("held-across-upgrade");
+    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO `{base}` (lock_key, owner, reentrant_count, expire_time, create_time) \
+         VALUES (?, 'v2-holder', 1, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, UTC_TIMESTAMP(6))"
+    )))
+    .bind(held.as_bytes())
+    .execute(&p)
+    .await
+    .unwrap();
+    let v2_token = done.last_insert_id();
+
+    match MySqlLock::connect(&url).await {
+        Err(Error::Config { reason }) => assert!(reason.contains("version 2"), "{reason}"),
+        other => panic!("a v2 schema must be refused until migrated, got {other:?}"),
+    }
+    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3]);
+    let lock = MySqlLock::connect(&url).await.unwrap();
+    let info = lock.inspect(&held).await.unwrap().expect("the v2 holder");
+    assert_eq!(info.owner.as_str(), "v2-holder");
+    assert_eq!(info.token.get(), v2_token);
+    assert!(lock
+        .try_acquire(&held, &ttl(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    let next = lock
+        .try_acquire(&key("after-upgrade"), &ttl(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.token.get() > v2_token, "the token sequence went back");
+    let primary: String = sqlx::query(
+        "SELECT GROUP_CONCAT(column_name) FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = ? AND index_name = 'PRIMARY'",
+    )
+    .bind(&base)
+    .fetch_one(&p)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(primary, "lock_key");
+    lock.release(&next).await.unwrap();
+}
+
+#[tokio::test]
 async fn row_modes_shards_and_fixed_rows() {
     let server = server_url().await;
     let url = url_for(&server, Strategy::RowLock, run_table());

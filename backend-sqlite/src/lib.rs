@@ -467,6 +467,10 @@ impl DistributedLock for SqliteLock {
         self.inner.engine.extend(lease, ttl).await
     }
 
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+        self.inner.engine.extend_many(leases, ttl).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         self.inner.engine.release(lease).await
     }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fenced_api::{
+    batch::{ChunkVerdict, ExtendChunk},
     wait::{acquire_polling, notify_released, Backoff},
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
@@ -60,6 +61,9 @@ pub(crate) struct UniqueKey {
     reenter: SqlStr,
     held_by: SqlStr,
     extend: SqlStr,
+    /// `extend` for many ids of one owner: this, then `?3, ?4, …)
+    /// RETURNING id` (see [`fenced_api::batch`]).
+    extend_batch: String,
     release_last: SqlStr,
     release_one: SqlStr,
     delete_own: SqlStr,
@@ -94,6 +98,11 @@ impl UniqueKey {
                 "UPDATE {t} SET expire_at = CASE WHEN reentrant_count > 1 \
                  THEN MAX(expire_at, {NOW} + ?1) ELSE {NOW} + ?1 END \
                  WHERE id = ?2 AND owner = ?3 AND expire_at > {NOW}"
+            ),
+            extend_batch: format!(
+                "UPDATE {t} SET expire_at = CASE WHEN reentrant_count > 1 \
+                 THEN MAX(expire_at, {NOW} + ?1) ELSE {NOW} + ?1 END \
+                 WHERE owner = ?2 AND expire_at > {NOW} AND id IN ("
             ),
             release_last: sql!(
                 "DELETE FROM {t} WHERE id = ?1 AND owner = ?2 AND reentrant_count <= 1 \
@@ -254,6 +263,10 @@ impl DistributedLock for UniqueKey {
         }
     }
 
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+        fenced_api::batch::extend_in_chunks(self, leases, ttl, EXTEND_CHUNK).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let id = i64::try_from(lease.token.get()).unwrap_or(i64::MAX);
         let owner = lease.owner.as_str().as_bytes();
@@ -330,6 +343,40 @@ impl DistributedLock for UniqueKey {
             .durable(true)
             .fencing(true)
             .reentrant(true)
+    }
+}
+
+/// Leases renewed by one statement (SQLite allows 32 766 parameters).
+const EXTEND_CHUNK: usize = 256;
+
+#[async_trait]
+impl ExtendChunk for UniqueKey {
+    async fn extend_chunk(
+        &self,
+        owner: &Owner,
+        chunk: &[&Lease],
+        ttl: Duration,
+    ) -> Result<ChunkVerdict> {
+        let places = fenced_api::batch::padded_len(chunk.len());
+        let mut text = self.extend_batch.clone();
+        for p in 0..places {
+            text.push_str(if p == 0 { "?" } else { ", ?" });
+            text.push_str(&(p + 3).to_string());
+        }
+        text.push_str(") RETURNING id");
+        let mut query = sqlx::query(sql!("{text}"))
+            .bind(expiry_us(ttl))
+            .bind(owner.as_str().as_bytes());
+        for p in 0..places {
+            let lease = chunk[p.min(chunk.len() - 1)];
+            query = query.bind(i64::try_from(lease.token.get()).unwrap_or(i64::MAX));
+        }
+        let rows = query.fetch_all(&self.pool).await.db()?;
+        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
+        for row in rows {
+            renewed.insert(token(row.try_get::<i64, _>(0).db()?));
+        }
+        Ok(ChunkVerdict::Exactly(renewed))
     }
 }
 

@@ -63,6 +63,7 @@ macro_rules! __with_cases {
             c05_expiry_frees_key: expiry::expiry_frees_key, "C5";
             c05_held_until_ttl: expiry::held_until_ttl, "C5";
             c06_extend_keeps_lock: expiry::extend_keeps_lock, "C6";
+            c06_extend_many_per_lease: expiry::extend_many_per_lease, "C6, C4";
             c07_tokens_increase_after_release: fencing::tokens_increase_after_release, "C7";
             c07_tokens_increase_after_expiry: fencing::tokens_increase_after_expiry, "C7";
             c07_tokens_increase_after_force_release: fencing::tokens_increase_after_force_release, "C7";

@@ -31,6 +31,8 @@ pub(crate) struct ClientInner {
     pub(crate) backend: &'static str,
     pub(crate) config: ClientConfig,
     held: Mutex<HashMap<LockKey, Weak<Held>>>,
+    /// The watchdogs' renewals, batched (renewer.rs).
+    pub(crate) renewer: crate::renewer::Renewer,
 }
 
 impl ClientInner {
@@ -355,6 +357,7 @@ impl LockClientBuilder {
                     reentrant: self.reentrant,
                 },
                 held: Mutex::new(HashMap::new()),
+                renewer: crate::renewer::Renewer::new(self.ttl),
             }),
         }
     }

@@ -165,7 +165,7 @@ impl Held {
                 _ = tokio::time::sleep_until(deadline) => {
                     return self.mark_lost(LossReason::DeadlinePassed);
                 }
-                r = self.client.lock.extend(&lease, cfg.ttl) => r,
+                r = self.client.renewer.renew(&self.client.lock, &lease) => r,
             };
             match renewal {
                 Ok(renewed) => {

@@ -51,6 +51,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod batch;
 mod capabilities;
 mod client;
 mod driver;
@@ -62,6 +63,7 @@ mod lease;
 mod lock;
 mod memory;
 mod options;
+mod renewer;
 pub mod telemetry;
 pub mod url;
 pub mod wait;
@@ -75,7 +77,7 @@ pub use error::{BoxError, Error, Result};
 pub use guard::{LeaseHandle, LockGuard, LossReason};
 pub use key::{IntoLockKey, LockKey};
 pub use lease::{FencingToken, Lease, LockInfo, ReleaseOutcome};
-pub use lock::DistributedLock;
+pub use lock::{DistributedLock, EXTEND_MANY_CONCURRENCY};
 pub use memory::MemoryLock;
 pub use options::{LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
 

@@ -103,6 +103,25 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     ///   lease may still be current.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
 
+    /// Renews several leases at once, as [`extend`](Self::extend) would each:
+    /// one result per lease, in the order given.
+    ///
+    /// [`LockClient`](crate::LockClient) sends its watchdogs' renewals
+    /// through this, batched, so a client holding thousands of locks renews
+    /// them in a few round trips per interval instead of one each. The
+    /// default calls `extend` for each lease, up to
+    /// [`EXTEND_MANY_CONCURRENCY`] at a time; SQL stores override it with one
+    /// statement per batch (through [`batch::extend_in_chunks`](crate::batch::extend_in_chunks)).
+    ///
+    /// # Errors
+    ///
+    /// Per lease, those of [`extend`](Self::extend). An overriding store that
+    /// cannot tell which leases of a batch were renewed retries them one by
+    /// one, so a lost lease never reads as renewed.
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+        crate::batch::extend_each(self, leases, ttl).await
+    }
+
     /// Gives the lease back.
     ///
     /// Returns [`ReleaseOutcome::NotHeld`] (and changes nothing) when the
@@ -133,6 +152,10 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     fn capabilities(&self) -> Capabilities;
 }
 
+/// How many `extend` calls the default [`DistributedLock::extend_many`] has
+/// in flight at once.
+pub const EXTEND_MANY_CONCURRENCY: usize = 16;
+
 /// Forwards every trait method through a smart pointer, so `Arc<dyn
 /// DistributedLock>`, `Box<…>` and `Arc<ConcreteLock>` are locks too.
 /// `missing_trait_methods` keeps the forwarding complete when the trait grows.
@@ -149,6 +172,9 @@ macro_rules! forward_impl {
             }
             async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
                 (**self).extend(lease, ttl).await
+            }
+            async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+                (**self).extend_many(leases, ttl).await
             }
             async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
                 (**self).release(lease).await

@@ -403,6 +403,137 @@ async fn slow_renewal_replies_do_not_push_renewals_past_the_deadline() {
     assert!(!guard.is_lost(), "lost despite every renewal succeeding");
 }
 
+/// A store that records the size of every `extend_many` batch, answers
+/// each after `delay`, and — with `short` — answers only half of each batch
+/// (a buggy override), which the client must survive.
+#[derive(Debug)]
+struct Batched {
+    inner: MemoryLock,
+    delay: Duration,
+    short: bool,
+    batches: Arc<std::sync::Mutex<Vec<usize>>>,
+    extends: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[fenced_api::async_trait]
+impl DistributedLock for Batched {
+    async fn try_acquire(
+        &self,
+        k: &LockKey,
+        o: &LockOptions,
+    ) -> fenced_api::Result<Option<fenced_api::Lease>> {
+        self.inner.try_acquire(k, o).await
+    }
+    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<fenced_api::Lease> {
+        self.inner.acquire(k, o).await
+    }
+    async fn extend(
+        &self,
+        l: &fenced_api::Lease,
+        ttl: Duration,
+    ) -> fenced_api::Result<fenced_api::Lease> {
+        self.extends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.extend(l, ttl).await
+    }
+    async fn extend_many(
+        &self,
+        leases: &[fenced_api::Lease],
+        ttl: Duration,
+    ) -> Vec<fenced_api::Result<fenced_api::Lease>> {
+        self.batches.lock().unwrap().push(leases.len());
+        let mut r = self.inner.extend_many(leases, ttl).await;
+        if self.short {
+            r.truncate(leases.len() / 2);
+        }
+        sleep(self.delay).await;
+        r
+    }
+    async fn release(
+        &self,
+        l: &fenced_api::Lease,
+    ) -> fenced_api::Result<fenced_api::ReleaseOutcome> {
+        self.inner.release(l).await
+    }
+    async fn inspect(&self, k: &LockKey) -> fenced_api::Result<Option<fenced_api::LockInfo>> {
+        self.inner.inspect(k).await
+    }
+    async fn force_release(&self, k: &LockKey) -> fenced_api::Result<bool> {
+        self.inner.force_release(k).await
+    }
+    fn capabilities(&self) -> fenced_api::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+fn batched(short: bool) -> Batched {
+    Batched {
+        inner: MemoryLock::new(),
+        delay: Duration::from_millis(50),
+        short,
+        batches: Arc::default(),
+        extends: Arc::default(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_of_many_held_locks_go_out_in_batches() {
+    // 1 000 locks held by one client: while a batch is in flight the other
+    // watchdogs' renewals queue up, so the store sees a few calls per
+    // interval instead of 1 000 — and no lock is lost.
+    let store = batched(false);
+    let batches = Arc::clone(&store.batches);
+    let c = LockClient::builder(Arc::new(store))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..1_000 {
+        guards.push(c.acquire(format!("k{i}")).await.unwrap());
+    }
+    sleep(TTL * 4).await;
+    assert!(
+        guards.iter().all(|g| !g.is_lost()),
+        "a batched renewal lost a lock"
+    );
+    let b = batches.lock().unwrap().clone();
+    let renewals: usize = b.iter().sum();
+    // Every 1 s for 12 s: about 12 000 renewals.
+    assert!(renewals >= 10_000, "only {renewals} renewals");
+    assert!(
+        b.len() * 20 <= renewals,
+        "{} extend_many calls for {renewals} renewals: not batched",
+        b.len()
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_answering_part_of_a_batch_does_not_lose_locks() {
+    let store = batched(true);
+    let extends = Arc::clone(&store.extends);
+    let c = LockClient::builder(Arc::new(store))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(c.acquire(format!("k{i}")).await.unwrap());
+    }
+    sleep(TTL * 4).await;
+    assert!(
+        guards.iter().all(|g| !g.is_lost()),
+        "a short batch answer lost a lock"
+    );
+    // The unanswered half was renewed one by one.
+    assert!(
+        extends.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no fallback extend"
+    );
+}
+
 /// The documented metrics are emitted (checked with a debugging recorder).
 #[test]
 fn metrics_are_emitted_with_the_documented_names() {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fenced_api::{
+    batch::{ChunkVerdict, ExtendChunk},
     wait::{acquire_polling, notify_released, Backoff},
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
@@ -36,6 +37,9 @@ pub(crate) struct Optimistic {
     reenter: SqlStr,
     held_by: SqlStr,
     extend: SqlStr,
+    /// `extend` for many keys of one holder: this, then the key list and
+    /// the per-key version check (see `extend_chunk`).
+    extend_batch: String,
     release_last: SqlStr,
     release_one: SqlStr,
     lock_own: SqlStr,
@@ -85,6 +89,12 @@ impl Optimistic {
                  GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  WHERE lock_key = ? AND {current}"
+            ),
+            extend_batch: format!(
+                "UPDATE {t} SET expire_time = IF(reentrant_count > 1, \
+                 GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 WHERE holder = ? AND expire_time > UTC_TIMESTAMP(6) AND lock_key IN ("
             ),
             release_last: sql!(
                 "UPDATE {t} SET holder = NULL, expire_time = NULL, reentrant_count = 0 \
@@ -358,5 +368,48 @@ impl DistributedLock for Optimistic {
             .durable(true)
             .fencing(true)
             .reentrant(true)
+    }
+}
+
+#[async_trait]
+impl ExtendChunk for Optimistic {
+    /// One UPDATE: the key list (primary key) finds the rows, a `CASE` on
+    /// the key checks each row's version (the token). Found rows equal to
+    /// the chunk's size means all were renewed; fewer, or a key twice in the
+    /// chunk (two tokens of one key: the `CASE` would check only one), and
+    /// the chunk is renewed one by one.
+    async fn extend_chunk(
+        &self,
+        owner: &Owner,
+        chunk: &[&Lease],
+        ttl: Duration,
+    ) -> Result<ChunkVerdict> {
+        let mut keys = std::collections::HashSet::with_capacity(chunk.len());
+        if !chunk.iter().all(|l| keys.insert(&l.key)) {
+            return Ok(ChunkVerdict::Unknown);
+        }
+        let places = fenced_api::batch::padded_len(chunk.len());
+        let mut text = self.extend_batch.clone();
+        text.push_str(&vec!["?"; places].join(", "));
+        text.push_str(") AND CASE lock_key");
+        text.push_str(&" WHEN ? THEN version = ?".repeat(places));
+        text.push_str(" ELSE FALSE END");
+        let mut query = sqlx::query(sql!("{text}"))
+            .bind(micros(ttl))
+            .bind(micros(ttl))
+            .bind(owner.as_str().as_bytes());
+        let at = |p: usize| chunk[p.min(chunk.len() - 1)];
+        for p in 0..places {
+            query = query.bind(at(p).key.as_bytes());
+        }
+        for p in 0..places {
+            query = query.bind(at(p).key.as_bytes()).bind(at(p).token.get());
+        }
+        let done = self.conns.execute(query).await.db()?;
+        Ok(if done.rows_affected() == chunk.len() as u64 {
+            ChunkVerdict::All
+        } else {
+            ChunkVerdict::Unknown
+        })
     }
 }

@@ -46,6 +46,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fenced_api::{
+    batch::{ChunkVerdict, ExtendChunk},
     wait::{acquire_polling, notify_released, Backoff},
     Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
     Owner, ReleaseOutcome, Result,
@@ -104,6 +105,8 @@ pub(crate) struct UniqueKey {
     reenter: SqlStr,
     held_by: SqlStr,
     extend: SqlStr,
+    /// `extend` for many ids of one owner: this, then `?, ?, …)`.
+    extend_batch: String,
     release_last: SqlStr,
     release_one: SqlStr,
     delete_own: SqlStr,
@@ -154,6 +157,12 @@ impl UniqueKey {
                  GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  WHERE id = ? AND owner = ? AND expire_time > UTC_TIMESTAMP(6)"
+            ),
+            extend_batch: format!(
+                "UPDATE {t} SET expire_time = IF(reentrant_count > 1, \
+                 GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 WHERE owner = ? AND expire_time > UTC_TIMESTAMP(6) AND id IN ("
             ),
             release_last: sql!(
                 "DELETE FROM {t} WHERE id = ? AND owner = ? AND reentrant_count <= 1 \
@@ -520,5 +529,37 @@ impl DistributedLock for UniqueKey {
             .durable(true)
             .fencing(true)
             .reentrant(true)
+    }
+}
+
+#[async_trait]
+impl ExtendChunk for UniqueKey {
+    /// One UPDATE on the ids (primary key) of the chunk. Found rows (sqlx
+    /// sets CLIENT_FOUND_ROWS) equal to the chunk's size means every lease
+    /// was renewed; fewer, and MySQL cannot say which (no `RETURNING` on
+    /// UPDATE): the chunk is renewed again one by one.
+    async fn extend_chunk(
+        &self,
+        owner: &Owner,
+        chunk: &[&Lease],
+        ttl: Duration,
+    ) -> Result<ChunkVerdict> {
+        let places = fenced_api::batch::padded_len(chunk.len());
+        let mut text = self.extend_batch.clone();
+        text.push_str(&vec!["?"; places].join(", "));
+        text.push(')');
+        let mut query = sqlx::query(sql!("{text}"))
+            .bind(micros(ttl))
+            .bind(micros(ttl))
+            .bind(owner.as_str().as_bytes());
+        for p in 0..places {
+            query = query.bind(chunk[p.min(chunk.len() - 1)].token.get());
+        }
+        let done = self.conns.execute(query).await.db()?;
+        Ok(if done.rows_affected() == chunk.len() as u64 {
+            ChunkVerdict::All
+        } else {
+            ChunkVerdict::Unknown
+        })
     }
 }

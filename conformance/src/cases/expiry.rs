@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use fenced_api::{DistributedLock, LockClient, ReleaseOutcome};
+use fenced_api::{DistributedLock, Error, Lease, LockClient, LockKey, Owner, ReleaseOutcome};
 use tokio::time::Instant;
 
 use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
 use crate::{
-    check::{ensure, some, CaseResult, Outcome},
+    check::{ensure, fail, some, CaseResult, Outcome},
     Harness,
 };
 
@@ -84,6 +84,109 @@ pub async fn extend_keeps_lock(h: &dyn Harness) -> CaseResult {
         a.release(&lease).await? == ReleaseOutcome::Released,
         "release after extending"
     );
+    Ok(Outcome::Passed)
+}
+
+/// C6: `extend_many` is `extend` per lease: in one batch it renews the
+/// current leases past their old TTL and refuses — each with `LeaseLost`, in
+/// the order given — a released lease, a taken-over one and a forged one,
+/// leaving those keys' holders alone.
+pub async fn extend_many_per_lease(h: &dyn Harness) -> CaseResult {
+    let (a, b) = (h.client().await?, h.client().await?);
+    let ttl = h.base_ttl();
+    let short = ttl_opts(ttl)?;
+    let long = ttl_opts(ttl * 20)?;
+    let keys: Vec<LockKey> = (0..4).map(|i| fresh_key(&format!("c06m{i}"))).collect();
+    let first = some(
+        a.try_acquire(&keys[0], &short).await?,
+        "a lease on a free key",
+    )?;
+    let second = some(
+        a.try_acquire(&keys[1], &short).await?,
+        "a lease on a free key",
+    )?;
+    let released = some(
+        a.try_acquire(&keys[2], &short).await?,
+        "a lease on a free key",
+    )?;
+    ensure!(
+        a.release(&released).await? == ReleaseOutcome::Released,
+        "release before the batch"
+    );
+    let overtaken = some(
+        a.try_acquire(&keys[3], &short).await?,
+        "a lease on a free key",
+    )?;
+    ensure!(
+        b.force_release(&keys[3]).await?,
+        "force release of a held key"
+    );
+    let current = some(b.try_acquire(&keys[3], &long).await?, "the key just freed")?;
+    let forged = Lease::new(
+        keys[1].clone(),
+        Owner::random(),
+        second.token,
+        second.ttl,
+        Instant::now(),
+    );
+    ensure!(
+        a.extend_many(&[], ttl).await.is_empty(),
+        "an empty batch returned results"
+    );
+    // All current: the one-statement path of the SQL stores.
+    for (i, r) in a
+        .extend_many(&[first.clone(), second.clone()], ttl * 20)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        ensure!(
+            r.as_ref().is_ok_and(|l| l.ttl >= ttl * 10),
+            "current lease {i} in an all-current batch came back as {r:?}"
+        );
+    }
+    let batch = [first.clone(), released, second.clone(), overtaken, forged];
+    let results = a.extend_many(&batch, ttl * 20).await;
+    ensure!(
+        results.len() == batch.len(),
+        "{} results for a batch of {}",
+        results.len(),
+        batch.len()
+    );
+    for (i, (lease, result)) in batch.iter().zip(&results).enumerate() {
+        let current_lease = i == 0 || i == 2;
+        match result {
+            Ok(renewed) if current_lease => ensure!(
+                renewed.token == lease.token && renewed.ttl >= ttl * 10,
+                "lease {i} renewed as {renewed:?}"
+            ),
+            Err(Error::LeaseLost { .. }) if !current_lease => {}
+            other => fail!("lease {i} ({:?}) came back as {other:?}", lease.key),
+        }
+    }
+    // Past the old TTL the renewed keys are still held, the others untouched.
+    tokio::time::sleep(expiry_slack(ttl)).await;
+    for key in &keys[..2] {
+        ensure!(
+            b.try_acquire(key, &short).await?.is_none(),
+            "{key:?} was free after its batch renewal"
+        );
+    }
+    let info = some(b.inspect(&keys[3]).await?, "the new holder's lock")?;
+    ensure!(
+        info.token == current.token && info.owner == current.owner,
+        "the batch touched another holder's lock: {info:?}"
+    );
+    for (lease, result) in batch.iter().zip(results) {
+        if let Ok(renewed) = result {
+            ensure!(
+                a.release(&renewed).await? == ReleaseOutcome::Released,
+                "release of {:?} after the batch",
+                lease.key
+            );
+        }
+    }
+    b.release(&current).await?;
     Ok(Outcome::Passed)
 }
 

@@ -1,0 +1,173 @@
+//! Renewing many leases with few statements: the shared half of
+//! [`DistributedLock::extend_many`] for stores that can renew a batch at
+//! once (the SQL backends).
+//!
+//! A store implements [`ExtendChunk`] — one statement for a chunk of leases
+//! of one owner — and forwards `extend_many` to [`extend_in_chunks`], which
+//! validates, groups, chunks, computes the new deadlines and, whenever a
+//! statement cannot say exactly which leases it renewed, falls back to one
+//! `extend` per lease. A lease that is not current therefore never reads as
+//! renewed, whatever the store's statement could report.
+
+use std::{collections::HashSet, time::Duration};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::{DistributedLock, Error, FencingToken, Lease, LockOptions, Owner, Result};
+
+/// What one batch statement found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChunkVerdict {
+    /// Every lease of the chunk was current and is renewed.
+    All,
+    /// Exactly the leases with these tokens were renewed; the others were
+    /// not current and nothing was changed for them. Only for stores whose
+    /// tokens are unique across keys (a row id).
+    Exactly(HashSet<FencingToken>),
+    /// Some were not renewed and the statement cannot say which: every
+    /// lease of the chunk is renewed again one by one.
+    Unknown,
+}
+
+/// One statement renewing a chunk of leases.
+#[async_trait]
+pub trait ExtendChunk: DistributedLock {
+    /// Renews `chunk` (1 to the chunk size of [`extend_in_chunks`] leases,
+    /// all of `owner`, no lease twice — but one key may come with two
+    /// tokens) for the already validated `ttl`, with the same checks as
+    /// `extend` (owner, token, not expired).
+    ///
+    /// # Errors
+    ///
+    /// When the statement fails; the chunk is then renewed one by one.
+    async fn extend_chunk(
+        &self,
+        owner: &Owner,
+        chunk: &[&Lease],
+        ttl: Duration,
+    ) -> Result<ChunkVerdict>;
+}
+
+/// `extend` for each lease, up to [`EXTEND_MANY_CONCURRENCY`](crate::EXTEND_MANY_CONCURRENCY)
+/// at a time: the default [`DistributedLock::extend_many`].
+pub async fn extend_each<L: DistributedLock + ?Sized>(
+    lock: &L,
+    leases: &[Lease],
+    ttl: Duration,
+) -> Vec<Result<Lease>> {
+    use futures_util::StreamExt as _;
+    // The futures are built first (they do nothing until polled): a closure
+    // inside the stream would not be `Send` for every lifetime.
+    let renewals: Vec<_> = leases.iter().map(|l| lock.extend(l, ttl)).collect();
+    futures_util::stream::iter(renewals)
+        .buffered(crate::EXTEND_MANY_CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// [`DistributedLock::extend_many`] through [`ExtendChunk`]: leases grouped
+/// by owner, `chunk_size` at most per statement.
+pub async fn extend_in_chunks<L: ExtendChunk + ?Sized>(
+    lock: &L,
+    leases: &[Lease],
+    ttl: Duration,
+    chunk_size: usize,
+) -> Vec<Result<Lease>> {
+    // A bad TTL, or nothing to batch: `extend` says it per lease.
+    if leases.len() < 2 || LockOptions::validate_ttl(ttl).is_err() {
+        return extend_each(lock, leases, ttl).await;
+    }
+    let mut out: Vec<Option<Result<Lease>>> = leases.iter().map(|_| None).collect();
+    let mut retry: Vec<usize> = Vec::new();
+    for group in by_owner(leases) {
+        // One lease twice (a caller's duplicate) is one row: keep the
+        // chunk's leases distinct and renew the repeats one by one.
+        let mut seen = HashSet::new();
+        let (unique, repeats): (Vec<usize>, Vec<usize>) = group
+            .into_iter()
+            .partition(|&i| seen.insert((&leases[i].key, leases[i].token)));
+        retry.extend(repeats);
+        for chunk in unique.chunks(chunk_size.max(1)) {
+            let refs: Vec<&Lease> = chunk.iter().map(|&i| &leases[i]).collect();
+            let sent = Instant::now();
+            match lock.extend_chunk(&refs[0].owner, &refs, ttl).await {
+                Ok(ChunkVerdict::All) => {
+                    for &i in chunk {
+                        out[i] = Some(Ok(leases[i].renewed(ttl, sent)));
+                    }
+                }
+                Ok(ChunkVerdict::Exactly(renewed)) => {
+                    for &i in chunk {
+                        let lease = &leases[i];
+                        out[i] = Some(if renewed.contains(&lease.token) {
+                            Ok(lease.renewed(ttl, sent))
+                        } else {
+                            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
+                            Err(Error::lease_lost(
+                                &lease.key,
+                                lease.token,
+                                "the lease expired or belongs to another holder",
+                            ))
+                        });
+                    }
+                }
+                Ok(ChunkVerdict::Unknown) => retry.extend_from_slice(chunk),
+                Err(e) => {
+                    tracing::debug!(error = %e, leases = chunk.len(), "batch renewal failed; renewing one by one");
+                    retry.extend_from_slice(chunk);
+                }
+            }
+        }
+    }
+    let again: Vec<Lease> = retry.iter().map(|&i| leases[i].clone()).collect();
+    for (i, result) in retry.into_iter().zip(extend_each(lock, &again, ttl).await) {
+        out[i] = Some(result);
+    }
+    out.into_iter()
+        .zip(leases)
+        .map(|(r, lease)| {
+            // Every position is filled above; an empty one would be a bug here.
+            r.unwrap_or_else(|| {
+                Err(Error::lease_lost(
+                    &lease.key,
+                    lease.token,
+                    "internal: no renewal result",
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Positions of `leases`, grouped by owner, in first-seen order.
+fn by_owner(leases: &[Lease]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(&Owner, Vec<usize>)> = Vec::new();
+    for (i, lease) in leases.iter().enumerate() {
+        match groups.iter_mut().find(|(o, _)| *o == &lease.owner) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((&lease.owner, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// The placeholder count for a chunk of `n`: the next power of two, so a
+/// store prepares a handful of distinct statements, not one per size. The
+/// extra places repeat the chunk's last value (harmless in an `IN` list).
+pub fn padded_len(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padded_lengths_are_few() {
+        assert_eq!(padded_len(0), 1);
+        assert_eq!(padded_len(1), 1);
+        assert_eq!(padded_len(3), 4);
+        assert_eq!(padded_len(256), 256);
+        assert_eq!(padded_len(257), 512);
+    }
+}
