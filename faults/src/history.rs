@@ -223,7 +223,7 @@ pub struct ServerGrant {
 }
 
 /// What the server-truth check found.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerTruth {
     /// Grants checked.
     pub grants: usize,
@@ -237,7 +237,30 @@ pub struct ServerTruth {
     pub unmatched_client_grants: usize,
     /// Set when the record cannot tell overlaps (then `overlaps` is 0 and
     /// means nothing): why.
-    pub overlaps_unjudged: Option<&'static str>,
+    #[serde(deserialize_with = "unjudged_reason")]
+    pub overlaps_unjudged: Option<Reason>,
+}
+
+/// A fixed explanation. An alias, not `&'static str` spelt out: serde's
+/// derive takes a literal `&str` field as borrowed from the input, which
+/// would tie a deserialized `ServerTruth` to its line.
+pub type Reason = &'static str;
+
+/// Reads a stored `overlaps_unjudged` back (`fenced-faults --resume`) as one
+/// of the reasons this crate writes, so the field can stay `&'static str`
+/// and `ServerTruth` stay `Copy`.
+fn unjudged_reason<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'static str>, D::Error> {
+    const KNOWN: &[&str] = &[crate::truth::binlog::ROW_LOCK_UNJUDGED];
+    let stored: Option<String> = Option::deserialize(d)?;
+    Ok(stored.map(|s| {
+        KNOWN
+            .iter()
+            .copied()
+            .find(|k| *k == s)
+            .unwrap_or("a reason this build does not know (written by another version)")
+    }))
 }
 
 /// Per key, in order of grant start: no two grants intersect and tokens

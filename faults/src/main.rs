@@ -9,7 +9,7 @@
 // A command-line tool: its output is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::{path::PathBuf, sync::Arc};
+use std::{io::Write as _, path::PathBuf, sync::Arc};
 
 use clap::Parser;
 use fenced_faults::{
@@ -44,6 +44,65 @@ struct Args {
     /// server truth) instead of a private MariaDB with a binary log.
     #[arg(long)]
     shared_mysql: bool,
+    /// Keep the runs already in `--jsonl` and run only the missing ones; the
+    /// report covers both. Each row names the commit it ran on, so a profile
+    /// spread over several sittings says which code each part tested.
+    #[arg(long)]
+    resume: bool,
+}
+
+/// What makes two runs the same run: a resumed profile skips a config whose
+/// key is already in the file.
+fn run_key(c: &RunConfig) -> String {
+    format!(
+        "{:?}/{:?}/{}/{}/{:?}",
+        c.target, c.fault, c.seed, c.fencing, c.mutant
+    )
+}
+
+/// The runs already recorded in `path` (resume). Lines that do not parse
+/// (a run cut off mid-write) are dropped and re-run.
+fn recorded(path: &std::path::Path) -> Result<Vec<RunResult>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let mut out = Vec::new();
+    let mut bad = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str::<RunResult>(line) {
+            Ok(r) => out.push(r),
+            Err(_) => bad += 1,
+        }
+    }
+    if bad > 0 {
+        eprintln!(
+            "{}: {bad} line(s) unreadable, their runs will be run again",
+            path.display()
+        );
+    }
+    Ok(out)
+}
+
+/// The commit being run, with `+dirty` when the work tree has changes.
+fn current_commit() -> Option<String> {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+        .is_some_and(|s| !s.trim().is_empty());
+    Some(format!(
+        "{}{}",
+        head.trim(),
+        if dirty { "+dirty" } else { "" }
+    ))
 }
 
 #[tokio::main]
@@ -51,34 +110,32 @@ async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let wanted =
         |name: &str| args.only.is_empty() || args.only.iter().any(|o| name.contains(o.as_str()));
+    // Seed-major: every cell gets its run i before any gets run i + 1, so a
+    // profile stopped (and later resumed) at any point is even across cells.
     let mut configs = Vec::new();
-    for target in Target::ALL {
-        for fault in Fault::ALL {
-            let name = format!("{} × {}", target.name(), fault.name());
-            if fault.applies_to(target) && wanted(&name) {
-                for i in 0..args.runs {
+    for i in 0..args.runs {
+        for target in Target::ALL {
+            for fault in Fault::ALL {
+                let name = format!("{} × {}", target.name(), fault.name());
+                if fault.applies_to(target) && wanted(&name) {
                     configs.push(RunConfig::new(target, fault, args.seed + i));
                 }
             }
-        }
-        // Control: the same pause without fencing must be caught.
-        if wanted(&format!("{} × control", target.name())) {
-            for i in 0..args.runs.min(10) {
+            // Control: the same pause without fencing must be caught.
+            if i < 10 && wanted(&format!("{} × control", target.name())) {
                 let mut c = RunConfig::new(target, Fault::PausePastTtl, args.seed + i);
                 c.fencing = false;
                 configs.push(c);
             }
-        }
-        // Controls: a lock with one safety mechanism removed must be caught
-        // by the fault that exposes it.
-        for (mutant, fault) in [
-            (Mutant::NxDropped, Fault::Contention),
-            (Mutant::OwnerCheckRemoved, Fault::PausePastTtl),
-            (Mutant::ClientClockExpiry, Fault::ClockSkew),
-        ] {
-            let name = format!("{} × mutant {}", target.name(), mutant.name());
-            if fault.applies_to(target) && wanted(&name) {
-                for i in 0..args.runs.min(3) {
+            // Controls: a lock with one safety mechanism removed must be
+            // caught by the fault that exposes it.
+            for (mutant, fault) in [
+                (Mutant::NxDropped, Fault::Contention),
+                (Mutant::OwnerCheckRemoved, Fault::PausePastTtl),
+                (Mutant::ClientClockExpiry, Fault::ClockSkew),
+            ] {
+                let name = format!("{} × mutant {}", target.name(), mutant.name());
+                if i < 3 && fault.applies_to(target) && wanted(&name) {
                     let mut c = RunConfig::new(target, fault, args.seed + i);
                     c.mutant = Some(mutant);
                     configs.push(c);
@@ -90,6 +147,46 @@ async fn main() -> std::process::ExitCode {
         eprintln!("no cell matches --only {:?}", args.only);
         return std::process::ExitCode::from(78);
     }
+    // Resume: keep what is recorded, run the rest. Without it the file
+    // starts empty; either way each run is appended as it ends, so a profile
+    // stopped half-way keeps its finished runs.
+    let mut results: Vec<RunResult> = if args.resume {
+        match recorded(&args.jsonl) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return std::process::ExitCode::from(74);
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let done: std::collections::HashSet<String> =
+        results.iter().map(|r| run_key(&r.config)).collect();
+    let planned = configs.len();
+    configs.retain(|c| !done.contains(&run_key(c)));
+    if let Some(dir) = args.jsonl.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let mut sink = {
+        let mut lines = String::new();
+        for r in &results {
+            if let Ok(l) = serde_json::to_string(r) {
+                lines.push_str(&l);
+                lines.push('\n');
+            }
+        }
+        // Rewritten whole, so unreadable lines go and the kept ones stay.
+        match std::fs::write(&args.jsonl, lines)
+            .and_then(|()| std::fs::OpenOptions::new().append(true).open(&args.jsonl))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: writing {}: {e}", args.jsonl.display());
+                return std::process::ExitCode::from(74);
+            }
+        }
+    };
     // MySQL server truth needs a binary log: a private MariaDB for the run.
     let mysql = configs.iter().any(|c| {
         matches!(
@@ -109,23 +206,48 @@ async fn main() -> std::process::ExitCode {
         None
     };
     let total = configs.len();
-    eprintln!("{total} runs, {} at a time", args.jobs.max(1));
+    let commit = current_commit();
+    eprintln!(
+        "{total} runs to do ({} of {planned} already recorded), {} at a time, commit {}",
+        planned - total,
+        args.jobs.max(1),
+        commit.as_deref().unwrap_or("unknown")
+    );
     let gate = Arc::new(Semaphore::new(args.jobs.max(1)));
     let mut tasks = Vec::new();
     for cfg in configs {
         let gate = Arc::clone(&gate);
         tasks.push(tokio::spawn(async move {
             let _permit = gate.acquire_owned().await;
-            run(cfg).await
+            let started = std::time::Instant::now();
+            let r = run(cfg).await;
+            r.map(|mut r| {
+                r.elapsed_s = Some(started.elapsed().as_secs_f64());
+                r
+            })
         }));
     }
-    let mut results: Vec<RunResult> = Vec::new();
     let mut setup_errors = Vec::new();
     for (i, t) in tasks.into_iter().enumerate() {
         match t.await {
-            Ok(Ok(r)) => {
+            Ok(Ok(mut r)) => {
                 if (i + 1) % 10 == 0 || i + 1 == total {
                     eprintln!("{}/{total}", i + 1);
+                }
+                r.commit.clone_from(&commit);
+                if let Ok(l) = serde_json::to_string(&r) {
+                    if let Err(e) = writeln!(sink, "{l}") {
+                        eprintln!("error: writing {}: {e}", args.jsonl.display());
+                    }
+                }
+                if !r.config.is_control() && !r.is_safe() {
+                    let p = args.jsonl.with_file_name(format!(
+                        "unsafe-{}-{}-{}.jsonl",
+                        r.config.target.name(),
+                        r.config.fault.name(),
+                        r.config.seed
+                    ));
+                    let _ = std::fs::write(p, &r.history);
                 }
                 results.push(r);
             }
@@ -136,32 +258,11 @@ async fn main() -> std::process::ExitCode {
     for e in setup_errors.iter().take(5) {
         eprintln!("error: {e}");
     }
-    if let Some(dir) = args.jsonl.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let mut lines = String::new();
-    for r in &results {
-        if let Ok(l) = serde_json::to_string(r) {
-            lines.push_str(&l);
-            lines.push('\n');
-        }
-        if !r.config.is_control() && !r.is_safe() {
-            let p = args.jsonl.with_file_name(format!(
-                "unsafe-{}-{}-{}.jsonl",
-                r.config.target.name(),
-                r.config.fault.name(),
-                r.config.seed
-            ));
-            let _ = std::fs::write(p, &r.history);
-        }
-    }
-    if let Err(e) = std::fs::write(&args.jsonl, lines) {
-        eprintln!("error: writing {}: {e}", args.jsonl.display());
-    }
     let command = format!(
-        "scripts/faults.sh --runs {} --seed {}{}",
+        "scripts/faults.sh --runs {} --seed {}{}{}",
         args.runs,
         args.seed,
+        if args.resume { " --resume" } else { "" },
         if args.only.is_empty() {
             String::new()
         } else {

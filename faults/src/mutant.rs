@@ -23,10 +23,10 @@ use fenced_api::{
     Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
     Result, WaitPolicy,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The class of bug a mutant carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mutant {
     /// `release` does not check owner and token.

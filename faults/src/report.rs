@@ -169,6 +169,35 @@ pub fn cells(results: &[RunResult]) -> BTreeMap<(usize, usize, usize), Cell> {
     m
 }
 
+/// Which code the runs tested and how many each cell got: a resumed
+/// profile is written over several sittings, possibly several commits.
+fn provenance(results: &[RunResult]) -> String {
+    let mut commits: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in results {
+        *commits
+            .entry(r.commit.as_deref().unwrap_or("not recorded"))
+            .or_default() += 1;
+    }
+    let per_cell: Vec<usize> = cells(results)
+        .values()
+        .filter(|c| !c.control)
+        .map(|c| c.runs)
+        .collect();
+    let hours = results.iter().filter_map(|r| r.elapsed_s).sum::<f64>() / 3600.0;
+    let commits = commits
+        .iter()
+        .map(|(c, n)| format!("`{c}` ({n} runs)"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{} runs; per store × fault cell (controls aside) {} to {} runs; run time summed over \
+         runs {hours:.1} h. Code: {commits}.",
+        results.len(),
+        per_cell.iter().min().copied().unwrap_or(0),
+        per_cell.iter().max().copied().unwrap_or(0),
+    )
+}
+
 /// The markdown report.
 pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     let mut out = String::new();
@@ -177,6 +206,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         "# Reliability\n\nWritten by `{command}` on {machine}. Every row is one store × fault cell; \
          every run is seeded (the seed is in `faults/results/runs.jsonl`) and can be re-run alone.\n"
     );
+    let _ = writeln!(out, "{}\n", provenance(results));
     let _ = writeln!(
         out,
         "How a run works: 4 clients contend for one key through their own TCP fault proxy; \
@@ -410,6 +440,8 @@ mod tests {
             victim_noticed_loss: None,
             takeover_ms: None,
             lock_conflicts: None,
+            commit: None,
+            elapsed_s: None,
             history: String::new(),
         }
     }
@@ -471,5 +503,33 @@ mod tests {
         assert_eq!(quantile(&[], 0.5), None);
         assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), Some(2.0));
         assert_eq!(quantile(&[3.0, 1.0, 2.0], 1.0), Some(3.0));
+    }
+
+    /// `--resume` reads the recorded rows back: what a row says must come
+    /// back unchanged, the unjudged reason included, and the report must
+    /// name the commits.
+    #[test]
+    fn recorded_runs_read_back_for_resume() {
+        let mut r = result(
+            Target::MySqlRowLock,
+            Some(ServerTruth {
+                grants: 7,
+                overlaps_unjudged: Some(crate::truth::binlog::ROW_LOCK_UNJUDGED),
+                ..Default::default()
+            }),
+        );
+        r.commit = Some("abc123".into());
+        r.elapsed_s = Some(2.5);
+        r.config.mutant = Some(crate::mutant::Mutant::NxDropped);
+        let line = serde_json::to_string(&r).unwrap();
+        let back: RunResult = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.server_truth, r.server_truth);
+        assert_eq!(back.config.target, r.config.target);
+        assert_eq!(back.config.mutant, r.config.mutant);
+        assert_eq!(back.config.ttl, r.config.ttl);
+        assert_eq!(back.commit.as_deref(), Some("abc123"));
+        assert_eq!(serde_json::to_string(&back).unwrap(), line);
+        let md = markdown(&[back], "x", "y");
+        assert!(md.contains("`abc123` (1 runs)"), "{md}");
     }
 }

@@ -22,7 +22,7 @@ use std::{
 };
 
 use fenced_api::{Error, LockClient, WaitPolicy};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::{
@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// A store under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Target {
     /// The embedded SQLite file (no network: only process faults apply).
     Sqlite,
@@ -142,7 +142,7 @@ impl Target {
 }
 
 /// The fault the victim suffers while it holds the lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Fault {
     /// None: heavy contention only.
     Contention,
@@ -323,7 +323,7 @@ impl Fault {
 }
 
 /// One run's settings.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunConfig {
     /// The store.
     pub target: Target,
@@ -375,7 +375,7 @@ impl RunConfig {
 }
 
 /// What one run found.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunResult {
     /// The settings.
     pub config: RunConfig,
@@ -424,6 +424,13 @@ pub struct RunResult {
     /// Deadlocks (1213) and lock-wait timeouts (1205) the server counted
     /// during a storm.
     pub lock_conflicts: Option<(u64, u64)>,
+    /// The commit of the code that ran (`fenced-faults` fills it in; runs
+    /// of a resumed profile can come from several).
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// Wall time of the run, set-up and checks included, seconds.
+    #[serde(default)]
+    pub elapsed_s: Option<f64>,
     /// The history, as JSON lines.
     #[serde(skip)]
     pub history: String,
@@ -617,6 +624,8 @@ pub(crate) async fn finish(
         victim_noticed_loss: crate::checks::victim_noticed_loss(&events),
         takeover_ms: crate::checks::takeover_ms(&events),
         lock_conflicts: c.lock_conflicts,
+        commit: None,
+        elapsed_s: None,
         history: c.history.to_jsonl(),
         config: cfg,
     };

@@ -20,6 +20,10 @@ pub(crate) struct BenchArgs {
     /// e.g. `redis`, `mysql`, `fenced/`, `peer/rslock`. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
+    /// Only scenarios whose name contains one of these (comma-separated),
+    /// e.g. `many-keys` or `uncontended,c16`.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) scenario: Vec<String>,
     /// Also write a markdown report (BENCHMARKS.md) here.
     #[arg(long)]
     pub(crate) markdown: Option<PathBuf>,
@@ -47,7 +51,17 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     } else {
         Profile::Full
     };
-    let scenarios = profile.scenarios();
+    let scenarios: Vec<_> = profile
+        .scenarios()
+        .into_iter()
+        .filter(|s| {
+            args.scenario.is_empty() || args.scenario.iter().any(|w| s.name.contains(w.as_str()))
+        })
+        .collect();
+    if scenarios.is_empty() {
+        say("no scenario matches --scenario");
+        return EXIT_CONFIG;
+    }
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         if let Ok(style) = indicatif::ProgressStyle::with_template(
