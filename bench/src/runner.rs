@@ -10,7 +10,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::{
@@ -27,7 +27,7 @@ const DRAIN: Duration = Duration::from_secs(3);
 const CELL_SLACK: Duration = Duration::from_secs(60);
 
 /// What an implementation is, for the tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// A fenced backend / strategy, through `fenced::connect`.

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What a scenario exercises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScenarioKind {
     /// One task, acquire + release in a loop on one key.
@@ -22,7 +22,7 @@ pub enum ScenarioKind {
 }
 
 /// One column of the matrix.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Scenario {
     /// Short unique name (`contended-16-h20-t20`).
     pub name: String,
@@ -46,6 +46,13 @@ mod millis {
 
     pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
+        let ms: f64 = serde::Deserialize::deserialize(d)?;
+        Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -22,7 +22,7 @@ pub(crate) struct Rec {
 }
 
 /// The many-keys scenario's own numbers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManyKeys {
     /// Locks asked for.
     pub keys: usize,
@@ -47,7 +47,7 @@ pub struct ManyKeys {
 }
 
 /// One JSON line: one implementation on one scenario.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellResult {
     /// Implementation name.
     pub implementation: String,

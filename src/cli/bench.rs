@@ -4,7 +4,7 @@
 use std::{io::IsTerminal, path::PathBuf};
 
 use clap::Args;
-use fenced_bench::{MachineInfo, Profile, Servers};
+use fenced_bench::{CellResult, MachineInfo, Profile, Servers};
 
 use super::{print, say, EXIT_CONFIG, EXIT_STORE};
 
@@ -27,6 +27,11 @@ pub(crate) struct BenchArgs {
     /// Also write a markdown report (BENCHMARKS.md) here.
     #[arg(long)]
     pub(crate) markdown: Option<PathBuf>,
+    /// Run nothing: redraw the plots and rewrite the report from the
+    /// `results.jsonl` (and `machine.json`) of an earlier run in this
+    /// directory, e.g. after editing the notes.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["smoke", "only", "scenario"])]
+    pub(crate) from: Option<PathBuf>,
     /// Hand-written analysis appended to the markdown report.
     #[arg(long, default_value = "bench/NOTES.md")]
     pub(crate) notes: PathBuf,
@@ -34,54 +39,19 @@ pub(crate) struct BenchArgs {
 
 pub(crate) async fn bench(args: BenchArgs) -> u8 {
     let servers = Servers::from_env();
-    let drivers = fenced::drivers();
-    let impls = match fenced_bench::implementations(&drivers, &servers, &args.only).await {
-        Ok(i) if i.is_empty() => {
-            say("no implementation matches --only");
-            return EXIT_CONFIG;
-        }
-        Ok(i) => i,
-        Err(e) => {
-            say(&e.to_string());
-            return EXIT_STORE;
-        }
+    let (results, machine) = match &args.from {
+        Some(dir) => match earlier_run(dir) {
+            Ok(r) => r,
+            Err(e) => {
+                say(&e);
+                return EXIT_CONFIG;
+            }
+        },
+        None => match measure(&args, &servers).await {
+            Ok(results) => (results, None),
+            Err(code) => return code,
+        },
     };
-    let profile = if args.smoke {
-        Profile::Smoke
-    } else {
-        Profile::Full
-    };
-    let scenarios: Vec<_> = profile
-        .scenarios()
-        .into_iter()
-        .filter(|s| {
-            args.scenario.is_empty() || args.scenario.iter().any(|w| s.name.contains(w.as_str()))
-        })
-        .collect();
-    if scenarios.is_empty() {
-        say("no scenario matches --scenario");
-        return EXIT_CONFIG;
-    }
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = indicatif::ProgressBar::new(0);
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
-        ) {
-            b.set_style(style.progress_chars("=> "));
-        }
-        b
-    });
-    let mut on_progress = |p: fenced_bench::Progress| {
-        if let Some(b) = &bar {
-            b.set_length(p.total as u64);
-            b.set_position(p.done as u64);
-            b.set_message(p.cell);
-        }
-    };
-    let results = fenced_bench::run(&impls, &scenarios, &servers, &mut on_progress).await;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
     if let Err(e) = std::fs::create_dir_all(&args.out) {
         say(&format!("cannot create {}: {e}", args.out.display()));
         return EXIT_CONFIG;
@@ -105,7 +75,16 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     }
     print("\n");
     if let Some(md) = &args.markdown {
-        let machine = MachineInfo::collect(&servers).await;
+        let machine = match machine {
+            Some(m) => m,
+            None => MachineInfo::collect(&servers).await,
+        };
+        // Kept beside the results, so `--from` can rewrite the report later.
+        if args.from.is_none() {
+            if let Ok(m) = serde_json::to_string_pretty(&machine) {
+                let _ = std::fs::write(args.out.join("machine.json"), m);
+            }
+        }
         let notes = std::fs::read_to_string(&args.notes).unwrap_or_default();
         let body = fenced_bench::markdown(&results, &machine, &plots, &notes);
         if let Err(e) = std::fs::write(md, body) {
@@ -125,4 +104,71 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     } else {
         0
     }
+}
+
+/// The results and machine of an earlier run (`--from`).
+fn earlier_run(dir: &std::path::Path) -> Result<(Vec<CellResult>, Option<MachineInfo>), String> {
+    let jsonl = dir.join("results.jsonl");
+    let results = fenced_bench::read_jsonl(&jsonl)
+        .map_err(|e| format!("cannot read {}: {e}", jsonl.display()))?;
+    if results.is_empty() {
+        return Err(format!("{} holds no results", jsonl.display()));
+    }
+    let machine = std::fs::read_to_string(dir.join("machine.json"))
+        .ok()
+        .and_then(|m| serde_json::from_str(&m).ok());
+    Ok((results, machine))
+}
+
+/// Runs the matrix (or the `--only` / `--scenario` part of it).
+async fn measure(args: &BenchArgs, servers: &Servers) -> Result<Vec<CellResult>, u8> {
+    let drivers = fenced::drivers();
+    let impls = match fenced_bench::implementations(&drivers, servers, &args.only).await {
+        Ok(i) if i.is_empty() => {
+            say("no implementation matches --only");
+            return Err(EXIT_CONFIG);
+        }
+        Ok(i) => i,
+        Err(e) => {
+            say(&e.to_string());
+            return Err(EXIT_STORE);
+        }
+    };
+    let profile = if args.smoke {
+        Profile::Smoke
+    } else {
+        Profile::Full
+    };
+    let scenarios: Vec<_> = profile
+        .scenarios()
+        .into_iter()
+        .filter(|s| {
+            args.scenario.is_empty() || args.scenario.iter().any(|w| s.name.contains(w.as_str()))
+        })
+        .collect();
+    if scenarios.is_empty() {
+        say("no scenario matches --scenario");
+        return Err(EXIT_CONFIG);
+    }
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+        ) {
+            b.set_style(style.progress_chars("=> "));
+        }
+        b
+    });
+    let mut on_progress = |p: fenced_bench::Progress| {
+        if let Some(b) = &bar {
+            b.set_length(p.total as u64);
+            b.set_position(p.done as u64);
+            b.set_message(p.cell);
+        }
+    };
+    let results = fenced_bench::run(&impls, &scenarios, servers, &mut on_progress).await;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    Ok(results)
 }
