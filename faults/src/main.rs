@@ -9,7 +9,7 @@
 // A command-line tool: its output is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::{io::Write as _, path::PathBuf, sync::Arc};
+use std::{io::Write as _, path::PathBuf};
 
 use clap::Parser;
 use fenced_faults::{
@@ -17,7 +17,6 @@ use fenced_faults::{
     report,
     scenario::{run, Fault, RunConfig, RunResult, Target},
 };
-use tokio::sync::Semaphore;
 
 #[derive(Debug, Parser)]
 #[command(about = "Inject faults into real stores and check that fenced's locks stay safe")]
@@ -49,6 +48,10 @@ struct Args {
     /// spread over several sittings says which code each part tested.
     #[arg(long)]
     resume: bool,
+    /// Start no new run after this many minutes (those in flight finish);
+    /// with `--resume`, a long profile can be run in sittings.
+    #[arg(long, value_name = "MINUTES")]
+    budget_min: Option<u64>,
 }
 
 /// What makes two runs the same run: a resumed profile skips a config whose
@@ -213,27 +216,41 @@ async fn main() -> std::process::ExitCode {
         args.jobs.max(1),
         commit.as_deref().unwrap_or("unknown")
     );
-    let gate = Arc::new(Semaphore::new(args.jobs.max(1)));
-    let mut tasks = Vec::new();
-    for cfg in configs {
-        let gate = Arc::clone(&gate);
-        tasks.push(tokio::spawn(async move {
-            let _permit = gate.acquire_owned().await;
-            let started = std::time::Instant::now();
-            let r = run(cfg).await;
-            r.map(|mut r| {
-                r.elapsed_s = Some(started.elapsed().as_secs_f64());
-                r
-            })
-        }));
-    }
+    // At most `jobs` runs in flight, started in order (seed-major), each
+    // recorded the moment it ends: a profile stopped at any point keeps
+    // every finished run.
+    let stop_starting = args
+        .budget_min
+        .map(|m| std::time::Instant::now() + std::time::Duration::from_secs(m.saturating_mul(60)));
+    let mut pending = configs.into_iter();
+    let mut running = tokio::task::JoinSet::new();
     let mut setup_errors = Vec::new();
-    for (i, t) in tasks.into_iter().enumerate() {
-        match t.await {
+    let mut finished = 0usize;
+    let mut skipped = 0usize;
+    loop {
+        while running.len() < args.jobs.max(1) {
+            if stop_starting.is_some_and(|t| std::time::Instant::now() >= t) {
+                skipped = pending.len();
+                pending = Vec::new().into_iter();
+            }
+            let Some(cfg) = pending.next() else { break };
+            running.spawn(async move {
+                let started = std::time::Instant::now();
+                run(cfg).await.map(|mut r| {
+                    r.elapsed_s = Some(started.elapsed().as_secs_f64());
+                    r
+                })
+            });
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        finished += 1;
+        if finished.is_multiple_of(10) || finished == total {
+            eprintln!("{finished}/{total}");
+        }
+        match done {
             Ok(Ok(mut r)) => {
-                if (i + 1) % 10 == 0 || i + 1 == total {
-                    eprintln!("{}/{total}", i + 1);
-                }
                 r.commit.clone_from(&commit);
                 if let Ok(l) = serde_json::to_string(&r) {
                     if let Err(e) = writeln!(sink, "{l}") {
@@ -254,6 +271,9 @@ async fn main() -> std::process::ExitCode {
             Ok(Err(e)) => setup_errors.push(e),
             Err(e) => setup_errors.push(format!("a run panicked: {e}")),
         }
+    }
+    if skipped > 0 {
+        eprintln!("time budget spent: {skipped} runs not started; `--resume` runs them later");
     }
     for e in setup_errors.iter().take(5) {
         eprintln!("error: {e}");
