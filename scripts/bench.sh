@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the full `fenced bench` matrix (every backend, etcd included, plus the
 # peers) against the local services and write BENCHMARKS.md, the SVG plots and
-# bench/results/results.jsonl from that one run. Takes under 10 minutes.
+# bench/results/results.jsonl from that one run, and the summary table in
+# README.md. Takes under 10 minutes.
 #
 #   scripts/bench.sh            # full matrix
 #   scripts/bench.sh --smoke    # the 10-second subset (does not touch BENCHMARKS.md)
@@ -24,4 +25,4 @@ if [ "${1:-}" = "--smoke" ]; then
 fi
 
 FENCED_LOG="${FENCED_LOG:-error}" ./target/release/fenced bench \
-    --out bench/results --markdown BENCHMARKS.md --notes bench/NOTES.md
+    --out bench/results --markdown BENCHMARKS.md --notes bench/NOTES.md --readme README.md

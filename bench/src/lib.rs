@@ -38,7 +38,10 @@ mod svg;
 
 pub use error::BenchError;
 pub use fenced_impl::implementations;
-pub use report::{markdown, read_jsonl, summary_table, write_jsonl, MachineInfo};
+pub use report::{
+    markdown, read_jsonl, readme_summary, replace_readme_summary, summary_table, write_jsonl,
+    MachineInfo, README_MARKERS,
+};
 pub use runner::{run, Implementation, Kind, Locker, Progress};
 pub use scenario::{Profile, Scenario, ScenarioKind};
 pub use stats::{CellResult, ManyKeys, Servers};

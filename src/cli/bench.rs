@@ -32,6 +32,10 @@ pub(crate) struct BenchArgs {
     /// directory, e.g. after editing the notes.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["smoke", "only", "scenario"])]
     pub(crate) from: Option<PathBuf>,
+    /// Also replace the summary block of this README (between the markers
+    /// `fenced_bench::README_MARKERS`) with this run's headline numbers.
+    #[arg(long, value_name = "README")]
+    pub(crate) readme: Option<PathBuf>,
     /// Hand-written analysis appended to the markdown report.
     #[arg(long, default_value = "bench/NOTES.md")]
     pub(crate) notes: PathBuf,
@@ -57,9 +61,17 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         return EXIT_CONFIG;
     }
     let jsonl = args.out.join("results.jsonl");
-    if let Err(e) = fenced_bench::write_jsonl(&jsonl, &results) {
-        say(&format!("cannot write {}: {e}", jsonl.display()));
-        return EXIT_CONFIG;
+    // `--from` the output directory: the data is already there, byte for
+    // byte (a rewrite would only move float digits around).
+    let same_dir = args
+        .from
+        .as_ref()
+        .is_some_and(|from| from.canonicalize().ok() == args.out.canonicalize().ok());
+    if !same_dir {
+        if let Err(e) = fenced_bench::write_jsonl(&jsonl, &results) {
+            say(&format!("cannot write {}: {e}", jsonl.display()));
+            return EXIT_CONFIG;
+        }
     }
     let plots = match fenced_bench::write_plots(&args.out, &results) {
         Ok(p) => p,
@@ -74,11 +86,29 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         print(&format!(", {}", args.out.join(p).display()));
     }
     print("\n");
-    if let Some(md) = &args.markdown {
-        let machine = match machine {
-            Some(m) => m,
-            None => MachineInfo::collect(&servers).await,
-        };
+    let machine = match (machine, args.markdown.is_some() || args.readme.is_some()) {
+        (Some(m), _) => Some(m),
+        (None, true) => Some(MachineInfo::collect(&servers).await),
+        (None, false) => None,
+    };
+    if let (Some(readme), Some(machine)) = (&args.readme, &machine) {
+        let summary = fenced_bench::readme_summary(&results, machine);
+        let updated = std::fs::read_to_string(readme)
+            .map_err(|e| format!("cannot read {}: {e}", readme.display()))
+            .and_then(|text| fenced_bench::replace_readme_summary(&text, &summary))
+            .and_then(|text| {
+                std::fs::write(readme, text)
+                    .map_err(|e| format!("cannot write {}: {e}", readme.display()))
+            });
+        match updated {
+            Ok(()) => print(&format!("wrote the summary in {}\n", readme.display())),
+            Err(e) => {
+                say(&e);
+                return EXIT_CONFIG;
+            }
+        }
+    }
+    if let (Some(md), Some(machine)) = (&args.markdown, machine) {
         // Kept beside the results, so `--from` can rewrite the report later.
         if args.from.is_none() {
             if let Ok(m) = serde_json::to_string_pretty(&machine) {
