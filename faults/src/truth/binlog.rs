@@ -26,8 +26,10 @@
 //!   `version` is a grant (start = new expiry − the statement's TTL, the
 //!   `INTERVAL … MICROSECOND` of its annotation); same version, an
 //!   extension; holder cleared, an end;
-//! * `row_lock` (`<t>_fence`): a new `fence` value is a grant, same fence an
-//!   extension, owner cleared an end.
+//! * `row_lock` (`<t>_live`, a `MEMORY` table): its acquire `REPLACE`s the
+//!   key's row, logged as a delete of the old row and an insert of the new
+//!   one, whose AUTO_INCREMENT `id` is the token: an insert is a grant, an
+//!   update with the same id an extension. A release writes nothing.
 //!
 //! Checked: a grant must not start (on the server's clock) before the
 //! previous grant of the key ended — by an explicit end earlier in commit
@@ -37,11 +39,8 @@
 //! `row_lock` overlaps are **not judged**: its lock is an InnoDB row lock of
 //! an open transaction; taking it writes nothing, and a dead holder's
 //! rollback (connection cut, `wait_timeout`) frees it without a trace in the
-//! log, so a new fence may legitimately follow a fence row that still looks
-//! current. It routinely does: a release rolls back first and clears its
-//! fence row after, and the next waiter bumps the fence in between (judged
-//! from the fence rows, about two grants in three would count as overlaps
-//! under plain contention). Its tokens are checked.
+//! log; nor does a release, which only rolls the transaction back. Its
+//! tokens are checked, and every client grant must be in the log.
 
 mod rows;
 

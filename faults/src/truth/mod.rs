@@ -172,10 +172,10 @@ after the end of the second in which that statement ran (row events carry whole 
 while the previous one's expiry is after that start is an overlap. Tokens must rise in commit order. **`row_lock` overlaps are n/a**: its lock is an InnoDB \
 row lock of an open transaction — taking it writes nothing, and a dead holder's rollback \
 (connection cut, `wait_timeout`) frees it without a trace in the log, so the log cannot say when a \
-row_lock grant ended. Nor do the `_fence` rows: a release rolls the locking transaction back \
-first and clears its fence row after, so the next waiter routinely bumps the fence in between \
-(judged from the fence rows, 978 of 1,453 grants of 3 contention runs would count as overlaps). \
-Its fence tokens are checked for regressions and matched against the clients.\n\
+row_lock grant ended, and a release writes nothing. Its grants are the rows its one-statement \
+acquire `REPLACE`s into the `MEMORY` table `<t>_live` (logged as the old row's delete and the new \
+row's insert, whose AUTO_INCREMENT id is the token): tokens are checked for regressions in commit \
+order and matched against the clients.\n\
 - **Unvouched client grants** (every store): a client's reported token must be one the record \
 shows granted, and no two clients may report the same token.\n\
 - The checkers can fail: each has unit tests feeding it a crafted overlapping or regressing record \
@@ -196,14 +196,6 @@ pub enum Recorder {
     /// No record for this run, and why.
     None(&'static str),
 }
-
-/// Why `row_lock` runs have no server truth today: its tokens now come
-/// from the `<t>_live` `MEMORY` table (fenced-mysql schema v2), taken
-/// inside the holder's transaction, and the binary-log decoder
-/// (`binlog/rows.rs`) still reads the v1 `<t>_fence` rows. Its overlaps
-/// could never be judged from the log anyway (see `binlog`).
-pub const ROW_LOCK_NO_RECORD: &str =
-    "row_lock: tokens moved to the MEMORY table <t>_live (schema v2); the binlog decoder reads only v1's <t>_fence";
 
 /// Why a MySQL run on the shared server has no server truth.
 pub const MYSQL_SHARED_REASON: &str =
@@ -253,9 +245,7 @@ impl Recorder {
                     etcd::WatchLog::start(&endpoint, prefix, history).await?,
                 )))
             }
-            // See ROW_LOCK_NO_RECORD.
-            Target::MySqlRowLock => Ok(Recorder::None(ROW_LOCK_NO_RECORD)),
-            Target::MySqlUniqueKey | Target::MySqlOptimistic => {
+            Target::MySqlUniqueKey | Target::MySqlOptimistic | Target::MySqlRowLock => {
                 match binlog::BinlogLog::start(target, url).await? {
                     Some(b) => Ok(Recorder::Binlog(b)),
                     None => Ok(Recorder::None(MYSQL_SHARED_REASON)),

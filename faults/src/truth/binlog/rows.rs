@@ -223,7 +223,7 @@ pub fn changes(target: Target, base: &str, rows: &[RowEvent]) -> Result<Vec<Chan
     let table = match target {
         Target::MySqlUniqueKey => base.to_owned(),
         Target::MySqlOptimistic => format!("{base}_optimistic"),
-        Target::MySqlRowLock => format!("{base}_fence"),
+        Target::MySqlRowLock => format!("{base}_live"),
         _ => return Err("binlog truth: not a MySQL target".into()),
     };
     let mut out = Vec::new();
@@ -268,14 +268,44 @@ pub fn changes(target: Target, base: &str, rows: &[RowEvent]) -> Result<Vec<Chan
                     }
                 }
             }
-            // lock_key, holder, version, reentrant_count, expire_time
-            // lock_key, fence, owner, hold_count, expire_time, conn_id
-            Target::MySqlOptimistic | Target::MySqlRowLock => {
-                let (holder_col, token_col) = if target == Target::MySqlOptimistic {
-                    (1, 2)
+            // id, lock_key, owner, hold_count, expire_time, conn_id (schema
+            // 2's MEMORY table): a grant is a `REPLACE`, logged as the old
+            // row's DELETE and the new row's INSERT with a new id (the
+            // token); an UPDATE with the same id extends or re-enters. A
+            // release writes nothing, so only grants and tokens are judged.
+            Target::MySqlRowLock => {
+                let row = if r.kind == "DELETE" {
+                    continue;
                 } else {
-                    (2, 1)
+                    &r.after
                 };
+                let key = col(row, 1).unwrap_or_default().to_owned();
+                // The lifetime row (`\x01lifetime`) carries the epoch, not a grant.
+                if key.starts_with("\\x01") || key.starts_with('\u{1}') {
+                    continue;
+                }
+                let token = num(row, 0, "id")?;
+                let expiry = time(row, 4, "expire_time")?;
+                if r.kind == "UPDATE" && num(&r.before, 0, "id")? == token {
+                    out.push(Change::Extend { key, token, expiry });
+                } else {
+                    let ttl = interval(&r.statement).ok_or_else(|| {
+                        format!(
+                            "binlog truth: no TTL in the grant statement `{}`",
+                            r.statement
+                        )
+                    })?;
+                    out.push(Change::Grant {
+                        key,
+                        token,
+                        start: expiry - ttl,
+                        expiry,
+                    });
+                }
+            }
+            // lock_key, holder, version, reentrant_count, expire_time
+            Target::MySqlOptimistic => {
+                let (holder_col, token_col) = (1, 2);
                 if r.kind == "DELETE" {
                     continue;
                 }
@@ -530,5 +560,67 @@ mod tests {
         assert_eq!(tokens, [1, 2]);
         // Judged only where the log can tell: not for row_lock.
         assert_eq!(check(&c, true).0.overlaps, 0);
+    }
+
+    /// `row_lock`'s grants as the log shows them (taken from a real
+    /// `mariadb-binlog -v` of three acquisitions of `k1`): the lifetime row
+    /// is not a grant, each `REPLACE` is a delete plus an insert, and a
+    /// lower id after a higher one is a regression.
+    #[test]
+    fn row_lock_grants_come_from_the_live_table() {
+        let grant = |id: u64, owner: &str| {
+            format!(
+                "#Q> SET STATEMENT innodb_lock_wait_timeout = 0 FOR REPLACE INTO `bl_live` (lock_key, owner, hold_count, expire_time, conn_id) SELECT 'k1', '{owner}', 1, UTC_TIMESTAMP(6) + INTERVAL 30000000 MICROSECOND, CONNECTION_ID() FROM `bl_rows` r JOIN `bl_live` l ON l.lock_key = 'lifetime' WHERE r.lock_key = 'k1' FOR UPDATE
+### DELETE FROM `test`.`bl_live`
+### WHERE
+###   @1={}
+###   @2='k1'
+###   @3='previous'
+###   @4=1
+###   @5='2026-11-30 22:03:55.100000'
+###   @6=9
+### INSERT INTO `test`.`bl_live`
+### SET
+###   @1={id}
+###   @2='k1'
+###   @3='{owner}'
+###   @4=1
+###   @5='2026-11-30 22:04:25.1{id:05}'
+###   @6=11
+",
+                id - 1
+            )
+        };
+        let lifetime = r"#Q> INSERT IGNORE INTO `bl_live` (id, lock_key, hold_count) VALUES (1099511627776, 'lifetime', 0)
+### INSERT INTO `test`.`bl_live`
+### SET
+###   @1=1099511627776
+###   @2='\x01lifetime'
+###   @3=NULL
+###   @4=0
+###   @5=NULL
+###   @6=NULL
+";
+        let log = format!(
+            "{lifetime}{}{}{}",
+            grant(1_099_511_627_777, "a"),
+            grant(1_099_511_627_778, "b"),
+            grant(1_099_511_627_779, "c")
+        );
+        let c = changes(Target::MySqlRowLock, "bl", &parse(&log).unwrap()).unwrap();
+        let (t, tokens) = check(&c, true);
+        assert_eq!((t.grants, t.token_regressions), (3, 0), "{c:?}");
+        assert_eq!(
+            tokens,
+            [1_099_511_627_777, 1_099_511_627_778, 1_099_511_627_779]
+        );
+        assert!(t.overlaps_unjudged.is_some());
+        let backwards = format!(
+            "{}{}",
+            grant(1_099_511_627_779, "a"),
+            grant(1_099_511_627_778, "b")
+        );
+        let c = changes(Target::MySqlRowLock, "bl", &parse(&backwards).unwrap()).unwrap();
+        assert_eq!(check(&c, true).0.token_regressions, 1, "{c:?}");
     }
 }
