@@ -8,6 +8,10 @@
 #   scripts/faults.sh --only redis         # one store (or `kill`, one fault)
 #   scripts/faults.sh --only process-,server-,leader,storm,mutant
 #                                          # the client-process and server faults, mutant controls
+#   scripts/faults.sh --resume --budget-min 90
+#                                          # the full profile in sittings: keep the runs already in
+#                                          # faults/results/runs.jsonl, run what is missing (seed by
+#                                          # seed, every cell alike), start nothing after 90 minutes
 #
 # Needs, besides the three services: the fenced-faults-client binary (built
 # below with the runner), libfaketime's `faketime` for the clock-skew cell,

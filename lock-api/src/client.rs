@@ -57,6 +57,13 @@ impl ClientInner {
 /// waiting on itself. Tasks that must exclude *each other* in one process
 /// should use separate clients (`LockClient::new(Arc::clone(&store))` is cheap).
 ///
+/// Renewals of the locks a client holds are batched: each lock's watchdog
+/// decides when to renew, and the renewals due together go to the store as
+/// one [`extend_many`](DistributedLock::extend_many) call (one `UPDATE` per
+/// 256 leases on the SQL stores), so holding thousands of locks costs a few
+/// round trips per renewal interval, not one per lock. A lone renewal is
+/// sent at once.
+///
 /// ```
 /// use std::{sync::Arc, time::Duration};
 /// use fenced_api::{LockClient, MemoryLock};

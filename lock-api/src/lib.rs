@@ -33,7 +33,8 @@
 //!   and object-safe. Its `# Contract` section is what every backend is
 //!   tested against by the `fenced-conformance` suite.
 //! * [`LockClient`] / [`LockGuard`] — policy written once: watchdog renewal
-//!   every ttl/3 driven by monotonic deadlines, `max_hold` circuit breaker,
+//!   every ttl/3 driven by monotonic deadlines (batched per client through
+//!   [`DistributedLock::extend_many`]; see [`batch`]), `max_hold` circuit breaker,
 //!   per-client reentrancy, the loss signal ([`LockGuard::lost`],
 //!   [`LeaseHandle::lost_token`]) and [`LockClient::with_lock`].
 //! * [`wait`] — the shared waiting helper for stores with no native wait.
