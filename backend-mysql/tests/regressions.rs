@@ -810,3 +810,81 @@ async fn optimistic_take_holds_under_simultaneous_assignment() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A lock wait timeout (1205) must never read as success. Another session
+/// holds the key's row (`SELECT … FOR UPDATE` in an open transaction, as a
+/// DBA's query or a stuck job might) on a server with
+/// `innodb_lock_wait_timeout = 1`: a contender's `try_acquire`, and the
+/// holder's `extend` and `release`, all wait on that row and time out. Each
+/// must come back as an error (or "held"), never as a grant, a renewal or a
+/// release; once the other session lets go, the lease is still the holder's
+/// and releases normally.
+#[tokio::test]
+async fn lock_wait_timeouts_never_read_as_success() {
+    let db = common::private::PrivateMariaDb::start_with(&["--innodb-lock-wait-timeout=1"])
+        .await
+        .unwrap();
+    for (strategy, table) in [
+        (Strategy::UniqueKey, "fenced_lwt"),
+        (Strategy::Optimistic, "fenced_lwt_optimistic"),
+    ] {
+        let url = common::url_for(&db.url(), strategy, "fenced_lwt");
+        MySqlLock::migrate(&url).await.unwrap();
+        let (holder, contender) = (
+            MySqlLock::connect(&url).await.unwrap(),
+            MySqlLock::connect(&url).await.unwrap(),
+        );
+        let k = key("lwt");
+        let lease = holder
+            .try_acquire(&k, &opts(Duration::from_secs(60)))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut blocker = <sqlx::MySqlConnection as sqlx::Connection>::connect(&db.url())
+            .await
+            .unwrap();
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM `{table}` WHERE lock_key = ? FOR UPDATE"
+        )))
+        .bind(k.as_bytes())
+        .fetch_one(&mut blocker)
+        .await
+        .unwrap()
+        .get::<i64, _>(0);
+        assert_eq!(locked, 1, "{strategy}: the key's row");
+
+        if let Ok(Some(l)) = contender
+            .try_acquire(&k, &opts(Duration::from_secs(60)))
+            .await
+        {
+            panic!("{strategy}: a lock wait timeout granted the key ({l:?})");
+        }
+        match holder.extend(&lease, Duration::from_secs(60)).await {
+            Ok(l) => panic!("{strategy}: extend succeeded through a held row lock ({l:?})"),
+            Err(e) => assert!(
+                !matches!(e, Error::LeaseLost { .. }),
+                "{strategy}: a lock wait timeout is not a lost lease: {e}"
+            ),
+        }
+        match holder.release(&lease).await {
+            Ok(outcome) => panic!("{strategy}: release through a held row lock said {outcome:?}"),
+            Err(e) => assert!(e.is_retryable(), "{strategy}: {e}"),
+        }
+
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        let info = contender.inspect(&k).await.unwrap().unwrap();
+        assert_eq!(info.token, lease.token, "{strategy}: the holder changed");
+        assert_eq!(
+            holder.release(&lease).await.unwrap(),
+            fenced_api::ReleaseOutcome::Released,
+            "{strategy}"
+        );
+    }
+}
