@@ -91,6 +91,21 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         (None, true) => Some(MachineInfo::collect(&servers).await),
         (None, false) => None,
     };
+    if let (Some(md), Some(machine)) = (&args.markdown, &machine) {
+        // Kept beside the results, so `--from` can rewrite the report later.
+        if args.from.is_none() {
+            if let Ok(m) = serde_json::to_string_pretty(&machine) {
+                let _ = std::fs::write(args.out.join("machine.json"), m);
+            }
+        }
+        let notes = std::fs::read_to_string(&args.notes).unwrap_or_default();
+        let body = fenced_bench::markdown(&results, machine, &plots, &notes);
+        if let Err(e) = std::fs::write(md, body) {
+            say(&format!("cannot write {}: {e}", md.display()));
+            return EXIT_CONFIG;
+        }
+        print(&format!("wrote {}\n", md.display()));
+    }
     if let (Some(readme), Some(machine)) = (&args.readme, &machine) {
         let summary = fenced_bench::readme_summary(&results, machine);
         let updated = std::fs::read_to_string(readme)
@@ -107,21 +122,6 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
                 return EXIT_CONFIG;
             }
         }
-    }
-    if let (Some(md), Some(machine)) = (&args.markdown, machine) {
-        // Kept beside the results, so `--from` can rewrite the report later.
-        if args.from.is_none() {
-            if let Ok(m) = serde_json::to_string_pretty(&machine) {
-                let _ = std::fs::write(args.out.join("machine.json"), m);
-            }
-        }
-        let notes = std::fs::read_to_string(&args.notes).unwrap_or_default();
-        let body = fenced_bench::markdown(&results, &machine, &plots, &notes);
-        if let Err(e) = std::fs::write(md, body) {
-            say(&format!("cannot write {}: {e}", md.display()));
-            return EXIT_CONFIG;
-        }
-        print(&format!("wrote {}\n", md.display()));
     }
     // A violation anywhere is fatal; errors count only for fenced's own rows:
     // the peers' errors (e.g. the naive lock's InnoDB deadlocks) are data.
