@@ -242,7 +242,9 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          server fault the victim waits a TTL before writing, so a successor — if the store let \
          one in — writes first. **Mutant controls** wrap the real store in a lock with one safety \
          mechanism removed (owner check on release, NX on acquire, expiry judged on the clients' \
-         wall clocks) and run the fault that exposes it; each must come out unsafe.\n"
+         wall clocks) and run the fault that exposes it; each must come out unsafe (the owner-check \
+         victim waits until a successor holds the key before it releases, so its release always has \
+         someone else's lock to free).\n"
     );
     let _ = writeln!(
         out,

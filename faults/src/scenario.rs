@@ -994,9 +994,33 @@ async fn client(p: usize, ctx: Ctx) {
             WriteOutcome::AcceptedStale => (Phase::Ok, "ACCEPTED STALE"),
         };
         ctx.push(p, Op::Write, phase, Some(token), detail);
+        if inject && cfg.mutant == Some(Mutant::OwnerCheckRemoved) {
+            // The control must not depend on luck: a release that finds the
+            // key free between two holders frees nothing, and polling stores
+            // leave it free for a while at each hand-off. Wait until a
+            // successor holds it, so the broken release frees *its* lock.
+            await_successor(&client, &ctx.key, token, ttl * 2).await;
+        }
         release(p, &ctx, guard, token).await;
         watcher.abort();
         tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
+    }
+}
+
+/// Waits (at most `bound`) until the store shows a holder with a token
+/// above `token`: a successor of the lease that carries it.
+async fn await_successor(client: &LockClient, key: &str, token: u64, bound: Duration) {
+    let Ok(key) = fenced_api::LockKey::new(key) else {
+        return;
+    };
+    let end = Instant::now() + bound;
+    while Instant::now() < end {
+        if let Ok(Some(info)) = client.lock().inspect(&key).await {
+            if info.token.get() > token {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
