@@ -1,40 +1,66 @@
-//! SVG plots written by hand (polylines and `<text>`): no plotting crate and
-//! no fonts needed at build time; the viewer renders the labels.
+//! The three SVG plots, drawn with `plotters`' SVG backend.
+//!
+//! Text is laid out (label areas, tick spacing, legend) with the metrics of
+//! DejaVu Sans, compiled in from the `dejavu` crate and registered with
+//! plotters' `ab_glyph` font table as `sans-serif`: no system font is read, so
+//! the same results give the same bytes on every machine. The SVG names the
+//! family `sans-serif`; the viewer renders the glyphs.
 
-use std::{fmt::Write as _, path::Path};
+use std::{path::Path, sync::OnceLock};
+
+use plotters::{
+    coord::{
+        ranged1d::{AsRangedCoord, ValueFormatter},
+        Shift,
+    },
+    prelude::*,
+    style::text_anchor::{HPos, Pos, VPos},
+};
 
 use crate::CellResult;
 
-const W: f64 = 820.0;
-const H: f64 = 480.0;
-const LEFT: f64 = 70.0;
-const RIGHT: f64 = 230.0;
-const TOP: f64 = 40.0;
-const BOTTOM: f64 = 50.0;
-const COLORS: [&str; 12] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf", "#000000", "#aec7e8",
+const W: u32 = 820;
+const H: u32 = 480;
+/// Width of the legend column right of the chart.
+const LEGEND_W: u32 = 230;
+/// The family every text of the plots uses (registered in [`font`]).
+const FAMILY: &str = "sans-serif";
+const COLORS: [RGBColor; 12] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0x00, 0x00, 0x00),
+    RGBColor(0xae, 0xc7, 0xe8),
 ];
+/// Series with at most this many points get a dot on each point.
+const MAX_DOTTED: usize = 12;
 
 type Series = (String, Vec<(f64, f64)>);
 
-struct Axis {
-    label: &'static str,
-    log: bool,
-}
-
-fn tr(v: f64, log: bool) -> f64 {
-    if log {
-        v.max(1e-9).log10()
+/// Registers DejaVu Sans as `sans-serif` once per process.
+fn font() -> std::io::Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FAMILY, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
+    if ok {
+        Ok(())
     } else {
-        v
+        Err(std::io::Error::other(
+            "the embedded DejaVu Sans font did not parse",
+        ))
     }
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+fn other(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("drawing a plot: {e}"))
 }
 
 fn fmt_tick(v: f64) -> String {
@@ -49,129 +75,138 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-fn ticks(lo: f64, hi: f64, log: bool) -> Vec<f64> {
+/// One axis: its label and whether it is logarithmic.
+struct Axis {
+    label: &'static str,
+    log: bool,
+}
+
+/// The axis range over `values`: whole decades on a log axis; on a linear
+/// one, the data's extent, starting at 0 at most when `from_zero`.
+fn range(values: impl Iterator<Item = f64>, log: bool, from_zero: bool) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::MAX, f64::MIN);
+    for v in values {
+        let v = if log { v.max(1e-9).log10() } else { v };
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if lo > hi {
+        (lo, hi) = (0.0, 1.0);
+    }
     if log {
-        let (a, b) = (lo.floor() as i32, hi.ceil() as i32);
-        (a..=b).map(|e| 10f64.powi(e)).collect()
+        (lo, hi) = (lo.floor(), hi.ceil());
+    } else if from_zero {
+        lo = lo.min(0.0);
+    }
+    if (hi - lo).abs() < 1e-12 {
+        hi = lo + 1.0;
+    }
+    if log {
+        (10f64.powf(lo), 10f64.powf(hi))
     } else {
-        (0..=5).map(|i| lo + (hi - lo) * i as f64 / 5.0).collect()
+        (lo, hi)
     }
 }
 
-fn chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
-    let pts = series.iter().flat_map(|(_, p)| p.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(a, b) in pts {
-        let (a, b) = (tr(a, x.log), tr(b, y.log));
-        x0 = x0.min(a);
-        x1 = x1.max(a);
-        y0 = y0.min(b);
-        y1 = y1.max(b);
-    }
-    if x0 > x1 {
-        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-    }
-    if !y.log {
-        y0 = y0.min(0.0);
-    } else {
-        y0 = y0.floor();
-        y1 = y1.ceil();
-    }
-    if x.log {
-        x0 = x0.floor();
-        x1 = x1.ceil();
-    }
-    if (x1 - x0).abs() < 1e-12 {
-        x1 = x0 + 1.0;
-    }
-    if (y1 - y0).abs() < 1e-12 {
-        y1 = y0 + 1.0;
-    }
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
-    let px = |v: f64| LEFT + (tr(v, x.log) - x0) / (x1 - x0) * pw;
-    let py = |v: f64| TOP + ph - (tr(v, y.log) - y0) / (y1 - y0) * ph;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
-<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>
-"##,
-        LEFT + pw / 2.0,
-        esc(title)
-    );
-    let xt = ticks(x0, x1, x.log);
-    for t in xt {
-        let v = t;
-        let xx = LEFT + (tr(v, x.log) - x0) / (x1 - x0) * pw;
-        if !(LEFT - 0.5..=LEFT + pw + 0.5).contains(&xx) {
-            continue;
-        }
-        let _ = writeln!(
-            s,
-            r##"<line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            TOP + ph,
-            TOP + ph + 16.0,
-            fmt_tick(v)
-        );
-    }
-    for t in ticks(y0, y1, y.log) {
-        let yy = TOP + ph - (tr(t, y.log) - y0) / (y1 - y0) * ph;
-        if !(TOP - 0.5..=TOP + ph + 0.5).contains(&yy) {
-            continue;
-        }
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            yy + 4.0,
-            fmt_tick(t)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="16" y="{:.1}" text-anchor="middle" transform="rotate(-90 16 {:.1})">{}</text>"#,
-        LEFT + pw / 2.0,
-        H - 12.0,
-        esc(x.label),
-        TOP + ph / 2.0,
-        TOP + ph / 2.0,
-        esc(y.label)
-    );
-    for (i, (name, p)) in series.iter().enumerate() {
+/// Draws one chart (`series` as lines, dots when short) on the left of
+/// `root` and its legend in the column right of it.
+fn chart_on<X, Y>(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    (x, x_spec): (&Axis, X),
+    (y, y_spec): (&Axis, Y),
+    series: &[Series],
+) -> std::io::Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    root.fill(&WHITE).map_err(other)?;
+    let (plot, legend) = root.split_horizontally(W - LEGEND_W);
+    let mut chart = ChartBuilder::on(&plot)
+        .caption(title, (FAMILY, 19))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_spec, y_spec)
+        .map_err(other)?;
+    let light = RGBColor(0xee, 0xee, 0xee);
+    let bold = RGBColor(0xcc, 0xcc, 0xcc);
+    chart
+        .configure_mesh()
+        .x_desc(x.label)
+        .y_desc(y.label)
+        .x_label_formatter(&|v| fmt_tick(*v))
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .label_style((FAMILY, 15))
+        .max_light_lines(4)
+        .axis_desc_style((FAMILY, 15))
+        .light_line_style(light)
+        .bold_line_style(bold)
+        .axis_style(RGBColor(0x44, 0x44, 0x44))
+        .draw()
+        .map_err(other)?;
+    for (i, (_, points)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let points: Vec<String> = p
-            .iter()
-            .map(|&(a, b)| format!("{:.1},{:.1}", px(a), py(b)))
-            .collect();
-        let _ = writeln!(
-            s,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
-            points.join(" ")
-        );
-        for pt in &points {
-            if p.len() <= 12 {
-                if let Some((a, b)) = pt.split_once(',') {
-                    let _ = writeln!(s, r#"<circle cx="{a}" cy="{b}" r="3" fill="{color}"/>"#);
-                }
-            }
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(other)?;
+        if points.len() <= MAX_DOTTED {
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(other)?;
         }
-        let ly = TOP + 10.0 + i as f64 * 18.0;
-        let lx = LEFT + pw + 12.0;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{:.1}">{}</text>"#,
-            lx + 18.0,
-            lx + 24.0,
-            ly + 4.0,
-            esc(name)
-        );
     }
-    s.push_str("</svg>\n");
-    s
+    // The legend: a colour swatch and the implementation's name per series,
+    // top-aligned with the plotting area.
+    let top = chart.plotting_area().get_pixel_range().1.start;
+    let text = TextStyle::from((FAMILY, 15).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, (name, _)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let ly = top + 10 + 18 * i as i32;
+        legend
+            .draw(&PathElement::new(
+                vec![(12, ly), (30, ly)],
+                color.stroke_width(3),
+            ))
+            .map_err(other)?;
+        legend
+            .draw(&Text::new(name.as_str(), (36, ly), text.clone()))
+            .map_err(other)?;
+    }
+    root.present().map_err(other)
+}
+
+/// The SVG text of one chart; axes are logarithmic where the [`Axis`] says.
+fn chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> std::io::Result<String> {
+    font()?;
+    let pts = || series.iter().flat_map(|(_, p)| p.iter());
+    let (x0, x1) = range(pts().map(|p| p.0), x.log, false);
+    let (y0, y1) = range(pts().map(|p| p.1), y.log, true);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        let x_lin = (&x, x0..x1);
+        let y_lin = (&y, y0..y1);
+        match (x.log, y.log) {
+            (false, false) => chart_on(&root, title, x_lin, y_lin, series)?,
+            (true, false) => chart_on(&root, title, (&x, (x0..x1).log_scale()), y_lin, series)?,
+            (false, true) => chart_on(&root, title, x_lin, (&y, (y0..y1).log_scale()), series)?,
+            (true, true) => chart_on(
+                &root,
+                title,
+                (&x, (x0..x1).log_scale()),
+                (&y, (y0..y1).log_scale()),
+                series,
+            )?,
+        }
+    }
+    Ok(svg)
 }
 
 fn find<'a>(results: &'a [CellResult], imp: &str, scenario: &str) -> Option<&'a CellResult> {
@@ -195,7 +230,7 @@ fn impl_names(results: &[CellResult]) -> Vec<String> {
 ///
 /// # Errors
 ///
-/// When a file cannot be written.
+/// When a file cannot be written (or, never expected, a plot cannot be drawn).
 pub fn write_plots(dir: &Path, results: &[CellResult]) -> std::io::Result<Vec<String>> {
     let names = impl_names(results);
     let mut written = Vec::new();
@@ -250,58 +285,194 @@ pub fn write_plots(dir: &Path, results: &[CellResult]) -> std::io::Result<Vec<St
     let plots = [
         (
             "throughput_vs_tasks.svg",
-            chart(
-                "Acquisitions/s vs tasks (one key, hold 0, no think)",
-                Axis {
-                    label: "tasks",
-                    log: true,
-                },
-                Axis {
-                    label: "acquisitions/s (log)",
-                    log: true,
-                },
-                &tp,
-            ),
-            !tp.is_empty(),
+            "Acquisitions/s vs tasks (one key, hold 0, no think)",
+            Axis {
+                label: "tasks",
+                log: true,
+            },
+            Axis {
+                label: "acquisitions/s (log)",
+                log: true,
+            },
+            tp,
         ),
         (
             "handoff_cdf.svg",
-            chart(
-                "Hand-off gap to a waiting task, CDF (16 tasks, hold 20 ms)",
-                Axis {
-                    label: "gap, ms (log)",
-                    log: true,
-                },
-                Axis {
-                    label: "percentile",
-                    log: false,
-                },
-                &cdf,
-            ),
-            !cdf.is_empty(),
+            "Hand-off gap to a waiting task, CDF (16 tasks, hold 20 ms)",
+            Axis {
+                label: "gap, ms (log)",
+                log: true,
+            },
+            Axis {
+                label: "percentile",
+                log: false,
+            },
+            cdf,
         ),
         (
             "fairness.svg",
-            chart(
-                "Per-task acquisitions / mean, sorted (50 tasks, hold 20 ms)",
-                Axis {
-                    label: "task rank",
-                    log: false,
-                },
-                Axis {
-                    label: "acquisitions / mean",
-                    log: false,
-                },
-                &fair,
-            ),
-            !fair.is_empty(),
+            "Per-task acquisitions / mean, sorted (50 tasks, hold 20 ms)",
+            Axis {
+                label: "task rank",
+                log: false,
+            },
+            Axis {
+                label: "acquisitions / mean",
+                log: false,
+            },
+            fair,
         ),
     ];
-    for (file, body, any) in plots {
-        if any {
-            std::fs::write(dir.join(file), body)?;
+    for (file, title, x, y, series) in plots {
+        if !series.is_empty() {
+            std::fs::write(dir.join(file), chart(title, x, y, &series)?)?;
             written.push(file.to_owned());
         }
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{runner::Kind, Profile};
+
+    /// Two implementations measured in every plotted scenario, one with the
+    /// uncontended cell only (a floor: one point, so no throughput line), and
+    /// a name that needs escaping.
+    fn synthetic() -> Vec<CellResult> {
+        let impls = [
+            ("fenced/alpha", Kind::Fenced, 1.0),
+            ("peer/b&<eta>", Kind::Peer, 3.0),
+        ];
+        let mut results = Vec::new();
+        for s in Profile::Full.scenarios() {
+            for (name, kind, scale) in impls {
+                let mut r = CellResult::empty(name, kind, &s);
+                r.acq_per_s = 1000.0 * scale / s.tasks as f64;
+                r.handoff_cdf_ms = (0..=100).map(|p| 0.2 * scale + p as f64 / 20.0).collect();
+                r.per_task = (0..s.tasks as u64).map(|t| 40 + t % 7).collect();
+                results.push(r);
+            }
+            if s.name == "uncontended" {
+                let mut r = CellResult::empty("floor/only-one", Kind::Floor, &s);
+                r.acq_per_s = 20_000.0;
+                results.push(r);
+            }
+        }
+        results
+    }
+
+    /// Every text element's content, in document order.
+    fn texts(svg: &str) -> Vec<String> {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "svg");
+        assert_eq!(
+            root.tag_name().namespace(),
+            Some("http://www.w3.org/2000/svg")
+        );
+        root.descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .map(|n| n.text().unwrap_or_default().trim().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn plots_are_svg_with_every_series_and_label() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = synthetic();
+        let written = write_plots(dir.path(), &results).unwrap();
+        assert_eq!(
+            written,
+            ["throughput_vs_tasks.svg", "handoff_cdf.svg", "fairness.svg"]
+        );
+        let expect = [
+            (
+                "throughput_vs_tasks.svg",
+                "Acquisitions/s vs tasks (one key, hold 0, no think)",
+                ["tasks", "acquisitions/s (log)"],
+            ),
+            (
+                "handoff_cdf.svg",
+                "Hand-off gap to a waiting task, CDF (16 tasks, hold 20 ms)",
+                ["gap, ms (log)", "percentile"],
+            ),
+            (
+                "fairness.svg",
+                "Per-task acquisitions / mean, sorted (50 tasks, hold 20 ms)",
+                ["task rank", "acquisitions / mean"],
+            ),
+        ];
+        let points_per_line = std::collections::HashMap::from([
+            ("throughput_vs_tasks.svg", 3),
+            ("handoff_cdf.svg", 101),
+            ("fairness.svg", 50),
+        ]);
+        for (file, title, axes) in expect {
+            let svg = std::fs::read_to_string(dir.path().join(file)).unwrap();
+            let texts = texts(&svg);
+            for want in [title, axes[0], axes[1], "fenced/alpha", "peer/b&<eta>"] {
+                assert!(
+                    texts.iter().any(|t| t == want),
+                    "{file}: no text {want:?} in {texts:?}"
+                );
+            }
+            assert!(
+                !texts.iter().any(|t| t == "floor/only-one"),
+                "{file}: a one-point series got a legend entry"
+            );
+            // One data line per series (width 2), with a point per cell or
+            // percentile, and one legend swatch (width 3) of the same colour.
+            let doc = roxmltree::Document::parse(&svg).unwrap();
+            let lines = |width: &str| -> Vec<(String, usize)> {
+                doc.descendants()
+                    .filter(|n| {
+                        n.has_tag_name("polyline") && n.attribute("stroke-width") == Some(width)
+                    })
+                    .map(|n| {
+                        let points = n.attribute("points").unwrap().split_whitespace().count();
+                        (n.attribute("stroke").unwrap().to_owned(), points)
+                    })
+                    .collect()
+            };
+            let data = lines("2");
+            let points = points_per_line[file];
+            assert_eq!(
+                data,
+                [
+                    ("#1F77B4".to_owned(), points),
+                    ("#D62728".to_owned(), points)
+                ],
+                "{file}"
+            );
+            let swatches: Vec<_> = lines("3").into_iter().map(|(c, _)| c).collect();
+            assert_eq!(swatches, ["#1F77B4", "#D62728"], "{file}");
+        }
+        // Only the throughput plot has few enough points to dot them: 3 per series.
+        let tp = std::fs::read_to_string(dir.path().join("throughput_vs_tasks.svg")).unwrap();
+        assert_eq!(tp.matches("<circle").count(), 6);
+        let fair = std::fs::read_to_string(dir.path().join("fairness.svg")).unwrap();
+        assert_eq!(fair.matches("<circle").count(), 0);
+
+        // The same results give the same bytes.
+        let again = tempfile::tempdir().unwrap();
+        write_plots(again.path(), &results).unwrap();
+        for file in &written {
+            assert_eq!(
+                std::fs::read(dir.path().join(file)).unwrap(),
+                std::fs::read(again.path().join(file)).unwrap(),
+                "{file} differs between two renders"
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_to_plot_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(write_plots(dir.path(), &[]).unwrap().is_empty());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
 }
