@@ -15,7 +15,10 @@
 -- and MariaDB both require it); it rebuilds the table, which is small (held
 -- locks only) but blocks lock traffic on it while it runs. Runs unchanged on
 -- MySQL 8.0+ and MariaDB 10.3+. `migrate` holds a named lock (GET_LOCK)
--- while it runs, so nodes migrating at once apply it once.
+-- while it runs, so nodes migrating at once apply it once. This ALTER cannot
+-- run twice; if a migrate dies after it but before recording version 3,
+-- the next migrate finds lock_key already the primary key (information_schema)
+-- and only records the version.
 ALTER TABLE `{base}`
   ADD UNIQUE KEY uk_id (id),
   DROP PRIMARY KEY,

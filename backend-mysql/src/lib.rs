@@ -141,6 +141,7 @@ mod conn;
 mod error;
 mod reaper;
 mod schema;
+mod stats;
 mod strategy;
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -156,9 +157,12 @@ pub use config::{
     MySqlConfig, Strategy, TableName, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_OP_TIMEOUT, DEFAULT_TABLE,
 };
-pub use reaper::{ReaperHandle, TableStats};
+pub use reaper::ReaperHandle;
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;
+pub use stats::{
+    TableRows, TableStats, METRIC_REAPED_ROWS, METRIC_TABLE_EXPIRED_ROWS, METRIC_TABLE_ROWS,
+};
 pub use strategy::row_lock::{RowLockTransaction, RowMode};
 
 use strategy::{optimistic::Optimistic, row_lock::RowLock, unique_key::UniqueKey};

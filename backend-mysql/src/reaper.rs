@@ -1,21 +1,11 @@
-//! `unique_key` housekeeping: the batched reaper of expired rows and table metrics.
+//! Housekeeping: `unique_key`'s batched reaper of expired rows and purge,
+//! and the background task that also publishes every strategy's table size.
 
 use std::time::Duration;
 
 use fenced_api::{DistributedLock, Error, LockKey, LockOptions, Result};
 
-use crate::MySqlLock;
-
-/// Rows in a `unique_key` lock table, for monitoring growth (the seeds'
-/// "定期监控表大小": thousands of rows mean releases are being skipped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TableStats {
-    /// All rows.
-    pub rows: u64,
-    /// Rows already expired and waiting for takeover or the reaper.
-    pub expired: u64,
-}
+use crate::{MySqlLock, Strategy};
 
 /// Stops the background reaper when dropped (or with [`ReaperHandle::stop`]).
 #[derive(Debug)]
@@ -38,7 +28,9 @@ const BATCH: u32 = 500;
 /// The key under which reapers of one table exclude each other (reserved:
 /// do not use `fenced:reaper` as an application key) — using the
 /// table's own lock, so no extra mechanism (and no `GET_LOCK`, which Galera lacks).
-const REAPER_KEY: &str = "fenced:reaper";
+pub(crate) const REAPER_KEY: &str = "fenced:reaper";
+/// TTL of the reaper's guard lock.
+const GUARD_TTL: Duration = Duration::from_secs(60);
 
 impl MySqlLock {
     fn unique_key_only(&self, what: &str) -> Result<&crate::strategy::unique_key::UniqueKey> {
@@ -53,7 +45,14 @@ impl MySqlLock {
 
     /// One reaper pass: deletes expired rows in batches of 500. Only one node
     /// reaps a table at a time: the pass first takes the table's own
-    /// `fenced:reaper` lock and returns `Ok(None)` if another node holds it.
+    /// `fenced:reaper` lock (TTL 60 s) and returns `Ok(None)` if another
+    /// node holds it.
+    ///
+    /// A pass stops starting batches once half the guard's TTL has gone by
+    /// (each batch is bounded by the operation timeout, 10 s by default), so
+    /// the guard cannot lapse while this node still deletes and a second
+    /// node start a pass of its own; what is left goes to the next pass.
+    /// The guard's own row is never among the deleted rows.
     ///
     /// # Errors
     ///
@@ -62,19 +61,30 @@ impl MySqlLock {
     pub async fn reap_expired(&self) -> Result<Option<u64>> {
         let uk = self.unique_key_only("the reaper")?;
         let key = LockKey::new(REAPER_KEY)?;
-        let opts = LockOptions::builder()
-            .ttl(Duration::from_secs(60))
-            .build()?;
+        let opts = LockOptions::builder().ttl(GUARD_TTL).build()?;
         let Some(guard) = self.try_acquire(&key, &opts).await? else {
             return Ok(None);
         };
-        let reaped = uk.reap(BATCH).await;
+        // Half the guard's TTL, counted from when its INSERT was sent: the
+        // last batch may start just before it and then run for at most the
+        // operation timeout, which must fit in the other half.
+        let stop_at = guard.deadline - GUARD_TTL / 2;
+        let op_timeout = self.inner.config.op_timeout;
+        let pass = uk.reap(BATCH, stop_at, op_timeout).await;
         self.release(&guard).await?;
-        let reaped = reaped?;
-        if reaped > 0 {
-            tracing::info!(table = %self.config().table(), reaped, "reaper removed expired lock rows");
+        let pass = pass?;
+        if pass.reaped > 0 {
+            crate::stats::reaped(self, pass.reaped);
+            tracing::info!(table = %self.config().table(), reaped = pass.reaped, "reaper removed expired lock rows");
         }
-        Ok(Some(reaped))
+        if !pass.finished {
+            tracing::info!(
+                table = %self.config().table(),
+                reaped = pass.reaped,
+                "reaper pass stopped at its time bound (half the guard's TTL); the next pass continues"
+            );
+        }
+        Ok(Some(pass.reaped))
     }
 
     /// Deletes rows that expired more than `older_than` ago, in batches — the
@@ -90,25 +100,23 @@ impl MySqlLock {
             .await
     }
 
-    /// Row counts of the lock table.
+    /// Runs housekeeping every `every` in the background until the handle
+    /// is dropped. Failures are logged, not fatal.
+    ///
+    /// Each pass, for every strategy, publishes the table size
+    /// ([`record_table_stats`](Self::record_table_stats): the
+    /// `fenced_table_rows` / `fenced_table_expired_rows` gauges and a
+    /// `tracing` event). For `unique_key` it first runs
+    /// [`reap_expired`](Self::reap_expired). The other strategies have
+    /// nothing to delete — an `optimistic` row's `version` is its key's
+    /// fencing token and a `row_lock` row is what gets locked — so their
+    /// passes only measure. Because the strategy comes from the URL, the
+    /// same call works whatever an operator configures.
     ///
     /// # Errors
     ///
-    /// As [`reap_expired`](Self::reap_expired).
-    pub async fn table_stats(&self) -> Result<TableStats> {
-        let (rows, expired) = self.unique_key_only("table stats")?.table_size().await?;
-        Ok(TableStats { rows, expired })
-    }
-
-    /// Runs [`reap_expired`](Self::reap_expired) every `every` in the
-    /// background until the handle is dropped. Failures are logged, not fatal.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unsupported`] unless the strategy is `unique_key`;
     /// [`Error::InvalidOptions`] for an interval under 10 ms.
     pub fn spawn_reaper(&self, every: Duration) -> Result<ReaperHandle> {
-        self.unique_key_only("the reaper")?;
         if every < Duration::from_millis(10) {
             return Err(Error::invalid_options(
                 "the reaper interval must be at least 10ms",
@@ -120,11 +128,114 @@ impl MySqlLock {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if let Err(e) = lock.reap_expired().await {
-                    tracing::warn!(error = %e, "lock reaper pass failed");
-                }
+                lock.housekeeping_pass().await;
             }
         });
         Ok(ReaperHandle { task })
+    }
+
+    /// One background pass: reap (`unique_key`), then measure and publish.
+    async fn housekeeping_pass(&self) {
+        if self.config().strategy() == Strategy::UniqueKey {
+            if let Err(e) = self.reap_expired().await {
+                tracing::warn!(error = %e, "lock reaper pass failed");
+            }
+        }
+        if let Err(e) = self.record_table_stats().await {
+            tracing::warn!(error = %e, "measuring the lock tables failed");
+        }
+    }
+}
+
+/// What one bounded reaper pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pass {
+    pub(crate) reaped: u64,
+    /// False when the pass stopped at its time bound with rows possibly left.
+    pub(crate) finished: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use sqlx::Row;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// A pass ends at its time bound (after at least one batch), and never
+    /// deletes the reaper's own guard row, even an expired one.
+    #[tokio::test]
+    async fn a_pass_stops_at_its_bound_and_spares_the_guard_row() {
+        let server = fenced_conformance::services::mysql_url();
+        let base = format!(
+            "fenced_reap_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let url = format!("{server}?table={base}&strategy=unique_key");
+        MySqlLock::migrate(&url).await.unwrap();
+        let lock = MySqlLock::connect(&url).await.unwrap();
+        let pool = sqlx::MySqlPool::connect(&server).await.unwrap();
+        let insert = format!(
+            "INSERT INTO `{base}` (lock_key, owner, reentrant_count, expire_time, create_time) \
+             VALUES (?, 'dead', 1, UTC_TIMESTAMP(6) - INTERVAL ? SECOND, UTC_TIMESTAMP(6))"
+        );
+        // The guard row expired longest ago: first in the reaper's order.
+        for (key, ago) in [
+            (REAPER_KEY.to_owned(), 100),
+            ("a".into(), 50),
+            ("b".into(), 40),
+            ("c".into(), 30),
+            ("d".into(), 20),
+            ("e".into(), 10),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                .bind(key.into_bytes())
+                .bind(ago)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let uk = lock.unique_key().unwrap();
+        let op = Duration::from_secs(10);
+        // Bound already passed: exactly one batch.
+        let pass = uk.reap(2, Instant::now(), op).await.unwrap();
+        assert_eq!(
+            pass,
+            Pass {
+                reaped: 2,
+                finished: false
+            }
+        );
+        let far = Instant::now() + Duration::from_secs(60);
+        let pass = uk.reap(2, far, op).await.unwrap();
+        assert_eq!(
+            pass,
+            Pass {
+                reaped: 3,
+                finished: true
+            }
+        );
+        let left: Vec<Vec<u8>> = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT lock_key FROM `{base}`"
+        )))
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        assert_eq!(left, vec![REAPER_KEY.as_bytes().to_vec()]);
+        // A full pass through the guard: takes over the dead guard row
+        // (inline takeover), reaps nothing else, releases.
+        assert_eq!(lock.reap_expired().await.unwrap(), Some(0));
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, \
+             `{base}_live`, `{base}_migrations`"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
     }
 }

@@ -100,11 +100,23 @@ async fn apply_missing(conn: &mut sqlx::MySqlConnection, base: &TableName) -> Re
         if done.contains(version) {
             continue;
         }
-        for stmt in statements(template, base) {
-            sqlx::query(AssertSqlSafe(stmt))
-                .execute(&mut *conn)
-                .await
-                .db()?;
+        if already_in_place(conn, *version, base).await? {
+            // The statements ran but the process died before the log row
+            // below was written (DDL commits on its own, so the two cannot
+            // be one transaction): only the record is missing.
+            tracing::warn!(
+                table = %base,
+                version,
+                name,
+                "fenced schema migration was already in place but not recorded (an earlier migrate stopped halfway); recording it"
+            );
+        } else {
+            for stmt in statements(template, base) {
+                sqlx::query(AssertSqlSafe(stmt))
+                    .execute(&mut *conn)
+                    .await
+                    .db()?;
+            }
         }
         sqlx::query(AssertSqlSafe(format!(
             "INSERT IGNORE INTO {log} (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
@@ -118,6 +130,34 @@ async fn apply_missing(conn: &mut sqlx::MySqlConnection, base: &TableName) -> Re
         applied.push(*version);
     }
     Ok(applied)
+}
+
+/// Whether migration `version`'s changes are already in the tables though
+/// the log does not say so. Versions 1 and 2 only create tables `IF NOT
+/// EXISTS` and run again harmlessly; version 3's `ALTER` cannot run twice
+/// (the primary key it drops is gone), so it is skipped when `lock_key`
+/// already is the primary key. One `ALTER` is atomic on MariaDB ≥ 10.6
+/// and MySQL 8 (and InnoDB's table rebuild is all or nothing before that),
+/// so "primary key on lock_key" means the whole of v3 is in place.
+async fn already_in_place(
+    conn: &mut sqlx::MySqlConnection,
+    version: u32,
+    base: &TableName,
+) -> Result<bool> {
+    if version != 3 {
+        return Ok(false);
+    }
+    let primary: Option<String> = sqlx::query(
+        "SELECT GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) FROM information_schema.STATISTICS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND INDEX_NAME = 'PRIMARY'",
+    )
+    .bind(base.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .db()?
+    .try_get(0)
+    .db()?;
+    Ok(primary.is_some_and(|cols| cols.eq_ignore_ascii_case("lock_key")))
 }
 
 /// Refuses read-only servers and schemas older than this build needs.

@@ -145,15 +145,25 @@ async fn reaper_removes_expired_rows_and_only_one_node_reaps() {
         .unwrap();
 }
 
+/// Other strategies have no rows to delete (an `optimistic` row's version
+/// is its token, a `row_lock` row is what gets locked): reaping and purging
+/// are refused, while the background reaper runs and only measures.
 #[tokio::test]
 async fn reaper_is_refused_for_other_strategies() {
-    let h = MySqlHarness::new(Strategy::Optimistic).await;
-    let lock = h.lock().await;
-    assert!(matches!(
-        lock.reap_expired().await,
-        Err(Error::Unsupported { .. })
-    ));
-    assert!(lock.spawn_reaper(Duration::from_secs(1)).is_err());
+    for strategy in [Strategy::Optimistic, Strategy::RowLock] {
+        let h = MySqlHarness::new(strategy).await;
+        let lock = h.lock().await;
+        assert!(matches!(
+            lock.reap_expired().await,
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(matches!(
+            lock.purge_stale(Duration::from_secs(1)).await,
+            Err(Error::Unsupported { .. })
+        ));
+        lock.spawn_reaper(Duration::from_secs(1)).unwrap().stop();
+        assert!(lock.spawn_reaper(Duration::from_millis(1)).is_err());
+    }
 }
 
 #[tokio::test]

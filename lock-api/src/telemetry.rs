@@ -11,6 +11,15 @@
 //! | `fenced_renewal_failures_total` | counter | `backend` | renewals that failed and will be retried |
 //! | `fenced_locks_lost_total` | counter | `backend`, `reason` (`deadline_passed`, `renewal_refused`, `max_hold_exceeded`) | locks reported lost |
 //! | `fenced_releases_total` | counter | `backend`, `outcome` (`released`, `not_held`, `error`) | releases, explicit or on drop |
+//!
+//! Backends add metrics of their own store through the same facade, with
+//! the same `backend` label (constants in the backend crate):
+//!
+//! | name | kind | labels | emitted by | meaning |
+//! |---|---|---|---|---|
+//! | `fenced_table_rows` | gauge | `backend`, `table` | fenced-mysql: each pass of `MySqlLock::spawn_reaper` (every strategy) and `MySqlLock::record_table_stats` | rows in one of the store's tables: growth means skipped releases or per-request keys |
+//! | `fenced_table_expired_rows` | gauge | `backend`, `table` | as above | of those, rows whose lease has expired (`unique_key`: waiting for takeover or the reaper) |
+//! | `fenced_reaped_rows_total` | counter | `backend`, `table` | fenced-mysql: the `unique_key` reaper | expired rows the reaper deleted |
 
 use std::time::Duration;
 

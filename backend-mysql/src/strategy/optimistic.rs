@@ -48,6 +48,13 @@ pub(crate) struct Optimistic {
 }
 
 impl Optimistic {
+    /// The connections (for statements outside the lock operations).
+    pub(crate) fn conns(&self) -> &Conns {
+        &self.conns
+    }
+}
+
+impl Optimistic {
     pub(crate) fn new(pool: MySqlPool, table: String, scope: String) -> Self {
         let t = &table;
         let current = "holder = ? AND version = ? AND expire_time > UTC_TIMESTAMP(6)";

@@ -57,6 +57,7 @@ use tokio::time::Instant;
 use super::{info_from_row, micros, retry_lock_conflicts};
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
+use crate::reaper::{Pass, REAPER_KEY};
 use crate::sql;
 
 /// Refuses a server that allocates AUTO_INCREMENT ids without the AUTO-INC
@@ -116,7 +117,6 @@ pub(crate) struct UniqueKey {
     force_any: SqlStr,
     reap: SqlStr,
     purge: SqlStr,
-    count: SqlStr,
 }
 
 impl UniqueKey {
@@ -188,14 +188,15 @@ impl UniqueKey {
             // Only rows already expired: a holder that inserted after the
             // first statement keeps its fresh lock.
             force_any: sql!("DELETE FROM {t} WHERE lock_key = ? AND expire_time <= UTC_TIMESTAMP(6)"),
+            // Never the reaper's own guard row: were the guard ever to lapse
+            // mid-pass (it cannot, see `reap`), deleting it would let a
+            // second reaper in while this one still runs.
             reap: sql!(
-                "DELETE FROM {t} WHERE expire_time < UTC_TIMESTAMP(6) ORDER BY expire_time LIMIT ?"
+                "DELETE FROM {t} WHERE expire_time < UTC_TIMESTAMP(6) AND lock_key <> ? \
+                 ORDER BY expire_time LIMIT ?"
             ),
             purge: sql!(
                 "DELETE FROM {t} WHERE expire_time < UTC_TIMESTAMP(6) - INTERVAL ? SECOND LIMIT ?"
-            ),
-            count: sql!(
-                "SELECT COUNT(*), CAST(COALESCE(SUM(expire_time <= UTC_TIMESTAMP(6)), 0) AS SIGNED) FROM {t}"
             ),
             }
     }
@@ -280,19 +281,44 @@ impl UniqueKey {
         }
     }
 
-    /// Deletes expired rows in batches of `batch`; returns how many.
-    pub(crate) async fn reap(&self, batch: u32) -> Result<u64> {
-        let mut total = 0;
+    /// Deletes expired rows in batches of `batch` until none is left or
+    /// `stop_at` has passed (checked after each batch, so a pass always
+    /// makes progress); each batch is bounded by `op_timeout`.
+    pub(crate) async fn reap(
+        &self,
+        batch: u32,
+        stop_at: Instant,
+        op_timeout: Duration,
+    ) -> Result<Pass> {
+        let mut reaped = 0;
         loop {
-            let n = self
-                .conns
-                .execute(sqlx::query(self.reap.clone()).bind(batch))
-                .await
-                .db()?
-                .rows_affected();
-            total += n;
+            let delete = self.conns.execute(
+                sqlx::query(self.reap.clone())
+                    .bind(REAPER_KEY.as_bytes())
+                    .bind(batch),
+            );
+            let n = match tokio::time::timeout(op_timeout, delete).await {
+                Ok(r) => r.db()?.rows_affected(),
+                Err(_) => {
+                    return Err(Error::backend(
+                        error::BACKEND,
+                        true,
+                        format!("reaper batch: no answer from the server within {op_timeout:?}"),
+                    ))
+                }
+            };
+            reaped += n;
             if n < u64::from(batch) {
-                return Ok(total);
+                return Ok(Pass {
+                    reaped,
+                    finished: true,
+                });
+            }
+            if Instant::now() >= stop_at {
+                return Ok(Pass {
+                    reaped,
+                    finished: false,
+                });
             }
         }
     }
@@ -318,16 +344,9 @@ impl UniqueKey {
         }
     }
 
-    /// (rows, expired rows) in the lock table.
-    pub(crate) async fn table_size(&self) -> Result<(u64, u64)> {
-        let row = self
-            .conns
-            .fetch_one(sqlx::query(self.count.clone()))
-            .await
-            .db()?;
-        let rows: i64 = row.try_get(0).db()?;
-        let expired: i64 = row.try_get(1).db()?;
-        Ok((rows.max(0) as u64, expired.max(0) as u64))
+    /// The connections (for statements outside the lock operations).
+    pub(crate) fn conns(&self) -> &Conns {
+        &self.conns
     }
 }
 

@@ -67,24 +67,6 @@ impl LockConn {
         }
         Ok(())
     }
-
-    /// Back to the plain pool with the server's default session (for a
-    /// connection the caller has had in hand: its session is unknown).
-    pub(super) async fn restore(mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        let ok = sqlx::raw_sql(
-            "SET SESSION autocommit = 1, wait_timeout = @@GLOBAL.wait_timeout, \
-             innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout",
-        )
-        .execute(&mut *conn)
-        .await
-        .is_ok();
-        if !ok {
-            close(conn);
-        }
-    }
 }
 
 impl Drop for LockConn {

@@ -87,6 +87,7 @@
 
 mod conn;
 mod hold;
+mod local;
 mod token;
 mod transaction;
 
@@ -102,15 +103,15 @@ use std::{
 
 use async_trait::async_trait;
 use fenced_api::{
-    wait::wait_deadline, Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo,
-    LockKey, LockOptions, Owner, ReleaseOutcome, Result,
+    wait::wait_deadline, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    LockOptions, Owner, ReleaseOutcome, Result,
 };
 use sqlx::{MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
 use self::conn::{plain, HeldConn, KillQueryOnDrop, LockConn, LockConns, WAIT_CHUNK_SECS};
-pub(crate) use self::token::live_is_memory;
 use self::token::Granted;
+pub(crate) use self::token::{live_is_memory, LIFETIME_KEY};
 pub use self::transaction::RowLockTransaction;
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
@@ -166,6 +167,7 @@ struct Sql {
     touch: SqlStr,
     read_live: SqlStr,
     moved_on: SqlStr,
+    same_owner: SqlStr,
     epoch: SqlStr,
     open_lifetime: SqlStr,
     prune: SqlStr,
@@ -200,6 +202,14 @@ impl fmt::Debug for RowLock {
 pub(crate) fn effective_ttl(ttl: Duration) -> (u64, Duration) {
     let secs = ttl.as_micros().div_ceil(1_000_000).max(1) as u64;
     (secs, Duration::from_secs(secs))
+}
+
+/// Fixed-row mode, and the key has no row.
+fn no_fixed_row(key: &LockKey) -> Error {
+    Error::config(format!(
+        "no lock row for `{key}`: fixed-row mode needs its rows created first, with \
+         MySqlLock::create_rows (once, e.g. at deploy time after migrate)"
+    ))
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -270,6 +280,16 @@ impl RowLock {
                      FROM {live} WHERE lock_key = ?"
                 ),
                 moved_on: sql!("SELECT 1 FROM {live} WHERE conn_id = ? AND id > ? LIMIT 1"),
+                // The key's latest grant is this owner's, unexpired, its
+                // connection has not gone on to a later grant, and is still
+                // inside a transaction: that transaction holds the key.
+                same_owner: sql!(
+                    "SELECT 1 FROM {live} l \
+                     JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
+                     WHERE l.lock_key = ? AND l.owner = ? AND l.expire_time > UTC_TIMESTAMP(6) \
+                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
+                     LIMIT 1"
+                ),
                 epoch: sql!(
                     "INSERT INTO {fence} (lock_key, fence) VALUES (?, LAST_INSERT_ID(1)) \
                      ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)"
@@ -300,6 +320,18 @@ impl RowLock {
         plain(&self.conns, &self.locks, self.max_connections).await
     }
 
+    /// One side statement returning one row (table statistics), on a plain
+    /// connection — evicting an idle lock connection if the pool is full.
+    pub(crate) async fn fetch_one(
+        &self,
+        q: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<sqlx::mysql::MySqlRow> {
+        let mut c = self.plain().await?;
+        let r = q.fetch_one(c.conn()).await;
+        c.finish(&r);
+        r.db()
+    }
+
     /// Pre-creates rows (for [`RowMode::Fixed`], or to warm any mode).
     pub(crate) async fn create_rows(&self, keys: &[LockKey]) -> Result<u64> {
         let mut created = 0;
@@ -311,6 +343,7 @@ impl RowLock {
                 .await;
             c.finish(&r);
             created += r.db()?.rows_affected();
+            self.remember_row(&self.row_key(key));
         }
         Ok(created)
     }
@@ -318,13 +351,20 @@ impl RowLock {
     /// Makes sure the row exists before it is locked. A non-locking read
     /// first: `INSERT IGNORE` on a row that another holder has locked would
     /// wait for that holder (the duplicate check takes a shared lock).
-    async fn ensure_row(&self, row: &[u8]) -> Result<()> {
+    ///
+    /// In fixed-row mode a missing row is a configuration error, found by
+    /// that same non-locking read — never by a `FOR UPDATE`, which on a
+    /// missing row takes a gap lock (blocking inserts of neighbouring rows,
+    /// `create_rows` of other ids included) until it is rolled back. Rows
+    /// are only cached once seen: a row created later (by `create_rows` on
+    /// another node) is found by the next read.
+    async fn ensure_row(&self, key: &LockKey, row: &[u8]) -> Result<()> {
         let known = self
             .known_rows
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(row);
-        if known || self.mode == RowMode::Fixed {
+        if known {
             return Ok(());
         }
         let mut c = self.plain().await?;
@@ -339,6 +379,10 @@ impl RowLock {
                 return Err(error::map(e));
             }
         };
+        if !exists && self.mode == RowMode::Fixed {
+            c.settle(None);
+            return Err(no_fixed_row(key));
+        }
         let r = if exists {
             Ok(())
         } else {
@@ -350,12 +394,16 @@ impl RowLock {
         };
         c.finish(&r);
         r.db()?;
+        self.remember_row(row);
+        Ok(())
+    }
+
+    fn remember_row(&self, row: &[u8]) {
         let mut set = self.known_rows.lock().unwrap_or_else(|p| p.into_inner());
         if set.len() > 100_000 {
             set.clear();
         }
         set.insert(row.to_vec());
-        Ok(())
     }
 
     fn forget_row(&self, row: &[u8]) {
@@ -407,7 +455,7 @@ impl RowLock {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            self.ensure_row(&row).await?;
+            self.ensure_row(key, &row).await?;
             let side = if self.token_in_txn.load(Ordering::Relaxed) || ttl_secs.is_none() {
                 None
             } else {
@@ -523,12 +571,11 @@ impl RowLock {
                     if let Some(lc) = held.take() {
                         self.locks.put(lc, &self.conns);
                     }
-                    if self.mode == RowMode::Fixed {
-                        return Err(Error::config(format!(
-                            "no lock row for `{key}`: fixed-row mode needs rows created with MySqlLock::create_rows"
-                        )));
-                    }
+                    // Seen before, deleted since (cached rows skip the read).
                     self.forget_row(&row);
+                    if self.mode == RowMode::Fixed {
+                        return Err(no_fixed_row(key));
+                    }
                 }
                 // Refused (NOWAIT) or the wait chunk ran out: the statement is
                 // rolled back and holds no lock, so the connection is kept as
@@ -557,56 +604,6 @@ impl RowLock {
                     format!("could not lock the row for `{key}` after {attempts} attempts (row disappearing or connections dying)"),
                 ));
             }
-        }
-    }
-
-    /// Local reentrancy / refusal when this instance already holds `key`.
-    /// `Ok(None)` means "not held here".
-    fn local(
-        &self,
-        key: &LockKey,
-        opts: &LockOptions,
-        ttl: Duration,
-        sent: Instant,
-    ) -> Result<Option<Option<Lease>>> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(h) = held.get_mut(key) else {
-            return Ok(None);
-        };
-        if Instant::now() >= h.deadline {
-            // Never renewed in time: the server has closed (or is about to
-            // close) that connection. Drop it — closing it rolls back — and
-            // let the caller compete afresh.
-            held.remove(key);
-            return Ok(None);
-        }
-        match opts.owner() {
-            Some(owner) if *owner == h.owner => {
-                if !opts.is_reentrant() {
-                    return Err(Error::AlreadyHeld { key: key.clone() });
-                }
-                h.count += 1;
-                Ok(Some(Some(Lease::new(
-                    key.clone(),
-                    h.owner.clone(),
-                    FencingToken::new(h.token),
-                    ttl,
-                    sent,
-                ))))
-            }
-            // Held by another owner through this very instance: contention.
-            _ => Ok(Some(None)),
-        }
-    }
-
-    /// Finishes a local re-entry: the holding connection's expiry is pushed
-    /// out (and the hold count published) like an extend. `None` if the
-    /// connection turned out to be gone — the caller then acquires afresh.
-    async fn reentered(&self, lease: Lease, ttl: Duration) -> Result<Option<Lease>> {
-        match self.extend(&lease, ttl).await {
-            Ok(l) => Ok(Some(l)),
-            Err(Error::LeaseLost { .. }) => Ok(None),
-            Err(e) => Err(e),
         }
     }
 
@@ -703,8 +700,10 @@ impl DistributedLock for RowLock {
                     return Ok(Some(lease));
                 }
             }
-            Some(None) => return Ok(None),
-            None => {}
+            // Held through this instance by another owner — unless its
+            // connection has died meanwhile: then compete on the server.
+            Some(None) if !self.local_hold_gone(key).await? => return Ok(None),
+            Some(None) | None => {}
         }
         let owner = opts.owner_or_random();
         for _ in 0..3 {
@@ -712,6 +711,7 @@ impl DistributedLock for RowLock {
                 .lock_row(key, Some((&owner, ttl)), Some(ttl_secs), None)
                 .await?
             else {
+                self.refuse_same_owner(key, opts).await?;
                 return Ok(None);
             };
             if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
@@ -730,6 +730,15 @@ impl DistributedLock for RowLock {
         let start = Instant::now();
         if let Some(Some(lease)) = self.local(key, opts, ttl, start)? {
             if let Some(lease) = self.reentered(lease, opts.ttl()).await? {
+                return Ok(lease);
+            }
+        }
+        // An explicit owner tries without waiting first: a refusal tells
+        // whether that owner holds the key through another instance, where
+        // waiting would be waiting for itself (one more statement, only for
+        // a contended acquire with an explicit owner).
+        if opts.owner().is_some() && opts.wait() != fenced_api::WaitPolicy::NoWait {
+            if let Some(lease) = self.try_acquire(key, opts).await? {
                 return Ok(lease);
             }
         }

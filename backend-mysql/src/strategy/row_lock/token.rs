@@ -14,7 +14,7 @@ use crate::strategy::micros;
 
 /// The `_live` row that opens the current server lifetime (`\x01` cannot
 /// appear in a key).
-pub(super) const LIFETIME_KEY: &[u8] = b"\x01lifetime";
+pub(crate) const LIFETIME_KEY: &[u8] = b"\x01lifetime";
 /// The `_fence` row counting server lifetimes, durably.
 const EPOCH_KEY: &[u8] = b"\x01epoch";
 /// Tokens of one lifetime start at `epoch << EPOCH_SHIFT`.

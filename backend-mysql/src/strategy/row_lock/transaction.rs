@@ -65,6 +65,11 @@ impl RowLock {
 /// **atomically with the release** ([`commit`](Self::commit)); a
 /// [`rollback`](Self::rollback) — or dropping this value — undoes them and
 /// releases the lock too. Nothing in between is visible to others.
+///
+/// The connection is yours for the transaction: change its session if you
+/// need to (`sql_mode`, isolation level, user variables, temporary tables).
+/// None of it leaks: when the transaction ends, the connection is closed,
+/// not returned to the lock's pool.
 pub struct RowLockTransaction {
     pub(super) conn: HeldConn,
     pub(super) lease: Lease,
@@ -150,12 +155,15 @@ impl RowLockTransaction {
                 format!("the lock transaction was gone before {how}: {e}"),
             ));
         }
-        // The caller had the connection in hand: its session is unknown, so
-        // it goes back to the plain pool with the server's defaults.
-        let conn = std::mem::replace(&mut self.conn, HeldConn(None));
-        if let Some(c) = conn.take() {
-            c.restore().await;
-        }
+        // The caller had the connection in hand: anything it changed in the
+        // session (sql_mode, isolation level, time zone, user variables,
+        // temporary tables, prepared statements) would follow the connection to its next
+        // user. Resetting a list of variables cannot know what was changed,
+        // and `COM_RESET_CONNECTION` is not reachable through sqlx — so the
+        // connection is closed (dropping the lock connection closes it) and
+        // the pool opens a fresh one when needed: one connect per
+        // transaction-scoped lock, against a session leak.
+        drop(std::mem::replace(&mut self.conn, HeldConn(None)));
         Ok(())
     }
 }

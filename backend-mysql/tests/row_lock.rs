@@ -1,0 +1,311 @@
+//! `row_lock` edge cases on the shared MariaDB: fixed rows that do not
+//! exist, session changes made through the transaction-scoped API, holds
+//! whose connection the server killed, and one owner through two instances.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{server_url, url_for};
+use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome};
+use fenced_mysql::{MySqlLock, RowMode, Strategy};
+use sqlx::{Connection, Row};
+
+/// A generous bound on calls that must not hang (never a timing assertion).
+const HANG: Duration = Duration::from_secs(30);
+
+fn key(tag: &str) -> LockKey {
+    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
+}
+
+fn ttl(d: Duration) -> LockOptions {
+    LockOptions::builder().ttl(d).build().unwrap()
+}
+
+/// A row_lock store in tables of its own.
+async fn fresh(tag: &str, extra: &str) -> (String, String) {
+    let server = server_url().await;
+    let base = format!(
+        "fenced_rl_{tag}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let url = format!("{}{extra}", url_for(&server, Strategy::RowLock, &base));
+    MySqlLock::migrate(&url).await.unwrap();
+    (url, base)
+}
+
+/// Drops the test's tables. Close the test's `MySqlLock`s first: a lock
+/// connection kept after a refused try still has the refused statement's
+/// transaction open, and with it a metadata lock that `DROP TABLE` waits for.
+async fn drop_tables(base: &str) {
+    let pool = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, \
+         `{base}_live`, `{base}_migrations`"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}
+
+/// The holder's server connection, from the grant description.
+async fn holder_conn(base: &str, k: &LockKey) -> u64 {
+    let pool = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT conn_id FROM `{base}_live` WHERE lock_key = ?"
+    )))
+    .bind(k.as_bytes())
+    .fetch_one(&pool)
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Fixed-row mode answers an unknown key with the configuration error
+/// after a non-locking read — never with a `FOR UPDATE` on the missing row
+/// (a gap lock). Shown with another session holding `LOCK TABLES … READ`
+/// on the rows table: plain reads pass it, a locking read (or a write)
+/// would wait behind it, and the call would end in a timeout, not the
+/// configuration error.
+#[tokio::test]
+async fn fixed_rows_unknown_key_is_refused_without_a_locking_read() {
+    let (url, base) = fresh("fixed", "&timeout=5s").await;
+    let fixed = MySqlLock::builder(&url)
+        .unwrap()
+        .row_mode(RowMode::Fixed)
+        .connect()
+        .await
+        .unwrap();
+    let opts = ttl(Duration::from_secs(10));
+    let known = key("fixed-known");
+    assert_eq!(
+        fixed
+            .create_rows(std::slice::from_ref(&known))
+            .await
+            .unwrap(),
+        1
+    );
+
+    let mut blocker = sqlx::MySqlConnection::connect(&server_url().await)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLES `{base}_rows` READ"
+    )))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let unknown = key("fixed-unknown");
+    let waiting = opts
+        .to_builder()
+        .wait_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    for attempt in [
+        tokio::time::timeout(HANG, fixed.try_acquire(&unknown, &opts))
+            .await
+            .map(|r| r.map(|_| ())),
+        tokio::time::timeout(HANG, fixed.acquire(&unknown, &waiting))
+            .await
+            .map(|r| r.map(|_| ())),
+    ] {
+        match attempt {
+            Ok(Err(Error::Config { reason })) => {
+                assert!(reason.contains("create_rows"), "{reason}")
+            }
+            other => panic!("expected the fixed-row configuration error, got {other:?}"),
+        }
+    }
+    sqlx::raw_sql("UNLOCK TABLES")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+
+    // The known row works; the unknown one is still refused, and nothing
+    // was created for it.
+    let l = fixed.try_acquire(&known, &opts).await.unwrap().unwrap();
+    assert_eq!(fixed.release(&l).await.unwrap(), ReleaseOutcome::Released);
+    assert!(matches!(
+        fixed.try_acquire(&unknown, &opts).await,
+        Err(Error::Config { .. })
+    ));
+    let rows: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{base}_rows`"
+    )))
+    .fetch_one(&mut blocker)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(rows, 1);
+    drop_tables(&base).await;
+}
+
+/// Whatever the caller changes in the session of a transaction-scoped
+/// lock's connection stays with that transaction: the lock's later
+/// connections (here: the next transactions' and the plain statements in
+/// between) never carry it.
+#[tokio::test]
+async fn transaction_session_changes_do_not_leak() {
+    // A small pool, so a connection handed back would be handed out again.
+    let (url, base) = fresh("tx", "").await;
+    let url = url.replace("max_connections=32", "max_connections=2");
+    let lock = MySqlLock::connect(&url).await.unwrap();
+    let opts = ttl(Duration::from_secs(30));
+    let k = key("tx-session");
+    let probe = "SELECT CAST(@fenced_leak AS SIGNED), @@SESSION.sql_mode";
+    // What a fresh connection's session looks like (sqlx sets its own sql_mode).
+    let mut fresh_conn = sqlx::MySqlConnection::connect(&server_url().await)
+        .await
+        .unwrap();
+    let fresh_mode: String = sqlx::query(probe)
+        .fetch_one(&mut fresh_conn)
+        .await
+        .unwrap()
+        .get(1);
+    assert!(!fresh_mode.contains("ANSI_QUOTES"), "{fresh_mode}");
+
+    let mut tx = lock.lock_in_transaction(&k, &opts).await.unwrap();
+    let conn = tx.connection().unwrap();
+    sqlx::raw_sql("SET @fenced_leak = 42, SESSION sql_mode = 'ANSI_QUOTES'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let row = sqlx::query(probe).fetch_one(&mut *conn).await.unwrap();
+    assert_eq!(
+        row.get::<Option<i64>, _>(0),
+        Some(42),
+        "the caller's own session"
+    );
+    tx.commit().await.unwrap();
+
+    for round in 0..4 {
+        // Plain statements of the lock in between (inspect, a try).
+        lock.inspect(&k).await.unwrap();
+        let l = lock.try_acquire(&k, &opts).await.unwrap().unwrap();
+        lock.release(&l).await.unwrap();
+        let mut tx = lock.lock_in_transaction(&k, &opts).await.unwrap();
+        let row = sqlx::query(probe)
+            .fetch_one(tx.connection().unwrap())
+            .await
+            .unwrap();
+        let (leak, mode): (Option<i64>, String) = (row.get(0), row.get(1));
+        assert_eq!(leak, None, "round {round}: a user variable leaked");
+        assert_eq!(mode, fresh_mode, "round {round}: sql_mode leaked");
+        tx.rollback().await.unwrap();
+    }
+    drop_tables(&base).await;
+}
+
+/// A hold whose connection the server killed (an admin's `KILL`, or a
+/// force-release from another instance) is gone at once for the instance
+/// that held it too: its `try_acquire` gets the key, with a larger token,
+/// long before the old lease's local deadline.
+#[tokio::test]
+async fn a_killed_hold_frees_the_key_for_its_own_instance() {
+    let (url, base) = fresh("kill", "").await;
+    let (a, b) = (
+        MySqlLock::connect(&url).await.unwrap(),
+        MySqlLock::connect(&url).await.unwrap(),
+    );
+    let admin = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    let long = ttl(Duration::from_secs(60));
+    let k = key("killed");
+
+    // Admin KILL.
+    let first = a.try_acquire(&k, &long).await.unwrap().unwrap();
+    let conn_id = holder_conn(&base, &k).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {conn_id}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let second = retry_until_granted(&a, &k, &long).await;
+    assert!(second.token > first.token);
+    assert_eq!(a.release(&first).await.unwrap(), ReleaseOutcome::NotHeld);
+    assert!(matches!(
+        a.extend(&first, Duration::from_secs(60)).await,
+        Err(Error::LeaseLost { .. })
+    ));
+
+    // Force-release from another instance (it kills the holding connection).
+    assert!(b.force_release(&k).await.unwrap());
+    let third = retry_until_granted(&a, &k, &long).await;
+    assert!(third.token > second.token);
+    assert_eq!(a.release(&second).await.unwrap(), ReleaseOutcome::NotHeld);
+
+    // A live hold through the same instance is still refused.
+    assert!(a.try_acquire(&k, &long).await.unwrap().is_none());
+    assert_eq!(a.release(&third).await.unwrap(), ReleaseOutcome::Released);
+    drop((a, b));
+    drop_tables(&base).await;
+}
+
+/// `try_acquire` through the instance whose hold was killed, until granted
+/// (the server may need a moment to roll the killed transaction back);
+/// bounded far below the old lease's 60 s deadline.
+async fn retry_until_granted(
+    lock: &MySqlLock,
+    k: &LockKey,
+    opts: &LockOptions,
+) -> fenced_api::Lease {
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Some(l) = lock.try_acquire(k, opts).await.unwrap() {
+            return l;
+        }
+        assert!(
+            start.elapsed() < HANG,
+            "the instance still answers \"held\" for a killed hold"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reentrancy is per instance: the same owner through a second instance
+/// cannot join the first one's transaction. Instead of waiting for itself
+/// until the wait bound, it gets `AlreadyHeld` at once — from
+/// `try_acquire` and a waiting `acquire`, reentrant or not, with either
+/// grant path — and once the first instance releases, it acquires.
+#[tokio::test]
+async fn one_owner_through_two_instances_is_refused_not_deadlocked() {
+    for extra in ["", "&row_lock_one_statement=false"] {
+        let (url, base) = fresh("owner", extra).await;
+        let (a, b) = (
+            MySqlLock::connect(&url).await.unwrap(),
+            MySqlLock::connect(&url).await.unwrap(),
+        );
+        let k = key("same-owner");
+        for reentrant in [true, false] {
+            let opts = LockOptions::builder()
+                .ttl(Duration::from_secs(30))
+                .owner("shared-owner")
+                .reentrant(reentrant)
+                .wait_timeout(Duration::from_secs(25))
+                .build()
+                .unwrap();
+            let held = a.try_acquire(&k, &opts).await.unwrap().unwrap();
+            match tokio::time::timeout(HANG, b.try_acquire(&k, &opts)).await {
+                Ok(Err(Error::AlreadyHeld { .. })) => {}
+                other => panic!("{extra} reentrant={reentrant}: try_acquire gave {other:?}"),
+            }
+            match tokio::time::timeout(Duration::from_secs(20), b.acquire(&k, &opts)).await {
+                Ok(Err(Error::AlreadyHeld { .. })) => {}
+                Ok(other) => panic!("{extra} reentrant={reentrant}: acquire gave {other:?}"),
+                Err(_) => panic!("{extra} reentrant={reentrant}: acquire waited for itself"),
+            }
+            // Another owner through the second instance is plain contention.
+            assert!(b
+                .try_acquire(&k, &ttl(Duration::from_secs(30)))
+                .await
+                .unwrap()
+                .is_none());
+            assert_eq!(a.release(&held).await.unwrap(), ReleaseOutcome::Released);
+            let next = b.acquire(&k, &opts).await.unwrap();
+            assert!(next.token > held.token);
+            assert_eq!(b.release(&next).await.unwrap(), ReleaseOutcome::Released);
+        }
+        drop((a, b));
+        drop_tables(&base).await;
+    }
+}
