@@ -8,7 +8,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 pub(crate) const BACKEND: &str = "redis";
 
 /// Maps a `redis` error to [`Error::Backend`], or [`Error::Config`] where the
-/// fix is configuration (a replica, missing permissions, no RESP3).
+/// fix is configuration (a replica, missing permissions, no RESP3, a Redis
+/// Cluster node that does not serve the key's slot).
 pub(crate) fn map(e: RedisError) -> Error {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::ReadOnly) => {
@@ -21,6 +22,19 @@ pub(crate) fn map(e: RedisError) -> Error {
             "the redis user lacks a permission fenced needs ({e}); it runs EVALSHA, SCRIPT LOAD, \
                  SUBSCRIBE and CONFIG GET on its keys and channels"
         ))
+        }
+        // This crate talks to one node and never follows a redirection: a
+        // multi-shard cluster is not supported (see the crate docs). Retrying
+        // cannot help, so say what to change instead.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+            return Error::config(format!(
+                "the redis server is a Redis Cluster node that does not serve this lock's hash \
+                 slot (it answered {} {}); fenced-redis connects to a single node and does not \
+                 follow cluster redirections, so it supports a standalone server or a cluster \
+                 with one shard (point it at that shard's primary), not a multi-shard cluster",
+                e.code().unwrap_or("MOVED"),
+                e.detail().unwrap_or("")
+            ))
         }
         ErrorKind::RESP3NotSupported => {
             return Error::config(format!(
@@ -86,6 +100,33 @@ mod tests {
         let parse: RedisError = (ErrorKind::UnexpectedReturnType, "bad reply").into();
         assert!(!map(parse).is_retryable());
         assert!(protocol("x").to_string().starts_with("redis backend error"));
+    }
+
+    /// A cluster redirection, parsed from the reply a Redis Cluster node
+    /// sends: a configuration error naming the limitation, never retryable.
+    #[test]
+    fn cluster_redirections_are_configuration_errors() {
+        for (reply, code) in [
+            (&b"-MOVED 3999 127.0.0.1:6381\r\n"[..], "MOVED"),
+            (&b"-ASK 3999 127.0.0.1:6381\r\n"[..], "ASK"),
+        ] {
+            let e = redis::parse_redis_value(reply)
+                .and_then(|v| v.extract_error())
+                .unwrap_err();
+            let mapped = map(e);
+            assert!(!mapped.is_retryable(), "{mapped}");
+            let Error::Config { reason } = &mapped else {
+                panic!("{code} mapped to {mapped:?}");
+            };
+            assert!(reason.contains(code), "{reason}");
+            assert!(reason.contains("3999 127.0.0.1:6381"), "{reason}");
+            assert!(reason.contains("multi-shard cluster"), "{reason}");
+        }
+        // Other cluster states stay retryable backend errors.
+        let down = redis::parse_redis_value(b"-CLUSTERDOWN The cluster is down\r\n")
+            .and_then(|v| v.extract_error())
+            .unwrap_err();
+        assert!(map(down).is_retryable());
     }
 
     #[tokio::test(start_paused = true)]

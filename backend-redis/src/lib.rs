@@ -54,6 +54,16 @@
 //!   clock agrees with the old primary's.
 //! * **Expiry follows the Redis host's wall clock.** A clock jumping forward
 //!   expires leases early. Run NTP in slewing mode on Redis hosts.
+//! * **No multi-shard Redis Cluster.** This crate connects to a single node
+//!   and never follows a cluster redirection. A standalone server, or a
+//!   cluster with one shard (pointed at its primary), works. In a cluster of
+//!   several shards, a lock whose hash slot another shard serves fails at
+//!   once with [`Error::Config`](fenced_api::Error::Config) naming this
+//!   limitation (the node's `MOVED` / `ASK` reply), never with a retryable
+//!   error. Hand-over is not cluster-safe either: it relies on `PUBLISH`
+//!   counting the receivers of a waiter's channel, and a cluster node counts
+//!   only its own subscribers, so a waiter connected to another node would
+//!   be skipped as dead.
 //!
 //! Need locks that survive any single failure? Use etcd.
 //!
@@ -63,10 +73,12 @@
 //! the state (`:l`, one string: last token, hold count, lease expiry on the
 //! **server's** clock, whether waiters may be queued, the waiter the lease
 //! was handed to, the holder) and the waiter queue (`:q`, a zset in arrival
-//! order). In a Redis Cluster the tag puts them in one slot, so every script
-//! touches one node — this crate connects to a single node, though: point it
-//! at the primary of the shard, or use a standalone server. Keys are
-//! byte-exact; no name is ever used as a pattern. Each client
+//! order). The tag puts both in one cluster slot, so every script touches
+//! one key slot — but this crate connects to a single node and does not
+//! follow redirections: a **multi-shard Redis Cluster is not supported**
+//! (see above; a key on another shard is a configuration error). Use a
+//! standalone server, or a single-shard cluster through its primary. Keys
+//! are byte-exact; no name is ever used as a pattern. Each client
 //! ([`RedisLock`] instance) also has a wake-up channel, `{prefix/}:w:<id>`.
 //!
 //! The scripts in `scripts/*.lua` (each is `prelude.lua`, which defines the
@@ -88,7 +100,11 @@
 //! `INFO commandstats`: EVALSHA, GET, TIME and SET to acquire, the same to
 //! release. Nothing else is touched while nobody waits: no counter key, no
 //! queue, no message, no configuration check (persistence is read once, at
-//! connect).
+//! connect: [`RedisLock::persistence`] and
+//! [`Capabilities::is_durable`](fenced_api::Capabilities::is_durable) describe
+//! the server as it was configured then; a later `CONFIG SET appendonly …`,
+//! or a restart with another configuration, is seen by the next
+//! [`RedisLock::connect`], not by a running client).
 //!
 //! **Fencing tokens** are `max(last token + 1, server time in µs)`, computed
 //! in the scripts from Redis `TIME`. The last token, kept in the state
@@ -129,7 +145,15 @@
 //! since `PUBLISH` counts the receivers; and an entry whose deadline passed
 //! (a frozen or partitioned process) is skipped. A waiter refreshes its
 //! entry, keeping its place, at least every `recheck_interval` (default
-//! 1 s); the entry lapses after three missed refreshes plus a second. The
+//! 1 s); the entry lapses after three missed refreshes plus a second.
+//! One script drops at most 64 dead entries (its run time stays bounded): a
+//! release that meets more leaves the key **free but queued**, and nobody
+//! holds it until the next acquire attempt — a live waiter's re-check, at
+//! most `recheck_interval` later, or anyone's `try_acquire` (which clears
+//! up to 64 more and gets `None`: it never barges) — drops the next 64 and
+//! hands the key on. A backlog of dead entries (many waiting processes
+//! killed at once) thus leaves the key unheld for up to one re-check
+//! interval per 64 entries; no lock is ever granted twice by it. The
 //! residual risk: a process that freezes with its connection open after its
 //! last refresh and before its entry lapses can be handed the key, which
 //! then stays with it until the TTL — as for a holder that freezes. When a

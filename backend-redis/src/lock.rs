@@ -203,8 +203,8 @@ impl RedisLock {
         &self.inner.config
     }
 
-    /// What the server persisted when this client connected; decides
-    /// [`Capabilities::is_durable`].
+    /// What the server persisted when this client connected (read once, never
+    /// refreshed); decides [`Capabilities::is_durable`].
     pub fn persistence(&self) -> &Persistence {
         &self.inner.persistence
     }

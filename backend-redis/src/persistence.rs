@@ -1,4 +1,5 @@
-//! What the server keeps across a restart, read once at connect time.
+//! What the server keeps across a restart, read once at connect time (not
+//! re-read: a running client does not see a later `CONFIG SET`).
 
 use std::{collections::HashMap, fmt};
 
@@ -9,6 +10,12 @@ use crate::error;
 
 /// How the connected Redis persists data, from `CONFIG GET appendonly`,
 /// `appendfsync` and `save` at connect time.
+///
+/// Read **once, at connect**: [`is_durable`](Self::is_durable) (and the
+/// `durable` capability built from it) reflects the configuration at that
+/// moment. A later `CONFIG SET appendonly …`, or a restart of Redis with a
+/// different configuration, is not seen by a running [`RedisLock`](crate::RedisLock);
+/// connect again to read it anew.
 ///
 /// Only [`Persistence::AppendOnly`] with `appendfsync always` makes
 /// [`Capabilities::is_durable`](fenced_api::Capabilities::is_durable) true:
@@ -41,7 +48,8 @@ pub enum Persistence {
 
 impl Persistence {
     /// Whether held locks and fence counters survive a crash of the server:
-    /// AOF with `appendfsync always`.
+    /// AOF with `appendfsync always` — as configured when the client
+    /// connected.
     pub fn is_durable(&self) -> bool {
         matches!(self, Persistence::AppendOnly { fsync } if fsync == "always")
     }

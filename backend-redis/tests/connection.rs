@@ -125,6 +125,110 @@ async fn a_replica_is_refused_with_a_configuration_error() {
     }
 }
 
+/// A Redis Cluster of two shards: this crate talks to one node and does not
+/// follow redirections. A key whose hash slot that node serves works; a key
+/// served by the other shard fails at once with a configuration error naming
+/// the limitation (the node's MOVED reply) — never a retryable error that a
+/// caller would retry forever, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_on_another_cluster_shard_is_a_configuration_error() {
+    let a = PrivateRedis::start_cluster_node().await.unwrap();
+    let b = PrivateRedis::start_cluster_node().await.unwrap();
+    let (mut ca, mut cb) = (a.admin().await, b.admin().await);
+    let addslots = |lo: u16, hi: u16| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("ADDSLOTSRANGE").arg(lo).arg(hi);
+        c
+    };
+    let () = addslots(0, 8191).query_async(&mut ca).await.unwrap();
+    let () = addslots(8192, 16383).query_async(&mut cb).await.unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("MEET")
+        .arg("127.0.0.1")
+        .arg(b.port())
+        .arg(b.cluster_bus().unwrap())
+        .query_async(&mut ca)
+        .await
+        .unwrap();
+    let bound = tokio::time::Instant::now() + Duration::from_secs(30);
+    for c in [&mut ca, &mut cb] {
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(c)
+                .await
+                .unwrap();
+            if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:2") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < bound,
+                "the cluster never formed: {info}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let prefix = "cluster";
+    let lock = RedisLock::connect(&url_for(&a.url(), prefix))
+        .await
+        .unwrap();
+    // One key in a slot of node a, one in a slot of node b (the server says
+    // which slot the crate's hash tag `{prefix/key}` maps to).
+    let (mut local, mut remote) = (None, None);
+    while local.is_none() || remote.is_none() {
+        let k = key("slot");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(format!("{{{prefix}/{k}}}:l"))
+            .query_async(&mut ca)
+            .await
+            .unwrap();
+        if slot < 8192 {
+            local.get_or_insert(k);
+        } else {
+            remote.get_or_insert(k);
+        }
+    }
+    let (local, remote) = (local.unwrap(), remote.unwrap());
+    let o = opts(Duration::from_secs(5));
+
+    let l = lock.try_acquire(&local, &o).await.unwrap().expect("free");
+    assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
+
+    let wait = o
+        .to_builder()
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for (what, got) in [
+        (
+            "try_acquire",
+            lock.try_acquire(&remote, &o).await.map(|_| ()),
+        ),
+        (
+            "acquire",
+            tokio::time::timeout(Duration::from_secs(30), lock.acquire(&remote, &wait))
+                .await
+                .expect("acquire on another shard hung")
+                .map(|_| ()),
+        ),
+        ("inspect", lock.inspect(&remote).await.map(|_| ())),
+    ] {
+        match got {
+            Err(e @ Error::Config { .. }) => {
+                assert!(!e.is_retryable(), "{what}: {e}");
+                let reason = e.to_string();
+                assert!(
+                    reason.contains("Redis Cluster") && reason.contains("MOVED"),
+                    "{what}: {reason}"
+                );
+            }
+            other => panic!("{what} of a key on another shard gave {other:?}"),
+        }
+    }
+}
+
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn rediss_urls_speak_tls() {

@@ -27,6 +27,8 @@ pub struct PrivateRedis {
     tls: bool,
     /// A read-only replica of the server on this port.
     replica_of: Option<u16>,
+    /// A Redis Cluster node (`cluster-enabled yes`) with this cluster bus port.
+    cluster_bus: Option<u16>,
     child: tokio::sync::Mutex<Option<Child>>,
 }
 
@@ -67,7 +69,31 @@ impl PrivateRedis {
         Self::start_with(Mode::NoPersistence, false, Some(primary.port)).await
     }
 
+    /// A Redis Cluster node owning no slots yet, alone in its cluster (see
+    /// [`PrivateRedis::cluster_bus`] for `CLUSTER MEET`).
+    pub async fn start_cluster_node() -> Result<Self> {
+        Self::start_full(Mode::NoPersistence, false, None, Some(free_port()?)).await
+    }
+
+    /// The cluster bus port of a cluster node.
+    pub fn cluster_bus(&self) -> Option<u16> {
+        self.cluster_bus
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     async fn start_with(mode: Mode, tls: bool, replica_of: Option<u16>) -> Result<Self> {
+        Self::start_full(mode, tls, replica_of, None).await
+    }
+
+    async fn start_full(
+        mode: Mode,
+        tls: bool,
+        replica_of: Option<u16>,
+        cluster_bus: Option<u16>,
+    ) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("fenced-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
@@ -77,6 +103,7 @@ impl PrivateRedis {
             mode,
             tls,
             replica_of,
+            cluster_bus,
             child: tokio::sync::Mutex::new(None),
         };
         if tls {
@@ -137,6 +164,16 @@ impl PrivateRedis {
         if let Some(primary) = self.replica_of {
             cmd.args(["--replicaof", "127.0.0.1"])
                 .arg(primary.to_string());
+        }
+        if let Some(bus) = self.cluster_bus {
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .arg("--cluster-port")
+            .arg(bus.to_string());
         }
         if self.tls {
             cmd.args(["--port", "0", "--tls-port"])
