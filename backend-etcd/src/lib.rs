@@ -20,7 +20,10 @@
 //! # Design
 //!
 //! An [`EtcdLock`] (and its clones) is one *client*: one gRPC channel, one
-//! session lease per distinct TTL, one watch stream, one reaper task.
+//! watch stream, one reaper task, and one session lease per **(client, TTL
+//! class)** — not one per client: the locks and queue entries of one client
+//! whose TTLs round to the same whole number of seconds share a lease, locks
+//! with another TTL are on another lease, and two clients never share one.
 //!
 //! * **The lock** of `key` is the oldest entry of its line
 //!   `<prefix>\0lock\0<key>\0<owner>`, entries ordered by create revision.
@@ -30,19 +33,38 @@
 //! * **acquire**, uncontended: one transaction, `If(line empty)
 //!   Then(Put(entry, owner, session lease))`. Contended: the same
 //!   transaction puts the entry at the end of the line and reads who is
-//!   ahead; the waiter watches only its predecessor (module `queue`).
+//!   ahead; the waiter watches only its predecessor — and its own entry
+//!   (module `queue`).
 //!   Deleting the holder's entry makes the next one the holder **without a
 //!   write**: a waiter that knows its predecessor held the lock (it was the
 //!   oldest, or announced its promotion by rewriting its own entry) returns
 //!   as soon as the deletion event arrives; otherwise it reads the line once.
 //!   Waiters are served in arrival order; a `try_acquire` never barges.
+//! * **A waiter never returns a lock it lost while waiting** (etcd issue
+//!   [#11456](https://github.com/etcd-io/etcd/issues/11456): etcd's own mutex
+//!   could return from a wait holding a lease that had been revoked). A
+//!   waiter also watches its **own** entry on the client's watch stream: if
+//!   the entry goes while it waits (its session lease revoked, or the entry
+//!   deleted behind its back), it checks its lease and queues again. When its
+//!   predecessor's deletion promotes it without a request, it first takes
+//!   every response the stream already routed to its own watch (etcd sends a
+//!   stream's events in revision order), so a deletion of its entry before
+//!   the predecessor's is seen; when the predecessor is on the waiter's own
+//!   session lease (one revoke can delete both in one revision), it reads the
+//!   line instead. The residue: etcd reorders a stream's events only for a
+//!   watcher that fell behind (more than 128 responses unsent); a lock then
+//!   returned without its entry fails its background announcement, which
+//!   marks it lost, and its next extend reports
+//!   [`LeaseLost`](fenced_api::Error::LeaseLost).
 //! * **release** = delete the holder's entry, guarded by create revision and
 //!   owner. Requests per acquire + release: **2** uncontended (two
 //!   transactions); contended, 2 writes on the caller's path plus one
 //!   background write (the announcement) and rarely a read, plus watch
 //!   messages on the client's one stream.
-//! * **Session leases**: one lease per TTL (whole seconds: etcd rounds small
-//!   TTLs up to its minimum, so `lease.ttl` may exceed the request), granted
+//! * **Session leases**: one lease per client and TTL class (whole seconds;
+//!   etcd raises a TTL below its minimum — 3/2 of its election timeout,
+//!   rounded up: 2 s with the default timing, so a 1 s request gets 2 s —
+//!   and `lease.ttl` is what etcd granted, never the request), granted
 //!   on first use and refreshed by use — a keep-alive on its own stream,
 //!   sent beside an acquire or extend at most once per TTL/8 (so a lease's
 //!   reported deadline may be up to TTL/8 short of a full TTL). Waiters
@@ -78,6 +100,22 @@
 //! * Reentrancy by owner is not offered ([`Capabilities::is_reentrant`](fenced_api::Capabilities::is_reentrant)
 //!   is false); use `LockClient::builder(..).reentrant(true)`. Re-acquiring
 //!   (or waiting twice) with the same explicit owner fails with `AlreadyHeld`.
+//!
+//! ## Deviation from the contract: per-lock expiry on the client's clock
+//!
+//! The contract (C5) has a lock expire by the **store's** clock. Here a
+//! lock's own TTL is enforced by the holder's client — the reaper deletes
+//! the key at the lock's deadline, on that client's monotonic clock — while
+//! the client lives; etcd's session lease (the store's clock) is only the
+//! **backstop** for a client that dies, freezes or is cut off. The bound:
+//! a lock whose holder stops extending can outlive its deadline by **up to
+//! one TTL** if the whole client dies (or freezes) before that deadline,
+//! because other locks' renewals had kept the shared session lease alive
+//! until then; a client that keeps running deletes it at the deadline. The
+//! holder itself stops trusting the lock at its deadline either way, so this
+//! costs availability (the key stays taken longer), not exclusion.
+//! [`Capabilities`](fenced_api::Capabilities) has no flag for this; it is
+//! documented on [`EtcdLock`]'s `capabilities` as well.
 //!
 //! ## Trade-off: shared session leases
 //!

@@ -460,7 +460,7 @@ impl DistributedLock for EtcdLock {
         let tracker = &self.inner.tracker;
         let on = match tracker.begin_extend(&path, token) {
             Tracked::Expired => return Err(lost("its TTL passed without an extend")),
-            Tracked::Lost => return Err(lost("its session lease ended")),
+            Tracked::Lost => return Err(lost("its session lease ended or its entry was deleted")),
             Tracked::No => None,
             Tracked::Yes { lease } => Some(lease),
         };
@@ -583,6 +583,18 @@ impl DistributedLock for EtcdLock {
         Ok(removed)
     }
 
+    /// Native (watch) wait, FIFO, durable, monotonic fencing; a 2 s minimum
+    /// TTL.
+    ///
+    /// Two limits these flags do not show (see the crate docs): etcd raises
+    /// a TTL below its minimum — 3/2 of its election timeout in whole
+    /// seconds, 2 s with etcd's default timing (measured on etcd 3.4.23; a
+    /// cluster with a longer election timeout raises more) — and every lease
+    /// reports the TTL etcd granted. And a lock's own TTL is enforced by this
+    /// client's reaper while the client runs, with etcd's session lease as
+    /// the backstop when it dies or freezes, not by the store's clock alone:
+    /// a lock whose holder stopped extending can outlive its deadline by up
+    /// to one TTL if the whole client dies before the deadline.
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .backend("etcd")
@@ -590,7 +602,7 @@ impl DistributedLock for EtcdLock {
             .fifo(true)
             .durable(true)
             .fencing(true)
-            .min_ttl(Duration::from_secs(1))
+            .min_ttl(Duration::from_secs(2))
     }
 }
 

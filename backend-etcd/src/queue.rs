@@ -27,6 +27,21 @@
 //!    late) one read-only transaction tells whether anyone is still ahead:
 //!    if not we hold, else we watch the new predecessor.
 //!
+//! **Our own entry** is watched too, on the same stream (etcd issue
+//! [#11456](https://github.com/etcd-io/etcd/issues/11456): etcd's mutex
+//! returned from a wait holding a lock whose session had been revoked). If
+//! it is deleted while we wait — our session lease revoked, or the entry
+//! removed behind our back — we have lost our place: we check the lease
+//! (forgetting it, and failing every lock on it, if etcd no longer knows it)
+//! and queue again. The promotion without a request in step 3 first takes
+//! what the stream already delivered to our own watch: etcd sends one
+//! stream's events in revision order, so a deletion of our entry before the
+//! predecessor's is there. One revoke deletes both in a single revision when
+//! the predecessor is on our own session lease (same client, same TTL): then
+//! we read the line instead. If etcd ever delivers out of order (a watcher
+//! more than 128 responses behind), the background announcement finds our
+//! entry gone and marks the lock lost, so its first extend reports it.
+//!
 //! A contended acquisition thus costs 2 writes on its own path (enqueue,
 //! release), one background write (the announcement) and rarely a read,
 //! plus watch messages. Dropping the future (cancellation) or timing out
@@ -35,7 +50,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use fenced_api::{
     wait::wait_deadline, Error, Lease, LockKey, LockOptions, Owner, Result, WaitPolicy,
 };
@@ -45,7 +62,7 @@ use crate::{
     error,
     lock::{newest, newest_before, oldest, revision},
     session::{Class, RefreshError, View},
-    watch::Seen,
+    watch::{Seen, Watch},
     EtcdLock,
 };
 
@@ -150,8 +167,8 @@ impl Drop for Attempt {
 struct Line {
     /// The holder's entry: (key, owner).
     holder: Option<(Vec<u8>, Vec<u8>)>,
-    /// The entry just ahead of ours.
-    predecessor: Option<Vec<u8>>,
+    /// The entry just ahead of ours: (key, the session lease it is on).
+    predecessor: Option<(Vec<u8>, i64)>,
     /// Whether our own entry exists (it was put, or it is still there).
     ours: bool,
     /// The revision all of this was read at.
@@ -177,7 +194,7 @@ fn line(resp: &TxnResponse, my_rev: i64) -> Line {
     };
     Line {
         holder: kv(0).map(|h| (h.key().to_vec(), h.value().to_vec())),
-        predecessor: kv(1).map(|p| p.key().to_vec()),
+        predecessor: kv(1).map(|p| (p.key().to_vec(), p.lease())),
         ours,
         revision: revision(resp),
     }
@@ -185,15 +202,20 @@ fn line(resp: &TxnResponse, my_rev: i64) -> Line {
 
 /// How a wait for a deletion ended.
 enum Waited {
-    /// Deleted; `announced`: its owner had announced holding the lock first.
+    /// Deleted; `announced`: its owner had announced holding the lock first;
+    /// `lease`: the session lease a write seen meanwhile moved it onto.
     Deleted {
         announced: bool,
+        lease: Option<i64>,
     },
     /// The watch ended without telling: read the line to know.
     Unsure,
     TimedOut,
     /// The session lease (and our entry with it) is gone.
     LeaseGone,
+    /// Our own entry was deleted (its session lease revoked, or the entry
+    /// deleted behind our back): we lost our place in line.
+    OwnGone,
 }
 
 pub(crate) async fn acquire_fifo(
@@ -280,7 +302,7 @@ pub(crate) async fn acquire_fifo(
             lock.check_reentry(key, opts, first.holder.as_ref().map(|h| h.1.as_slice()))?;
             return Err(Error::AlreadyHeld { key: key.clone() });
         }
-        let Some(mut ahead) = first.predecessor else {
+        let Some((mut ahead, mut ahead_lease)) = first.predecessor else {
             // The line was not empty a moment ago, yet holds nothing older
             // than us: we are first.
             match lock.freshen(&class, view).await {
@@ -296,25 +318,50 @@ pub(crate) async fn acquire_fifo(
         };
         let mut ahead_holds = first.holder.as_ref().is_some_and(|h| h.0 == ahead);
         let mut known = my_rev;
+        // Our own entry, watched on the same stream while we wait (etcd
+        // issue #11456: a waiter must not come back holding a lock whose
+        // entry is gone).
+        let mut own: Option<Watch> = None;
         loop {
-            let deleted = match wait_deleted(lock, &class, view.id, &ahead, known, deadline).await?
-            {
-                Waited::Deleted { announced } => {
+            let waited = wait_deleted(
+                lock,
+                &class,
+                view.id,
+                (&ahead, &entry, &mut own),
+                known,
+                deadline,
+            )
+            .await?;
+            let deleted = match waited {
+                Waited::Deleted { announced, lease } => {
                     ahead_holds |= announced;
+                    ahead_lease = lease.unwrap_or(ahead_lease);
                     true
                 }
-                Waited::Unsure => false,
+                Waited::Unsure => {
+                    own = None;
+                    false
+                }
                 Waited::TimedOut => return Err(timeout()),
                 Waited::LeaseGone => {
                     stale = Some(attempt);
                     continue 'enqueue;
                 }
+                Waited::OwnGone => {
+                    tracing::warn!(key = %key, "our entry in the line vanished while waiting (session lease revoked, or the entry deleted); queueing again");
+                    lock.confirm_lease(&class, view.id).await;
+                    stale = Some(attempt);
+                    continue 'enqueue;
+                }
             };
             let current = class.view().filter(|v| v.id == view.id);
-            if deleted && ahead_holds {
-                // The holder just left and nobody can queue ahead of us: we
-                // hold, with no request — our entry lives while the session
-                // lease does.
+            // The holder just left and nobody can queue ahead of us: we hold,
+            // with no request — our entry lives while the session lease does,
+            // and our watch reported no deletion of it before the holder's
+            // (etcd sends a stream's events in revision order). One deletion
+            // can remove both at once, though, when the holder is on our own
+            // session lease (a revoke): then the line read below checks.
+            if deleted && ahead_holds && ahead_lease != view.id {
                 if let Some(v) = current.filter(|v| v.valid_until > Instant::now()) {
                     match lock.freshen(&class, v).await {
                         Ok(v) => {
@@ -359,9 +406,10 @@ pub(crate) async fn acquire_fifo(
                         continue 'enqueue;
                     }
                 },
-                Some(p) => {
+                Some((p, p_lease)) => {
                     ahead_holds = now.holder.as_ref().is_some_and(|h| h.0 == p);
                     ahead = p;
+                    ahead_lease = p_lease;
                     known = now.revision;
                 }
             }
@@ -390,6 +438,7 @@ fn granted(
 ) -> Lease {
     tracing::debug!(key = %key, token, waited_ms = start.elapsed().as_millis() as u64, "etcd lock granted after waiting");
     let entry = lock.entry_path(key, owner.as_str().as_bytes());
+    let lease = lock.hold(key, owner, token, view);
     let announce = Txn::new()
         .when([Compare::create_revision(
             entry.clone(),
@@ -397,46 +446,88 @@ fn granted(
             token,
         )])
         .and_then([TxnOp::put(
-            entry,
+            entry.clone(),
             Vec::new(),
             Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
         )]);
     let background = lock.clone();
     tokio::spawn(async move {
-        if let Err(e) = background.txn("announce txn", announce).await {
-            tracing::debug!(error = %e, "announcing the new holder failed; the next waiter reads the line");
+        match background.txn("announce txn", announce).await {
+            // The entry is gone already: released at once, or — the residue
+            // of etcd #11456 described in the crate docs — lost before we
+            // returned it. Either way the lock is not held: its next extend
+            // must say so.
+            Ok(Some(r)) if !r.succeeded() => {
+                tracing::debug!(
+                    token,
+                    "announcing the new holder: its entry is gone; marked lost"
+                );
+                background.inner.tracker.entry_lost(&entry, token);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "announcing the new holder failed; the next waiter reads the line");
+            }
         }
     });
-    lock.hold(key, owner, token, view)
+    lease
 }
 
 /// Waits until `key` — present at `known` — is deleted, the wait deadline
-/// passes, or the session lease ends. Keeps the session lease alive.
+/// passes, the session lease ends, or our own entry `mine` (present at
+/// `known` too) is deleted. Keeps the session lease alive. `own` is the
+/// watch of our entry, opened here on first use (beside the watch of `key`)
+/// and kept across waits; it is closed (`None`) after `Unsure`.
 async fn wait_deleted(
     lock: &EtcdLock,
     class: &Arc<Class>,
     lease: i64,
-    key: &[u8],
+    (key, mine, own): (&[u8], &[u8], &mut Option<Watch>),
     known: i64,
     deadline: Option<Instant>,
 ) -> Result<Waited> {
-    let mut watch = lock.watch(key).await?;
+    let mut watch = match own {
+        Some(_) => lock.watch(key).await?,
+        None => {
+            let (o, w) = tokio::join!(lock.watch(mine), lock.watch(key));
+            *own = Some(o?);
+            w?
+        }
+    };
+    let Some(own) = own.as_mut() else {
+        return Ok(Waited::Unsure);
+    };
     let mut announced = false;
-    if watch.after > known {
-        // The watch starts later than our read: was it deleted in between?
-        let present = lock
-            .call("get", |mut c| {
-                let key = key.to_vec();
-                async move {
-                    c.get(key, Some(etcd_client::GetOptions::new().with_count_only()))
-                        .await
-                }
+    let mut moved = None;
+    if watch.after > known || own.after > known {
+        // A watch starts later than our read: was either entry deleted in
+        // between? (One read-only transaction for both.)
+        let check = Txn::new().and_then([
+            TxnOp::get(key.to_vec(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(mine.to_vec(), None),
+        ]);
+        let resp = lock
+            .call("wait check txn", |mut c| {
+                let check = check.clone();
+                async move { c.txn(check).await }
             })
-            .await?
-            .count()
-            > 0;
+            .await?;
+        let ops = resp.op_responses();
+        let ours = match ops.get(1) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        };
+        // Our entry was put at `known` or earlier and never re-created with
+        // the same create revision: any other answer means it was deleted.
+        if !matches!(ours, Some(rev) if rev <= known) {
+            return Ok(Waited::OwnGone);
+        }
+        let present = matches!(ops.first(), Some(TxnOpResponse::Get(g)) if g.count() > 0);
         if !present {
-            return Ok(Waited::Deleted { announced });
+            return Ok(Waited::Deleted {
+                announced,
+                lease: moved,
+            });
         }
     }
     // Often enough that the view stays fresh (an eighth of a TTL): a waiter
@@ -452,11 +543,38 @@ async fn wait_deleted(
     loop {
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {
+            // Our own entry first: its deletion must never lose a race
+            // against the predecessor's in this select.
+            biased;
+            seen = own.next() => match seen {
+                Seen::Deleted => return Ok(Waited::OwnGone),
+                Seen::Ended => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return Ok(Waited::Unsure);
+                }
+                // Nobody writes a waiter's entry; ignore anything else.
+                Seen::Put { .. } | Seen::Other => {}
+            },
             seen = watch.next() => match seen {
-                Seen::Deleted => return Ok(Waited::Deleted { announced }),
+                Seen::Deleted => {
+                    // The stream routes responses in the order etcd sent
+                    // them: a deletion of our entry at an earlier revision
+                    // is already in our watch's queue.
+                    return Ok(match own.delivered() {
+                        Seen::Deleted => Waited::OwnGone,
+                        Seen::Ended => Waited::Unsure,
+                        Seen::Put { .. } | Seen::Other => Waited::Deleted {
+                            announced,
+                            lease: moved,
+                        },
+                    });
+                }
                 // Only a holder writes its existing entry (the announcement
                 // after a promotion, or an extend moving it to another lease).
-                Seen::Put => announced = true,
+                Seen::Put { lease } => {
+                    announced = true;
+                    moved = Some(lease);
+                }
                 Seen::Other => {}
                 Seen::Ended => {
                     // Re-read rather than trust silence; do not spin on a

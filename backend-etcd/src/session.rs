@@ -177,6 +177,31 @@ impl EtcdLock {
         }
     }
 
+    /// Asks etcd whether lease `id` of `class` still exists, after a key
+    /// on it vanished unexpectedly. If etcd no longer knows it (revoked or
+    /// expired), the class forgets it and every lock on it is marked lost,
+    /// as a failed keep-alive would. One request; only on that rare path.
+    pub(crate) async fn confirm_lease(&self, class: &Class, id: i64) {
+        let answer = self
+            .call("lease ttl", |mut c| async move {
+                c.lease_time_to_live(id, None).await
+            })
+            .await;
+        match answer {
+            // -1: etcd does not know the lease (0 is a live lease with under
+            // a second left).
+            Ok(r) if r.ttl() < 0 => {
+                tracing::warn!(lease = id, "session lease gone; every lock on it is lost");
+                class.invalidate(id);
+                self.inner.tracker.lease_lost(id);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(lease = id, error = %e, "checking the session lease failed; the next request tells");
+            }
+        }
+    }
+
     pub(crate) async fn grant(&self, secs: i64) -> Result<View> {
         let sent = Instant::now();
         let r = self

@@ -42,7 +42,12 @@ pub(crate) struct Held {
     reaping: bool,
     /// Failed deletions so far (for the retry backoff).
     reap_failures: u32,
-    /// Its session lease is gone, and the key with it.
+    /// When to try a failed deletion again. Kept apart from `deadline`,
+    /// which stays the lock's own (passed) deadline: `inspect` through this
+    /// client must never report the retry pause as remaining TTL.
+    retry_at: Option<Instant>,
+    /// Its session lease is gone, and the key with it (or the key alone was
+    /// found deleted).
     lost: bool,
 }
 
@@ -56,6 +61,7 @@ impl Held {
             expired: false,
             reaping: false,
             reap_failures: 0,
+            retry_at: None,
             lost: false,
         }
     }
@@ -70,7 +76,7 @@ pub(crate) enum Tracked {
     Yes { lease: i64 },
     /// Its deadline passed: it is lost (and being deleted).
     Expired,
-    /// Its session lease ended.
+    /// Its session lease ended (or its entry was found deleted).
     Lost,
 }
 
@@ -184,6 +190,14 @@ impl Tracker {
         }
     }
 
+    /// The entry of one lock was found gone: the lock is lost (its next
+    /// extend says so), as if its session lease had ended.
+    pub(crate) fn entry_lost(&self, path: &[u8], token: i64) {
+        if let Some(h) = self.state().held.get_mut(&(path.to_vec(), token)) {
+            h.lost = true;
+        }
+    }
+
     fn next_due(&self) -> Option<Instant> {
         self.state().due.peek().map(|Reverse((at, _, _))| *at)
     }
@@ -200,7 +214,11 @@ impl Tracker {
             let Some(h) = st.held.get_mut(&key) else {
                 continue;
             };
-            if h.extending > 0 || h.reaping || h.deadline > now {
+            if h.extending > 0
+                || h.reaping
+                || h.deadline > now
+                || h.retry_at.is_some_and(|r| r > now)
+            {
                 continue; // an extend or a deletion is in flight, or a later entry exists
             }
             if h.lost {
@@ -225,8 +243,8 @@ impl Tracker {
         let pause = REAP_RETRY
             .saturating_mul(1 << h.reap_failures.min(8))
             .min(REAP_RETRY_MAX);
-        h.deadline = Instant::now() + pause;
-        let at = h.deadline;
+        let at = Instant::now() + pause;
+        h.retry_at = Some(at);
         self.schedule(&mut st, at, path, token);
     }
 
@@ -316,5 +334,59 @@ impl EtcdLock {
             }),
             _ => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A deletion of an expired lock that etcd did not answer is retried
+    /// after a pause — without moving the lock's deadline, which `inspect`
+    /// through the holder's client reports as the remaining TTL.
+    #[test]
+    fn a_failed_deletion_keeps_the_passed_deadline() {
+        let tracker = Tracker::default();
+        let path = b"p\0lock\0k\0me".to_vec();
+        let deadline = Instant::now()
+            .checked_sub(Duration::from_millis(10))
+            .unwrap();
+        let held = Held::new(Owner::new("me").unwrap(), 1, deadline);
+        tracker.track(path.clone(), 7, held);
+        let now = Instant::now();
+        assert_eq!(tracker.take_due(now).len(), 1, "due at its deadline");
+        tracker.reap_failed(path.clone(), 7);
+
+        assert_eq!(
+            tracker.deadline(&path, 7),
+            Some(deadline),
+            "the retry pause must not become remaining TTL"
+        );
+        assert!(matches!(tracker.begin_extend(&path, 7), Tracked::Expired));
+        // Retried after the pause, not before.
+        assert!(tracker.next_due().unwrap() <= now + REAP_RETRY_MAX);
+        assert!(tracker.take_due(Instant::now()).is_empty());
+        let later = Instant::now() + REAP_RETRY_MAX + Duration::from_secs(1);
+        assert_eq!(tracker.take_due(later).len(), 1, "retried after the pause");
+    }
+
+    /// A lock whose entry was found gone (a waiter's announcement failed)
+    /// is refused at its next extend.
+    #[test]
+    fn a_lock_whose_entry_is_gone_is_lost() {
+        let tracker = Tracker::default();
+        let path = b"p\0lock\0k\0me".to_vec();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let held = Held::new(Owner::new("me").unwrap(), 1, deadline);
+        tracker.track(path.clone(), 7, held.clone());
+        tracker.track(path.clone(), 8, held);
+        tracker.entry_lost(&path, 7);
+        assert!(matches!(tracker.begin_extend(&path, 7), Tracked::Lost));
+        assert!(matches!(
+            tracker.begin_extend(&path, 8),
+            Tracked::Yes { lease: 1 }
+        ));
     }
 }

@@ -58,8 +58,9 @@ impl Drop for Watch {
 pub(crate) enum Seen {
     /// The key was deleted.
     Deleted,
-    /// The key was written (and not deleted after, in the same response).
-    Put,
+    /// The key was written (and not deleted after, in the same response),
+    /// now on this lease (0: none).
+    Put { lease: i64 },
     /// Nothing that concerns the key (progress): keep waiting.
     Other,
     /// The watch or its stream ended: re-read the store.
@@ -68,18 +69,48 @@ pub(crate) enum Seen {
 
 impl Watch {
     pub(crate) async fn next(&mut self) -> Seen {
-        match self.rx.recv().await {
-            None => Seen::Ended,
-            Some(r) if r.canceled() => Seen::Ended,
-            Some(r) => {
-                let has = |t: EventType| r.events().iter().any(|e| e.event_type() == t);
-                if has(EventType::Delete) {
-                    Seen::Deleted
-                } else if has(EventType::Put) {
-                    Seen::Put
-                } else {
-                    Seen::Other
-                }
+        seen(self.rx.recv().await)
+    }
+
+    /// What the stream has already delivered to this watch, without
+    /// waiting: the first deletion (or end) among the responses routed to it
+    /// so far, else `Other`. The stream's one dispatcher routes responses in
+    /// the order etcd sent them, so a deletion etcd sent before an event
+    /// another watch of this client just received is found here.
+    pub(crate) fn delivered(&mut self) -> Seen {
+        let mut last = Seen::Other;
+        loop {
+            match self.rx.try_recv() {
+                Ok(r) => match seen(Some(r)) {
+                    s @ (Seen::Deleted | Seen::Ended) => return s,
+                    s @ Seen::Put { .. } => last = s,
+                    Seen::Other => {}
+                },
+                Err(mpsc::error::TryRecvError::Empty) => return last,
+                Err(mpsc::error::TryRecvError::Disconnected) => return Seen::Ended,
+            }
+        }
+    }
+}
+
+fn seen(r: Option<WatchResponse>) -> Seen {
+    match r {
+        None => Seen::Ended,
+        Some(r) if r.canceled() => Seen::Ended,
+        Some(r) => {
+            let has = |t: EventType| r.events().iter().any(|e| e.event_type() == t);
+            if has(EventType::Delete) {
+                Seen::Deleted
+            } else if let Some(kv) = r
+                .events()
+                .iter()
+                .rev()
+                .filter(|e| e.event_type() == EventType::Put)
+                .find_map(|e| e.kv())
+            {
+                Seen::Put { lease: kv.lease() }
+            } else {
+                Seen::Other
             }
         }
     }

@@ -89,6 +89,52 @@ async fn effective_ttl_is_whole_seconds_and_reported() {
     lock.release(&lease).await.unwrap();
 }
 
+/// etcd raises a lease TTL below its minimum (3/2 of the election timeout,
+/// rounded up to whole seconds: 2 s with etcd's default timing, measured on
+/// etcd 3.4.23 here) without an error. The lease must report what etcd
+/// granted, not what was asked for.
+#[tokio::test]
+async fn a_one_second_ttl_reports_the_ttl_etcd_granted() {
+    let h = EtcdHarness::new().await;
+    let lock = h.lock().await;
+    let k = key("ttl1");
+    let lease = lock
+        .try_acquire(&k, &opts(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    // The session lease the entry is on, as etcd itself reports it.
+    let hostport = common::server_hostport().await;
+    let mut c = etcd_client::Client::connect([format!("http://{hostport}")], None)
+        .await
+        .unwrap();
+    let mut line = common::run_prefix().as_bytes().to_vec();
+    line.extend_from_slice(b"\0lock\0");
+    line.extend_from_slice(k.as_bytes());
+    line.push(0);
+    let entry = c
+        .get(line, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let lease_id = entry.kvs().first().expect("the lock's entry").lease();
+    let granted = c
+        .lease_time_to_live(lease_id, None)
+        .await
+        .unwrap()
+        .granted_ttl();
+    println!("asked for a 1 s TTL; etcd granted {granted} s");
+    assert!(granted >= 1, "etcd granted {granted} s");
+    assert_eq!(
+        lease.ttl,
+        Duration::from_secs(granted as u64),
+        "the lease reports the TTL etcd granted"
+    );
+    assert!(lease.ttl >= lock.capabilities().get_min_ttl());
+    let info = lock.inspect(&k).await.unwrap().unwrap();
+    assert!(info.remaining_ttl <= lease.ttl);
+    lock.release(&lease).await.unwrap();
+}
+
 #[tokio::test]
 async fn exact_keys_and_prefixes_never_interfere() {
     let h = EtcdHarness::new().await;
@@ -135,9 +181,6 @@ async fn same_owner_reacquire_is_already_held_and_reentrancy_is_refused_clearly(
     lock.release(&l).await.unwrap();
 }
 
-/// A 3-member cluster loses its leader while a lock is held: no second
-/// holder appears, the holder keeps (or cleanly loses) its lease, and a new
-/// acquire works after the election.
 /// A URL listing a member that is down (here: nothing listens on port 1)
 /// still connects through the others, whichever endpoint the channel tries
 /// first. (Before the fix, `connect` failed with "connection refused" about
@@ -168,6 +211,9 @@ async fn connect_succeeds_with_one_endpoint_down() {
     }
 }
 
+/// A 3-member cluster loses its leader while a lock is held: no second
+/// holder appears, the holder keeps (or cleanly loses) its lease, and a new
+/// acquire works after the election.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_in_a_three_member_cluster() {
     let cluster = PrivateEtcd::start_cluster(3).await.unwrap();

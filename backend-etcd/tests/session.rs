@@ -442,3 +442,133 @@ async fn waiter_behind_a_quitter_keeps_waiting() {
     assert!(got.token > held.token);
     waiter.release(&got).await.unwrap();
 }
+
+/// Waits until the line of `k` holds `n` entries; returns them, oldest first.
+async fn line_of(c: &mut etcd_client::Client, k: &LockKey, n: usize) -> Vec<etcd_client::KeyValue> {
+    let all = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let bound = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c.get(line_prefix(k), Some(all.clone())).await.unwrap();
+        if r.kvs().len() == n {
+            return r.kvs().to_vec();
+        }
+        assert!(Instant::now() < bound, "the line never held {n} entries");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// After `acquire` returned `got` (or failed), the lock must be exactly what
+/// `inspect` shows: never a lease whose entry is gone.
+async fn check_not_phantom(
+    lock: &EtcdLock,
+    k: &LockKey,
+    got: fenced_api::Result<fenced_api::Lease>,
+    case: &str,
+) {
+    match got {
+        Ok(lease) => {
+            let info = lock.inspect(k).await.unwrap();
+            assert_eq!(
+                info.map(|i| (i.token, i.owner)),
+                Some((lease.token, lease.owner.clone())),
+                "{case}: acquire returned a lease whose entry is gone (etcd #11456)"
+            );
+            assert_eq!(
+                lock.release(&lease).await.unwrap(),
+                ReleaseOutcome::Released,
+                "{case}"
+            );
+        }
+        // Failing is allowed; coming back with a phantom lock is not.
+        Err(e) => println!("{case}: acquire failed: {e}"),
+    }
+}
+
+/// etcd issue #11456: a waiter whose place in line vanishes behind its back
+/// — its session lease revoked, or its entry deleted — while the holder still
+/// holds must not come back holding a lock whose entry is gone once the
+/// holder releases: it queues again (and `inspect` then shows its token) or
+/// fails. The holder releases right after the damage, or a little later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_whose_entry_vanished_never_returns_a_phantom_lock() {
+    let h = EtcdHarness::new().await;
+    let mut c = raw().await;
+    let long = Duration::from_secs(60);
+    let wait = LockOptions::builder()
+        .ttl(long)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    for revoke in [true, false] {
+        for pause in [Duration::ZERO, Duration::from_millis(300)] {
+            let case = format!(
+                "{} then release after {pause:?}",
+                if revoke {
+                    "lease revoked"
+                } else {
+                    "entry deleted"
+                }
+            );
+            let (holder, waiter) = (h.lock().await, h.lock().await);
+            let k = key("phantom");
+            let held = holder.try_acquire(&k, &opts(long)).await.unwrap().unwrap();
+            let waiting = {
+                let (waiter, k, wait) = (waiter.clone(), k.clone(), wait.clone());
+                tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+            };
+            let line = line_of(&mut c, &k, 2).await;
+            let mine = &line[1];
+            assert_ne!(mine.value(), held.owner.as_str().as_bytes());
+            if revoke {
+                c.lease_revoke(mine.lease()).await.unwrap();
+            } else {
+                c.delete(mine.key(), None).await.unwrap();
+            }
+            tokio::time::sleep(pause).await;
+            holder.release(&held).await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(40), waiting)
+                .await
+                .unwrap_or_else(|_| panic!("{case}: acquire hung"))
+                .unwrap();
+            check_not_phantom(&waiter, &k, got, &case).await;
+        }
+    }
+}
+
+/// The same with the holder and the waiter on one client and one TTL: they
+/// share a session lease, so revoking it deletes both entries in one
+/// revision — the waiter sees its predecessor go and its own entry go at
+/// once, in either order. Repeated, since the order is etcd's choice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_sharing_the_holders_revoked_lease_never_returns_a_phantom_lock() {
+    let h = EtcdHarness::new().await;
+    let mut c = raw().await;
+    let long = Duration::from_secs(60);
+    let wait = LockOptions::builder()
+        .ttl(long)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    for round in 0..6 {
+        let case = format!("round {round}");
+        let lock = h.lock().await;
+        let k = key("phantom-shared");
+        let held = lock.try_acquire(&k, &opts(long)).await.unwrap().unwrap();
+        let waiting = {
+            let (lock, k, wait) = (lock.clone(), k.clone(), wait.clone());
+            tokio::spawn(async move { lock.acquire(&k, &wait).await })
+        };
+        let line = line_of(&mut c, &k, 2).await;
+        assert_eq!(line[0].lease(), line[1].lease(), "one session lease");
+        c.lease_revoke(line[0].lease()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(40), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("{case}: acquire hung"))
+            .unwrap();
+        check_not_phantom(&lock, &k, got, &case).await;
+        drop(held);
+    }
+}
