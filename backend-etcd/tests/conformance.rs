@@ -5,4 +5,6 @@ mod common;
 
 use common::EtcdHarness;
 
-fenced_conformance::conformance_tests!(EtcdHarness::new().await);
+fenced_conformance::conformance_tests!(EtcdHarness::new().await, skips = [
+    c12_reentrant_owner_counts: "etcd offers no reentrancy by owner (reentrant: false); LockClient reentrancy, c12_client_reentrancy, runs",
+]);

@@ -11,20 +11,38 @@
 //!   backends and custom harnesses.
 //!
 //! ```
-//! use fenced_conformance::{run_all, MemoryHarness};
+//! use fenced_conformance::{run_all, DeclaredSkip, MemoryHarness};
 //!
 //! # #[tokio::main]
 //! # async fn main() {
 //! let report = run_all(&MemoryHarness::new()).await;
-//! assert!(report.failures().is_empty(), "{report}");
+//! // The skips this backend expects, each with its reason: any other skip,
+//! // or a declared skip that ran, is a problem like a failed case.
+//! let skips = [DeclaredSkip::new(
+//!     "c07_tokens_increase_after_restart",
+//!     "MemoryLock keeps nothing across a restart of its process",
+//! )];
+//! assert!(report.problems(&skips).is_empty(), "{report}");
 //! assert!(report.results.len() >= 25);
 //! # }
 //! ```
 //!
+//! # Skips are declared
+//!
 //! Cases are gated by the backend's declared [`Capabilities`](fenced_api::Capabilities)
 //! (and by what its [`Harness`] can do): a case the backend truthfully cannot
-//! pass reports [`Outcome::Skipped`] with the reason, and the generated test
-//! prints it. Nothing is skipped silently.
+//! pass reports [`Outcome::Skipped`] with the reason. Nothing is skipped
+//! silently: each invocation of [`conformance_tests!`] lists the cases it
+//! expects to skip, with its own reason, and
+//!
+//! * a case that skips without being listed **fails**, naming the case and
+//!   the case's reason;
+//! * a listed case that runs instead of skipping **fails** too, so the list
+//!   stays true as the backend (or its harness) gains what the case needs;
+//! * a listed name that is not a case does not compile.
+//!
+//! [`judge`] is that rule for one result, [`Report::problems`] for a whole
+//! [`run_all`].
 //!
 //! [`DistributedLock`]: fenced_api::DistributedLock
 #![forbid(unsafe_code)]
@@ -70,6 +88,7 @@ macro_rules! __with_cases {
             c07_tokens_increase_after_restart: fencing::tokens_increase_after_restart, "C7";
             c08_waiter_gets_lock_on_release: waiting::waiter_gets_lock_on_release, "C8";
             c08_waiter_gets_lock_on_expiry: waiting::waiter_gets_lock_on_expiry, "C8, C5";
+            c08_waiters_served_in_order: waiting::waiters_served_in_order, "C8";
             c09_acquire_times_out_near_bound: waiting::acquire_times_out_near_bound, "C9";
             c10_mutual_exclusion_under_contention: fencing::mutual_exclusion_under_contention, "C10, C7";
             c11_different_keys_independent: basic::different_keys_independent, "C11";
@@ -110,13 +129,16 @@ macro_rules! __expand_cases {
         pub static CASES: &[Case] = &[
             $(Case { name: stringify!($name), contract: $contract, run: runners::$name },)*
         ];
+
+        /// The names of [`CASES`], for compile-time checks of skip lists.
+        const CASE_NAMES: &[&str] = &[$(stringify!($name),)*];
     };
     ([@tests $make:expr] $($name:ident : $module:ident :: $func:ident, $contract:literal;)*) => {
         $(
             #[doc = concat!("Conformance case `", stringify!($name), "` (", $contract, ").")]
             #[test]
             fn $name() {
-                $crate::__private::run_test(stringify!($name), || async { $make });
+                $crate::__private::run_test(stringify!($name), SKIPS, || async { $make });
             }
         )*
     };
@@ -126,10 +148,15 @@ macro_rules! __expand_cases {
 /// `conformance`, so each case can be run and filtered on its own
 /// (`cargo test conformance::c05_expiry_frees_key`).
 ///
-/// The argument is an expression evaluated inside an `async` block for every
-/// test — it may `.await` — that yields the backend's [`Harness`]. Items of
-/// the calling module are in scope. Tests run on a multi-threaded tokio
-/// runtime owned by the suite, so the caller needs no tokio macros.
+/// The first argument is an expression evaluated inside an `async` block for
+/// every test — it may `.await` — that yields the backend's [`Harness`].
+/// Items of the calling module are in scope. Tests run on a multi-threaded
+/// tokio runtime owned by the suite, so the caller needs no tokio macros.
+///
+/// The optional `skips = [case: "reason", …]` lists the cases this backend
+/// expects to skip, each with why (see [the crate docs](crate#skips-are-declared)):
+/// a case that skips without being listed fails, and so does a listed case
+/// that runs. Without a list, every case must run.
 ///
 /// ```
 /// // tests/conformance.rs of a backend crate; a server backend's harness
@@ -140,18 +167,99 @@ macro_rules! __expand_cases {
 ///     MemoryHarness::new()
 /// }
 ///
-/// fenced_conformance::conformance_tests!(harness().await);
+/// fenced_conformance::conformance_tests!(harness().await, skips = [
+///     c07_tokens_increase_after_restart: "MemoryLock keeps nothing across a restart",
+/// ]);
+/// # fn main() {}
+/// ```
+///
+/// A name in the list that is not a case is a compile error:
+///
+/// ```compile_fail
+/// use fenced_conformance::MemoryHarness;
+///
+/// fenced_conformance::conformance_tests!(MemoryHarness::new(), skips = [
+///     c07_tokens_increase_after_a_restart: "a typo",
+/// ]);
 /// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($make:expr) => {
+    ($make:expr, skips = [$($skip:ident : $why:literal),* $(,)?] $(,)?) => {
         mod conformance {
             #[allow(unused_imports)]
             use super::*;
+
+            /// The cases this invocation declares it skips, with why.
+            const SKIPS: &[$crate::DeclaredSkip] = &[
+                $($crate::DeclaredSkip::new(stringify!($skip), $why),)*
+            ];
+            $(
+                const _: () = ::core::assert!(
+                    $crate::__private::is_case(stringify!($skip)),
+                    concat!("`", stringify!($skip), "` in the skip list is not a conformance case"),
+                );
+            )*
+
             $crate::__with_cases!(@tests $make);
         }
     };
+    ($make:expr $(,)?) => {
+        $crate::conformance_tests!($make, skips = []);
+    };
+}
+
+/// A case a backend declares it skips, and why: the `skips` list of
+/// [`conformance_tests!`], or the argument of [`Report::problems`] and [`judge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredSkip {
+    /// The case's name, as in [`CASES`].
+    pub case: &'static str,
+    /// Why the backend cannot run it (shown next to the case's own reason).
+    pub reason: &'static str,
+}
+
+impl DeclaredSkip {
+    /// Declares that `case` skips, because of `reason`.
+    pub const fn new(case: &'static str, reason: &'static str) -> Self {
+        DeclaredSkip { case, reason }
+    }
+}
+
+/// Judges one case's result against the skips the backend declared: the
+/// rule every generated test applies.
+///
+/// * passed, not declared → `Ok(Passed)`; skipped, declared → `Ok(Skipped)`;
+/// * skipped but not declared → a failure naming the case and its reason;
+/// * declared but it ran → a failure (passed: "remove it from the list";
+///   failed: the case's failure, noting the declaration);
+/// * a failure → that failure.
+///
+/// # Errors
+///
+/// As above.
+pub fn judge(case: &str, result: CaseResult, declared: &[DeclaredSkip]) -> CaseResult {
+    let declaration = declared.iter().find(|d| d.case == case);
+    match (result, declaration) {
+        (Ok(Outcome::Passed), None) => Ok(Outcome::Passed),
+        (Ok(Outcome::Skipped(why)), Some(_)) => Ok(Outcome::Skipped(why)),
+        (Ok(Outcome::Skipped(why)), None) => Err(Failure(format!(
+            "conformance case `{case}` skipped without being declared: {why}. \
+             Nothing skips silently: if the backend truly lacks this, add \
+             `{case}: \"<reason>\"` to the `skips = [...]` list of its \
+             conformance_tests! invocation; otherwise give the backend or its harness what the case needs"
+        ))),
+        (Ok(Outcome::Passed), Some(d)) => Err(Failure(format!(
+            "conformance case `{case}` is declared skipped (\"{}\") but it ran and passed: \
+             remove it from the `skips` list",
+            d.reason
+        ))),
+        (Err(f), Some(d)) => Err(Failure(format!(
+            "{f} (the case is declared skipped, \"{}\", but it ran instead of skipping)",
+            d.reason
+        ))),
+        (Err(f), None) => Err(f),
+    }
 }
 
 type CaseFuture<'a> = Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
@@ -212,7 +320,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// The cases that failed, with their messages.
+    /// The cases that failed, with their messages. Skips are not judged
+    /// here: see [`problems`](Self::problems).
     pub fn failures(&self) -> Vec<(&'static str, &Failure)> {
         self.results
             .iter()
@@ -229,6 +338,34 @@ impl Report {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Everything wrong with this run given the skips the backend declares
+    /// (see [`judge`]): failed cases, skips not declared, declared skips
+    /// that ran, and declarations naming no case of this report. Empty when
+    /// the backend conforms.
+    pub fn problems(&self, declared: &[DeclaredSkip]) -> Vec<(&'static str, Failure)> {
+        let mut problems: Vec<(&'static str, Failure)> = self
+            .results
+            .iter()
+            .filter_map(|(c, r)| {
+                judge(c.name, r.clone(), declared)
+                    .err()
+                    .map(|f| (c.name, f))
+            })
+            .collect();
+        for d in declared {
+            if !self.results.iter().any(|(c, _)| c.name == d.case) {
+                problems.push((
+                    d.case,
+                    Failure(format!(
+                        "`{}` is declared skipped (\"{}\") but no case has that name",
+                        d.case, d.reason
+                    )),
+                ));
+            }
+        }
+        problems
     }
 }
 
@@ -259,11 +396,40 @@ pub async fn run_all(harness: &dyn Harness) -> Report {
 pub mod __private {
     use std::future::Future;
 
-    use crate::{run_case, Harness, Outcome};
+    use crate::{judge, run_case, DeclaredSkip, Harness, Outcome, CASE_NAMES};
+
+    /// Whether `name` is a case (usable in constants: the skip lists of
+    /// `conformance_tests!` are checked at compile time).
+    pub const fn is_case(name: &str) -> bool {
+        let mut i = 0;
+        while i < CASE_NAMES.len() {
+            if str_eq(CASE_NAMES[i], name) {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    const fn str_eq(a: &str, b: &str) -> bool {
+        let (a, b) = (a.as_bytes(), b.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] != b[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
 
     /// Body of every generated test: builds the harness on a fresh runtime,
-    /// runs the case, panics with the failure message.
-    pub fn run_test<H, F, Fut>(name: &str, make: F)
+    /// runs the case, judges the result against the declared skips and
+    /// panics with the failure message.
+    pub fn run_test<H, F, Fut>(name: &str, declared: &[DeclaredSkip], make: F)
     where
         H: Harness,
         F: FnOnce() -> Fut,
@@ -281,12 +447,16 @@ pub mod __private {
             let harness = make().await;
             run_case(&harness, name).await
         });
-        match result {
+        match judge(name, result, declared) {
             Ok(Outcome::Passed) => {}
             Ok(Outcome::Skipped(why)) => {
+                let reason = declared
+                    .iter()
+                    .find(|d| d.case == name)
+                    .map_or("", |d| d.reason);
                 #[allow(clippy::print_stderr)]
                 {
-                    eprintln!("conformance case {name} skipped: {why}");
+                    eprintln!("conformance case {name} skipped, as declared (\"{reason}\"): {why}");
                 }
             }
             Err(failure) => panic!("conformance case {name} failed: {failure}"),

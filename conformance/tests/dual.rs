@@ -51,7 +51,13 @@ impl Harness for DualHarness {
     }
 }
 
-fenced_conformance::conformance_tests!(DualHarness {
-    old: MemoryHarness::new(),
-    new: MemoryHarness::new()
-});
+fenced_conformance::conformance_tests!(
+    DualHarness {
+        old: MemoryHarness::new(),
+        new: MemoryHarness::new()
+    },
+    skips = [
+        c07_tokens_increase_after_restart: "both halves are MemoryLock: not durable",
+        c08_waiters_served_in_order: "DualLock declares no fifo: a waiter queues on each store in turn",
+    ]
+);

@@ -4,7 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use fenced_api::{
@@ -23,12 +29,41 @@ enum Bug {
     TtlIgnored,
     /// `try_acquire` takes the key even when it is held (NX dropped).
     NoExclusion,
+    /// Declares fifo but serves waiters last come, first served.
+    Lifo,
 }
 
 #[derive(Debug)]
 struct Mutant {
     inner: MemoryLock,
     bug: Bug,
+    /// The waiters of every client of the harness, newest last (`Lifo`).
+    stack: Arc<Mutex<Vec<u64>>>,
+}
+
+static WAITER_IDS: AtomicU64 = AtomicU64::new(0);
+
+impl Mutant {
+    /// `Lifo`'s acquire: only the newest waiter polls the key.
+    async fn acquire_lifo(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        struct Leave<'a>(&'a Mutex<Vec<u64>>, u64);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().retain(|w| *w != self.1);
+            }
+        }
+        let id = WAITER_IDS.fetch_add(1, Ordering::Relaxed);
+        self.stack.lock().unwrap().push(id);
+        let _leave = Leave(&self.stack, id);
+        loop {
+            if self.stack.lock().unwrap().last() == Some(&id) {
+                if let Some(lease) = self.inner.try_acquire(key, opts).await? {
+                    return Ok(lease);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 const FLIP: u64 = 1_000_000_000;
@@ -80,6 +115,9 @@ impl DistributedLock for Mutant {
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
         if self.bug == Bug::NoExclusion {
             self.inner.force_release(key).await?;
+        }
+        if self.bug == Bug::Lifo {
+            return self.acquire_lifo(key, opts).await;
         }
         let lease = self.inner.acquire(key, &self.inner_opts(opts)?).await?;
         Ok(self.outer_lease(lease, opts.ttl()))
@@ -138,6 +176,7 @@ impl DistributedLock for Mutant {
 struct MutantHarness {
     inner: MemoryHarness,
     bug: Bug,
+    stack: Arc<Mutex<Vec<u64>>>,
 }
 
 #[async_trait]
@@ -146,6 +185,7 @@ impl Harness for MutantHarness {
         Ok(Arc::new(Mutant {
             inner: self.inner.memory_client(),
             bug: self.bug,
+            stack: Arc::clone(&self.stack),
         }))
     }
 
@@ -164,6 +204,7 @@ async fn check(bug: Bug, must_fail: &[&str], must_pass: &[&str]) {
     let h = MutantHarness {
         inner: MemoryHarness::new(),
         bug,
+        stack: Arc::default(),
     };
     for name in must_fail {
         let result = run_case(&h, name).await;
@@ -240,6 +281,19 @@ async fn missing_exclusion_is_caught() {
         &[
             "c01_free_key_grants_token",
             "c11_different_keys_independent",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_served_out_of_order_are_caught() {
+    check(
+        Bug::Lifo,
+        &["c08_waiters_served_in_order"],
+        &[
+            "c01_free_key_grants_token",
+            "c08_waiter_gets_lock_on_release",
         ],
     )
     .await;

@@ -57,6 +57,20 @@ impl ClientInner {
 /// waiting on itself. Tasks that must exclude *each other* in one process
 /// should use separate clients (`LockClient::new(Arc::clone(&store))` is cheap).
 ///
+/// # Tracing
+///
+/// At `debug` level, through [`tracing`](https://docs.rs/tracing):
+///
+/// * span `fenced.acquire` (`key`, `backend`) around every acquisition;
+/// * span `fenced.wait` (`key`, `backend`, `timeout_ms` — absent when
+///   waiting forever) inside it, around the store's `acquire` whenever the
+///   wait policy allows waiting ([`WaitPolicy::Timeout`] or
+///   [`WaitPolicy::Forever`]): the time spent in it is the wait;
+/// * events `lock acquired` (`key`, `token`, `waited_ms`, `backend`) and
+///   `lock acquire timed out` (`key`, `waited_ms`, `backend`);
+/// * events for re-entry, renewal, release, and — at `warn` / `error` — a
+///   failed renewal, a lost lock and `max_hold`.
+///
 /// Renewals of the locks a client holds are batched: each lock's watchdog
 /// decides when to renew, and the renewals due together go to the store as
 /// one [`extend_many`](DistributedLock::extend_many) call (one `UPDATE` per
@@ -138,6 +152,12 @@ impl LockClient {
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire): dropping the future stops waiting and
+    /// leaves the store's queue; a grant racing with the drop is never
+    /// wrapped in a guard, never renewed, and expires after its TTL.
     pub async fn acquire_with(&self, key: impl IntoLockKey, wait: WaitPolicy) -> Result<LockGuard> {
         let key = key.into_lock_key()?;
         match self.take(key.clone(), Some(wait)).await? {
@@ -155,6 +175,14 @@ impl LockClient {
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire), except that contention is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`DistributedLock::try_acquire`]: the request may have reached the
+    /// store when the future is dropped, and a grant it made is then never
+    /// wrapped in a guard, never renewed, and expires after the client's TTL.
+    /// Nothing else is left behind (the guard and its watchdog only exist
+    /// once the future has completed).
     pub async fn try_acquire(&self, key: impl IntoLockKey) -> Result<Option<LockGuard>> {
         let key = key.into_lock_key()?;
         self.take(key, None).await
@@ -174,6 +202,21 @@ impl LockClient {
     ///   the end: rely on the fencing token for correctness). A release that
     ///   fails for another reason (store unreachable) is logged and the
     ///   work's result returned: the lock then expires after its TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// No lock outlives its TTL whenever the future is dropped:
+    ///
+    /// * while acquiring, as [`acquire`](Self::acquire);
+    /// * while `work` runs, `work` is dropped with it (cancelled at its
+    ///   current `.await`) and so is the guard, which stops renewing and
+    ///   spawns the release (see [`LockGuard`]: prompt inside a tokio runtime,
+    ///   at the TTL otherwise);
+    /// * during the final release, renewal has already stopped: the release
+    ///   either reached the store or the lock expires after its TTL.
+    ///
+    /// Side effects `work` made before it was dropped stay made: protect
+    /// them with the fencing token, not with the lock's extent.
     pub async fn with_lock<F, Fut, T>(&self, key: impl IntoLockKey, work: F) -> Result<T>
     where
         F: FnOnce(LeaseHandle) -> Fut,
@@ -222,7 +265,22 @@ impl LockClient {
         let lease = async {
             match wait {
                 None => self.inner.lock.try_acquire(&key, &opts).await,
-                Some(_) => self.inner.lock.acquire(&key, &opts).await.map(Some),
+                Some(WaitPolicy::NoWait) => self.inner.lock.acquire(&key, &opts).await.map(Some),
+                // The policy allows waiting: the store's acquire is the wait.
+                Some(w) => {
+                    let timeout_ms = match w {
+                        WaitPolicy::Timeout(d) => Some(d.as_millis() as u64),
+                        WaitPolicy::NoWait | WaitPolicy::Forever => None,
+                    };
+                    let waiting =
+                        tracing::debug_span!("fenced.wait", key = %key, backend, timeout_ms);
+                    self.inner
+                        .lock
+                        .acquire(&key, &opts)
+                        .instrument(waiting)
+                        .await
+                        .map(Some)
+                }
             }
         }
         .instrument(span)
@@ -234,6 +292,9 @@ impl LockClient {
             Err(_) => "error",
         };
         crate::telemetry::acquire(backend, outcome, started.elapsed());
+        if outcome == "timeout" {
+            tracing::debug!(key = %key, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquire timed out");
+        }
         let Some(lease) = lease? else {
             return Ok(None);
         };

@@ -336,6 +336,42 @@ impl LockGuard {
         self.handle.lost().await
     }
 
+    /// A [`CancellationToken`] cancelled when the lock is lost, for APIs
+    /// and tasks that stop on one (see [`LeaseHandle::lost_token`]).
+    ///
+    /// It is a child of the guard's loss signal: cancelling the returned
+    /// token stops what listens to it but neither releases the lock nor
+    /// marks it lost. It is never cancelled by a normal release.
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use fenced_api::{DistributedLock, LockClient, LockKey, MemoryLock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fenced_api::Result<()> {
+    /// let store = Arc::new(MemoryLock::new());
+    /// let client = LockClient::builder(store.clone())
+    ///     .ttl(Duration::from_millis(300)) // renewed every 100 ms
+    ///     .build()?;
+    /// let guard = client.acquire("report:2024").await?;
+    ///
+    /// // Work that must stop once the lock is gone.
+    /// let lost = guard.lost_token();
+    /// let work = tokio::spawn(async move {
+    ///     lost.cancelled().await;
+    ///     "stopped"
+    /// });
+    ///
+    /// // An operator frees the key; the next renewal is refused.
+    /// store.force_release(&LockKey::new("report:2024")?).await?;
+    /// assert_eq!(work.await.unwrap(), "stopped");
+    /// assert!(guard.is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub fn lost_token(&self) -> CancellationToken {
+        self.handle.lost_token()
+    }
+
     /// Releases the lock now (or one reentrant hold of it).
     ///
     /// # Errors

@@ -69,6 +69,13 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// * [`Error::AlreadyHeld`](crate::Error::AlreadyHeld) if `opts` names an
     ///   owner that already holds the key and `opts` is not reentrant.
     /// * [`Error::Backend`](crate::Error::Backend) when the store fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// The request may already have reached the store when the future is
+    /// dropped: a grant it made then has no caller. That lock is never
+    /// renewed and expires after its TTL; the key is free again by then, and
+    /// nothing else is changed.
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>>;
 
     /// Takes `key`, waiting as `opts.wait()` allows.
@@ -101,6 +108,14 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// * [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a TTL out of bounds.
     /// * [`Error::Backend`](crate::Error::Backend) when the store fails; the
     ///   lease may still be current.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the lease renewed or not — the caller cannot
+    /// tell which. Either way it expires: at its old deadline, or `ttl` after
+    /// the store handled the request; nothing else is changed. Extend again
+    /// (or [`inspect`](Self::inspect)) to know where it stands: a renewal that
+    /// went through is harmless to repeat.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
 
     /// Renews several leases at once, as [`extend`](Self::extend) would each:
@@ -118,6 +133,13 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// Per lease, those of [`extend`](Self::extend). An overriding store that
     /// cannot tell which leases of a batch were renewed retries them one by
     /// one, so a lost lease never reads as renewed.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`extend`](Self::extend), for each lease of the batch: dropping the
+    /// future leaves each one renewed or not (so expiring at its old deadline
+    /// or `ttl` after the store handled it), and releases none. No further
+    /// renewal is sent once it is dropped.
     async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
         crate::batch::extend_each(self, leases, ttl).await
     }
@@ -131,6 +153,13 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     ///
     /// [`Error::Backend`](crate::Error::Backend) when the store fails; the lock
     /// then expires after its TTL at the latest.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future releases the lock or not, depending on whether the
+    /// request reached the store; if not, the lock expires after the rest of
+    /// its TTL. Releasing again with the same lease is harmless
+    /// ([`ReleaseOutcome::NotHeld`] if the first release went through).
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome>;
 
     /// Who holds `key` right now, with token and remaining TTL; `None` when free.

@@ -20,7 +20,8 @@ pub enum WaitPolicy {
 
 /// The identity of a lock holder: the value stores compare on release and extend.
 ///
-/// Generated (a random UUID v4) for every acquisition unless given explicitly.
+/// Generated for every acquisition unless given explicitly: 128 bits from the
+/// operating system's CSPRNG as 32 lowercase hex digits ([`Owner::random`]).
 /// Give one explicitly only for cross-process reentrancy or to make
 /// [`inspect`](crate::DistributedLock::inspect) output readable; it must then be
 /// unique per logical holder, or two holders would pass each other's owner check.

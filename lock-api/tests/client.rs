@@ -246,6 +246,30 @@ async fn acquire_waits_and_times_out_as_configured() {
     assert!(c.acquire_with("k", WaitPolicy::NoWait).await.is_ok());
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_guards_lost_token_is_cancelled_on_loss_only() {
+    let store = MemoryLock::new();
+    let c = client(&store);
+    // Released normally: never cancelled.
+    let g = c.acquire("k").await.unwrap();
+    let token = g.lost_token();
+    g.release().await.unwrap();
+    settle().await;
+    assert!(!token.is_cancelled(), "a release is not a loss");
+    // Cancelling the returned token neither marks the lock lost nor frees it.
+    let g = c.acquire("k").await.unwrap();
+    g.lost_token().cancel();
+    assert!(!g.is_lost());
+    assert!(store.inspect(&key("k")).await.unwrap().is_some());
+    // Lost: cancelled.
+    let token = g.lost_token();
+    store.force_release(&key("k")).await.unwrap();
+    tokio::time::timeout(TTL, token.cancelled())
+        .await
+        .expect("the token is cancelled by the next renewal after a force release");
+    assert!(g.is_lost());
+}
+
 #[test]
 fn builder_rejects_bad_policy() {
     let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());

@@ -1,5 +1,5 @@
 //! The cases, grouped by theme. Each is `async fn(&dyn Harness) -> CaseResult`;
-//! the one list that names them all is in `lib.rs` (`__cases!`).
+//! the one list that names them all is in `lib.rs` (`__with_cases!`).
 
 use std::{sync::Arc, time::Duration};
 

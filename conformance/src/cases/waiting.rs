@@ -1,8 +1,11 @@
 //! C8 and C9: waiting for a held key.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
-use fenced_api::{DistributedLock, Error, LockOptions};
+use fenced_api::{DistributedLock, Error, FencingToken, LockOptions};
 use tokio::time::Instant;
 
 use super::{expiry_slack, fresh_key, ttl_opts};
@@ -83,6 +86,80 @@ pub async fn waiter_gets_lock_on_expiry(h: &dyn Harness) -> CaseResult {
         crashed.ttl
     );
     b.release(&got).await?;
+    Ok(Outcome::Passed)
+}
+
+/// C8 with a declared `fifo` capability: three waiters that start, one
+/// after the other, on a held key are granted it in that order.
+///
+/// Skipped unless [`Capabilities::is_fifo`](fenced_api::Capabilities::is_fifo).
+/// Each waiter starts well after the previous one has sent its `acquire`
+/// (the larger of 300 ms and 20 round trips on the held key), so arrival
+/// order is known; nothing is decided on speed.
+pub async fn waiters_served_in_order(h: &dyn Harness) -> CaseResult {
+    let holder = h.client().await?;
+    if !holder.capabilities().is_fifo() {
+        return Ok(Outcome::Skipped(
+            "the backend declares no fifo order for waiters".into(),
+        ));
+    }
+    let key = fresh_key("c08f");
+    // TTLs and wait bounds far above the whole case: only releases hand the
+    // key on, and no waiter gives up.
+    let opts = LockOptions::builder()
+        .ttl(h.base_ttl() * 20)
+        .wait_timeout(h.base_ttl() * 30)
+        .build()?;
+    let held = some(holder.try_acquire(&key, &opts).await?, "a free key")?;
+    let probe = Instant::now();
+    ensure!(
+        holder.try_acquire(&key, &opts).await?.is_none(),
+        "a second grant of a held key"
+    );
+    let gap = (probe.elapsed() * 20).max(Duration::from_millis(300));
+
+    let granted: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let lock = h.client().await?;
+        let (key, opts, granted) = (key.clone(), opts.clone(), Arc::clone(&granted));
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire(&key, &opts).await?;
+            // Recorded before the release: the next grant cannot come earlier.
+            granted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((i, lease.token));
+            lock.release(&lease).await?;
+            Ok::<(), Failure>(())
+        });
+        tokio::time::sleep(gap).await;
+        ensure!(
+            !waiter.is_finished(),
+            "waiter {i} finished while the key was held"
+        );
+        waiters.push(waiter);
+    }
+    holder.release(&held).await?;
+    let bound = expiry_slack(opts.ttl()) * 2;
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        match tokio::time::timeout(bound, waiter).await {
+            Err(_) => fail!("waiter {i} still waited {bound:?} after the holder released"),
+            Ok(Err(e)) => fail!("waiter {i} panicked: {e}"),
+            Ok(Ok(result)) => result?,
+        }
+    }
+    let granted = granted.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+    ensure!(
+        order == [0, 1, 2],
+        "waiters that arrived in the order 0, 1, 2 were granted the key in the order {order:?}"
+    );
+    let mut last = held.token;
+    for (i, token) in granted {
+        ensure!(token > last, "waiter {i} got token {token} after {last}");
+        last = token;
+    }
     Ok(Outcome::Passed)
 }
 
