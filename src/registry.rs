@@ -38,6 +38,13 @@ pub fn drivers() -> Vec<Driver> {
 /// [`Error::Config`] for a URL without a scheme, an unknown scheme, or a
 /// scheme whose backend was not compiled in (naming the cargo feature).
 pub fn driver_for(url: &str) -> Result<Driver> {
+    driver_for_in(drivers(), url)
+}
+
+/// [`driver_for`] over an explicit list of drivers: the lookup itself, kept
+/// apart from the build's features so that its "enable the feature" errors
+/// are tested in every build.
+fn driver_for_in(drivers: Vec<Driver>, url: &str) -> Result<Driver> {
     let Some((scheme, _)) = url.split_once("://") else {
         // Not echoed: a malformed URL may still carry a password.
         return Err(Error::config(
@@ -45,7 +52,7 @@ pub fn driver_for(url: &str) -> Result<Driver> {
              mysql://user@host/db, redis://host, etcd://host:2379/prefix",
         ));
     };
-    if let Some(d) = drivers().into_iter().find(|d| d.schemes.contains(&scheme)) {
+    if let Some(d) = drivers.into_iter().find(|d| d.schemes.contains(&scheme)) {
         return Ok(d);
     }
     match KNOWN.iter().find(|(s, _)| *s == scheme) {
@@ -164,6 +171,10 @@ mod tests {
             ("mariadb://root@h/db", Ok("mysql")),
             #[cfg(feature = "etcd")]
             ("etcd://h1:2379,h2:2379/prefix", Ok("etcd")),
+            #[cfg(feature = "etcd")]
+            ("etcds://h1:2379/prefix", Ok("etcd")),
+            #[cfg(not(feature = "etcd"))]
+            ("etcds://h1:2379/prefix", Err("`etcd` cargo feature")),
             #[cfg(feature = "redis")]
             ("redis://127.0.0.1:6379/0", Ok("redis")),
             #[cfg(feature = "sqlite")]
@@ -183,6 +194,47 @@ mod tests {
                 (Ok(d), Ok(name)) => assert_eq!(d.name, *name, "{url}"),
                 (Err(e), Err(msg)) => assert!(e.to_string().contains(msg), "{url}: {e}"),
                 (got, want) => panic!("{url}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    /// The errors of a build without a backend, in every build: the lookup
+    /// over a list that lacks drivers names the feature to enable.
+    #[test]
+    fn a_scheme_whose_driver_is_not_built_names_its_feature() {
+        let only_memory = || vec![MemoryLock::driver()];
+        for (url, feature) in [
+            ("sqlite:///tmp/locks.db", "sqlite"),
+            ("mysql://u:hunter2@h/db", "mysql"),
+            ("mariadb://h/db", "mysql"),
+            ("redis://h", "redis"),
+            ("rediss://h", "redis"),
+            ("etcd://h:2379/p", "etcd"),
+            ("etcds://h:2379/p", "etcd"),
+        ] {
+            let e = driver_for_in(only_memory(), url).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "needs fenced built with the `{feature}` cargo feature"
+                )),
+                "{url}: {e}"
+            );
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        assert_eq!(
+            driver_for_in(only_memory(), "memory://").unwrap().name,
+            "memory"
+        );
+        // Every scheme a compiled-in driver serves is in the table of known
+        // schemes, so a build without it gets the feature error, not
+        // "unknown scheme".
+        for d in drivers() {
+            for scheme in d.schemes {
+                assert!(
+                    KNOWN.iter().any(|(s, _)| s == scheme),
+                    "`{scheme}` of {} is missing from KNOWN",
+                    d.name
+                );
             }
         }
     }

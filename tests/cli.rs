@@ -5,7 +5,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
@@ -180,7 +180,7 @@ async fn processes_exclude_each_other_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holder_is_stopped_when_it_resumes() {
     use nix::{
-        sys::signal::{kill, Signal},
+        sys::signal::{kill, killpg, Signal},
         unistd::Pid,
     };
     let url = mysql_url("unique_key").await;
@@ -192,6 +192,7 @@ async fn a_frozen_holder_is_stopped_when_it_resumes() {
             "-c",
         ])
         .arg(format!("echo $$ > {}; exec sleep 60", pidfile.display()))
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -211,7 +212,11 @@ async fn a_frozen_holder_is_stopped_when_it_resumes() {
         .parse()
         .unwrap();
     let fenced_pid = Pid::from_raw(holder.id() as i32);
+    // The whole job freezes: fenced and the command's process group (the
+    // command leads it), as a stopped or suspended machine would.
+    let group = Pid::from_raw(child_pid);
     kill(fenced_pid, Signal::SIGSTOP).unwrap();
+    killpg(group, Signal::SIGSTOP).unwrap();
     std::thread::sleep(Duration::from_millis(3500)); // past the 2 s TTL
 
     let other = Command::new(BIN)
@@ -227,6 +232,7 @@ async fn a_frozen_holder_is_stopped_when_it_resumes() {
     );
 
     kill(fenced_pid, Signal::SIGCONT).unwrap();
+    let _ = killpg(group, Signal::SIGCONT);
     let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
         if let Some(s) = holder.try_wait().unwrap() {
@@ -260,6 +266,7 @@ async fn exit_codes_are_distinct_and_documented() {
     let marker = dir.join("ran");
     let mut holder = std::process::Command::new(BIN)
         .args(["--url", &url, "run", "--key", "busy", "--", "sleep", "5"])
+        .stdin(Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(800));
@@ -355,6 +362,7 @@ async fn status_and_force_release() {
     let url = format!("sqlite://{}/locks.db", dir.display());
     let mut holder = std::process::Command::new(BIN)
         .args(["--url", &url, "run", "--key", "admin", "--", "sleep", "30"])
+        .stdin(Stdio::null())
         .spawn()
         .unwrap();
     let start = Instant::now();
@@ -448,4 +456,440 @@ async fn processes_exclude_each_other_on_sqlite() {
     tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
         .await
         .unwrap();
+}
+
+/// Waits for `child` at most `bound` (a hang bound, not a timing claim);
+/// kills it and fails with `what` if it is still running then.
+fn wait_bounded(child: &mut std::process::Child, bound: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls until `path` exists and holds a pid.
+fn read_pid(path: &Path) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if let Ok(pid) = s.trim().parse() {
+                return pid;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// `fenced status --json KEY` → whether KEY is held.
+fn held(url: &str, key: &str) -> bool {
+    let out = Command::new(BIN)
+        .args(["--url", url, "status", "--json", key])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v[0]["held"] == true
+}
+
+/// SIGHUP (a closed terminal or ssh session) and SIGQUIT are passed to the
+/// command like SIGTERM: the command ends, the lock is released at once
+/// (not at its TTL), and fenced exits with the command's status, 128+N.
+#[test]
+fn hangup_and_quit_stop_the_command_and_release_the_lock() {
+    use nix::sys::signal::{kill, Signal};
+    let dir = tmpdir("hup");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    for sig in [Signal::SIGHUP, Signal::SIGQUIT] {
+        let pidfile = dir.join(format!("{sig}.pid"));
+        let mut holder = Command::new(BIN)
+            .args([
+                "--url", &url, "run", "--key", "hup", "--ttl", "60s", "--", "sh", "-c",
+            ])
+            .arg(format!("echo $$ > {}; exec sleep 60", pidfile.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let cmd = read_pid(&pidfile);
+        assert!(held(&url, "hup"));
+        kill(nix::unistd::Pid::from_raw(holder.id() as i32), sig).unwrap();
+        let status = wait_bounded(
+            &mut holder,
+            Duration::from_secs(30),
+            &format!("fenced did not exit after {sig}"),
+        );
+        assert_eq!(
+            status.code(),
+            Some(128 + sig as i32),
+            "{sig}: fenced must pass the signal on and exit with the command's status, got {status:?}"
+        );
+        assert!(!alive(cmd), "{sig}: the command survived fenced");
+        assert!(!held(&url, "hup"), "{sig}: the lock was not released");
+    }
+}
+
+fn script_cmd() -> Command {
+    let ok = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "these tests need `script` from util-linux (apt-get install util-linux)"
+    );
+    Command::new("script")
+}
+
+/// Under a terminal, the command can read it: fenced makes the command's
+/// process group the terminal's foreground group (before, the command was
+/// stopped by SIGTTIN for ever while fenced kept renewing the lock).
+#[test]
+fn the_command_can_read_the_terminal() {
+    let dir = tmpdir("tty");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let mut script = script_cmd()
+        .args(["-qec"])
+        .arg(format!(
+            "{BIN} --url {url} run --key tty -- sh -c 'read x; echo got:$x; exit 3'"
+        ))
+        .arg("/dev/null")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(script.stdin.as_mut().unwrap(), b"hello\n").unwrap();
+    drop(script.stdin.take());
+    let status = wait_bounded(
+        &mut script,
+        Duration::from_secs(30),
+        "the command never read the terminal (stopped by SIGTTIN in a background process group?)",
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(script.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(out.contains("got:hello"), "{out}");
+    assert_eq!(status.code(), Some(3), "{out}");
+    assert!(!held(&url, "tty"));
+}
+
+/// An interactive shell with job control on a pseudo-terminal (bash in
+/// `script`), typed at like a person.
+struct Terminal {
+    script: std::process::Child,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Terminal {
+    fn bash(envs: &[(&str, &str)]) -> Terminal {
+        Terminal::start("bash --norc --noprofile -i", envs)
+    }
+
+    /// `command` (a shell command line) as the session's only program.
+    fn start(command: &str, envs: &[(&str, &str)]) -> Terminal {
+        let mut cmd = script_cmd();
+        cmd.args(["-qfec", command, "/dev/null"])
+            .env("PS1", "$ ")
+            .env("HISTFILE", "/dev/null")
+            .env("TERM", "dumb")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut script = cmd.spawn().unwrap();
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (mut stdout, sink) = (script.stdout.take().unwrap(), output.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut stdout, &mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Terminal { script, output }
+    }
+
+    fn output(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    fn send(&mut self, keys: &str) {
+        let stdin = self.script.stdin.as_mut().unwrap();
+        std::io::Write::write_all(stdin, keys.as_bytes()).unwrap();
+        std::io::Write::flush(stdin).unwrap();
+    }
+
+    /// Waits (with a hang bound) until the screen shows `text`.
+    fn wait_for(&self, text: &str, what: &str) {
+        let start = Instant::now();
+        while !self.output().contains(text) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{what}; the terminal shows:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.script.kill();
+        let _ = self.script.wait();
+    }
+}
+
+/// `/proc/PID/stat`: (state, parent, process group, terminal's foreground group).
+fn proc_stat(pid: i32) -> (char, i32, i32, i32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    let num = |i: usize| rest[i].parse::<i32>().unwrap();
+    (rest[0].chars().next().unwrap(), num(1), num(2), num(5))
+}
+
+fn until(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A shell command that waits until it is the terminal's foreground group,
+/// says `R-2` (the typed line echoes `R-$((1+1))`, not `R-2`), reads a line
+/// and prints it as `got:LINE`. Its pid goes to `pidfile`.
+fn reader_command(pidfile: &Path) -> String {
+    format!(
+        "sh -c 'echo $$ > {}; \
+         while :; do read -r _ _ _ _ pg _ _ tp _ < /proc/$$/stat; [ \"$pg\" = \"$tp\" ] && break; sleep 0.05; done; \
+         echo R-$((1+1)); read x; echo got:$x'",
+        pidfile.display()
+    )
+}
+
+/// Without a job-control shell (nothing could resume a stopped fenced),
+/// Ctrl-Z does not stop the job: fenced continues the command and says so.
+#[test]
+fn ctrl_z_without_job_control_continues_the_command() {
+    let dir = tmpdir("nojobs");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let pidfile = dir.join("cmd.pid");
+    let mut tty = Terminal::start(
+        &format!("{BIN} run --key job -- {}", reader_command(&pidfile)),
+        &[("FENCED_URL", &url)],
+    );
+    tty.wait_for(
+        "R-2",
+        "the command never became the terminal's foreground job",
+    );
+    tty.send("\x1a"); // Ctrl-Z
+    tty.wait_for(
+        "continuing it",
+        "fenced did not continue the stopped command",
+    );
+    tty.send("hello\n");
+    tty.wait_for(
+        "got:hello",
+        "the continued command did not read the terminal",
+    );
+    let status = wait_bounded(
+        &mut tty.script,
+        Duration::from_secs(30),
+        "the job did not end",
+    );
+    assert!(status.success(), "{}", tty.output());
+}
+
+/// Ctrl-Z stops the command (it has the terminal) and fenced with it, so the
+/// shell sees the job stopped; `fg` resumes both and gives the command the
+/// terminal again; its exit status is the job's.
+#[test]
+fn ctrl_z_stops_the_whole_job_and_fg_resumes_it() {
+    let dir = tmpdir("jobs");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let pidfile = dir.join("cmd.pid");
+    let mut tty = Terminal::bash(&[("FENCED_URL", &url)]);
+    tty.send(&format!(
+        "{BIN} run --key job --ttl 60s -- {}\n",
+        reader_command(&pidfile)
+    ));
+    tty.wait_for(
+        "R-2",
+        "the command never became the terminal's foreground job",
+    );
+    let cmd = read_pid(&pidfile);
+    let fenced = proc_stat(cmd).1;
+
+    tty.send("\x1a"); // Ctrl-Z
+    tty.wait_for("Stopped", "the shell never saw the job stop");
+    assert_eq!(proc_stat(fenced).0, 'T', "fenced is not stopped");
+    assert_eq!(proc_stat(cmd).0, 'T', "the command is not stopped");
+    assert!(
+        held(&url, "job"),
+        "a stopped job keeps its lock within the TTL"
+    );
+
+    tty.send("fg\n");
+    until("the command resumed with the terminal", || {
+        let (state, _, group, foreground) = proc_stat(cmd);
+        state != 'T' && group == foreground
+    });
+    tty.send("hello\n");
+    tty.wait_for("got:hello", "the resumed command did not read the terminal");
+    tty.send("echo rc=$((40+2))-$?\n");
+    tty.wait_for("rc=42-0", "the job did not end with the command's status");
+    assert!(!held(&url, "job"));
+    tty.send("exit\n");
+}
+
+/// `fenced status` with no key lists the held locks, in key order, as a
+/// table or JSON, up to --limit.
+#[test]
+fn status_without_keys_lists_the_held_locks() {
+    use nix::sys::signal::{kill, Signal};
+    let dir = tmpdir("list");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let status = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["--url", &url, "status"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = status(&["--json"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    let mut holders = Vec::new();
+    for key in ["list-b", "list-a"] {
+        holders.push(
+            Command::new(BIN)
+                .args(["--url", &url, "run", "--key", key, "--", "sleep", "60"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    until("both locks are held", || {
+        let out = status(&["--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+            == 2
+    });
+    let v: serde_json::Value = serde_json::from_slice(&status(&["--json"]).stdout).unwrap();
+    assert_eq!(v[0]["key"], "list-a");
+    assert_eq!(v[1]["key"], "list-b");
+    assert!(v.as_array().unwrap().iter().all(|l| l["held"] == true
+        && l["token"].as_u64().unwrap() >= 1
+        && l["remaining_ms"].as_u64().unwrap() > 0));
+    let table = String::from_utf8_lossy(&status(&[]).stdout).into_owned();
+    assert!(table.starts_with("KEY"), "{table}");
+    assert!(
+        table.contains("list-a") && table.contains("list-b"),
+        "{table}"
+    );
+    let out = status(&["--json", "--limit", "1"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("raise --limit"));
+    for mut h in holders {
+        kill(nix::unistd::Pid::from_raw(h.id() as i32), Signal::SIGTERM).unwrap();
+        wait_bounded(&mut h, Duration::from_secs(30), "a holder ignored SIGTERM");
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&status(&["--json"]).stdout).trim(),
+        "[]"
+    );
+}
+
+/// FENCED_URL wins over the per-user default file.
+#[test]
+fn fenced_url_wins_over_the_default_file() {
+    let home = tmpdir("url-home");
+    let dir = tmpdir("url-store");
+    let out = Command::new(BIN)
+        .env("FENCED_URL", format!("sqlite://{}/x.db", dir.display()))
+        .env("FENCED_HOME", &home)
+        .args(["run", "--key", "k", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("x.db").is_file(), "FENCED_URL's file was not used");
+    assert_eq!(
+        std::fs::read_dir(&home).unwrap().count(),
+        0,
+        "the default file under FENCED_HOME was created although FENCED_URL was set"
+    );
+}
+
+/// Each subcommand's --help has examples; the environment's values (a URL
+/// with a password, the log filter) are never shown.
+#[test]
+fn help_has_examples_and_hides_env_values() {
+    let help = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("FENCED_URL", "mysql://u:hunter2@h/db")
+            .env("FENCED_LOG", "sekrit-filter")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for (args, example) in [
+        (
+            &["run", "--help"][..],
+            "fenced run --key nightly-report -- ",
+        ),
+        (&["status", "--help"], "fenced status nightly-report"),
+        (&["release", "--help"], "fenced release --force "),
+        (&["migrate", "--help"], "fenced migrate --url mysql://"),
+        (&["--help"], "fenced run --key"),
+    ] {
+        let text = help(args);
+        assert!(text.contains("Examples:"), "{args:?}: {text}");
+        assert!(text.contains(example), "{args:?}: {text}");
+        assert!(!text.contains("hunter2"), "{args:?}: {text}");
+        assert!(!text.contains("sekrit"), "{args:?}: {text}");
+    }
+    let run = help(&["run", "--help"]);
+    for documented in ["76", "SIGHUP", "SIGKILL", "Ctrl-Z"] {
+        assert!(
+            run.contains(documented),
+            "run --help lacks {documented}: {run}"
+        );
+    }
 }

@@ -483,6 +483,10 @@ impl DistributedLock for SqliteLock {
         self.inner.engine.force_release(key).await
     }
 
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        self.inner.engine.list(limit).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.engine.capabilities()
     }

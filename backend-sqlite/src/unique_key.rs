@@ -68,6 +68,7 @@ pub(crate) struct UniqueKey {
     release_one: SqlStr,
     delete_own: SqlStr,
     inspect: SqlStr,
+    list: SqlStr,
     force: SqlStr,
 }
 
@@ -117,6 +118,11 @@ impl UniqueKey {
             inspect: sql!(
                 "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}) \
                  FROM {t} WHERE lock_key = ?1 AND expire_at > {NOW}"
+            ),
+            // The unique index on lock_key gives the order (byte order).
+            list: sql!(
+                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), lock_key \
+                 FROM {t} WHERE expire_at > {NOW} ORDER BY lock_key LIMIT ?1"
             ),
             force: sql!("DELETE FROM {t} WHERE lock_key = ?1 RETURNING expire_at > {NOW}"),
         }
@@ -316,6 +322,30 @@ impl DistributedLock for UniqueKey {
             .await
             .db()?;
         row.map(|r| info_from_row(key, &r)).transpose()
+    }
+
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        let rows = sqlx::query(self.list.clone())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .db()?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let raw: Vec<u8> = row.try_get(4).db()?;
+            let key = std::str::from_utf8(&raw)
+                .ok()
+                .and_then(|k| LockKey::new(k).ok())
+                .ok_or_else(|| {
+                    Error::backend(
+                        error::BACKEND,
+                        false,
+                        "a row has an invalid lock_key; was the table edited by hand?",
+                    )
+                })?;
+            held.push(info_from_row(&key, row)?);
+        }
+        Ok(held)
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {

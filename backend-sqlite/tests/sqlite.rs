@@ -583,3 +583,58 @@ async fn expiry_is_stored_as_microseconds_from_sqlites_clock() {
     assert_eq!(expire_at % 1000, 0);
     lock.release(&lease).await.unwrap();
 }
+
+/// `list` (what `fenced status` prints with no key): the unexpired rows of
+/// this table, in key byte order, at most `limit`, each as `inspect` sees it.
+#[tokio::test]
+async fn list_shows_the_current_holds_of_the_table_in_key_order() {
+    let file = fresh_file("list");
+    let lock = open(&file, "fenced_list").await;
+    let other = open(&file, "fenced_list_other").await;
+    let opts = ttl(Duration::from_secs(30));
+    let names = ["b 'quoted' %_", "a/\u{e9}t\u{e9}", "c\\d", "expired"];
+    let mut leases = Vec::new();
+    for n in names {
+        leases.push(
+            lock.try_acquire(&LockKey::new(n).unwrap(), &opts)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    other
+        .try_acquire(&LockKey::new("other-table").unwrap(), &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    // A crashed holder's row: expired on SQLite's clock, still in the table.
+    let pool = raw(&file).await;
+    sqlx::query("UPDATE fenced_list SET expire_at = 0 WHERE lock_key = ?")
+        .bind("expired".as_bytes())
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let all = lock.list(100).await.unwrap();
+    let keys: Vec<&str> = all.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["a/\u{e9}t\u{e9}", "b 'quoted' %_", "c\\d"]);
+    for info in &all {
+        assert_eq!(
+            Some(info.token),
+            lock.inspect(&info.key).await.unwrap().map(|i| i.token)
+        );
+        assert!(info.remaining_ttl > Duration::from_secs(1));
+    }
+    let first: Vec<LockKey> = lock
+        .list(2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0].as_str(), "a/\u{e9}t\u{e9}");
+    lock.release(&leases[0]).await.unwrap();
+    assert_eq!(lock.list(100).await.unwrap().len(), 2);
+}

@@ -8,7 +8,7 @@ mod jobs;
 mod migration;
 mod resource;
 
-pub use jobs::{cron_job, quickstart, swap_by_config};
+pub use jobs::{cron_job, cron_node, quickstart, swap_by_config};
 pub use migration::{migrate_mysql_to_redis, Phase};
 pub use resource::{fenced_resource, transactional_row_lock, FencedResource};
 

@@ -2,6 +2,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
 use fenced_conformance::services;
 
 fn increasing(tokens: &[u64]) -> bool {
@@ -80,12 +85,103 @@ async fn swap_by_config_runs_unchanged_on_every_store() {
     }
 }
 
+/// The built example program `name` (`cargo test` builds the examples
+/// next to the test binaries: `target/<profile>/examples/`).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    let path = profile.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run the tests with `cargo test -p fenced-examples` (which builds the \
+         examples) or build them first with `cargo build -p fenced-examples --examples`",
+        path.display()
+    );
+    // `cargo test --test examples` alone does not rebuild the examples.
+    let built = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = [dir.join("examples").join(format!("{name}.rs"))]
+        .into_iter()
+        .chain(
+            std::fs::read_dir(dir.join("src"))
+                .unwrap()
+                .map(|e| e.unwrap().path()),
+        );
+    for source in sources {
+        let changed = std::fs::metadata(&source).unwrap().modified().unwrap();
+        assert!(
+            changed <= built,
+            "{} is older than {}: run `cargo test -p fenced-examples` (which rebuilds the examples)",
+            path.display(),
+            source.display()
+        );
+    }
+    path
+}
+
+/// Runs an example program's `main` with `envs`; returns its stdout.
+fn run_example(name: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(example(name));
+    cmd.args(args).env_remove("FENCED_URL").stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "example {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Five node processes (copies of the example program), one run per tick.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cron_job_runs_exactly_once_per_tick() {
+async fn cron_job_runs_exactly_once_per_tick_across_processes() {
+    let node = example("cron_job");
     for url in [sqlite_url().await, redis().await, mysql("unique_key").await] {
-        let ran = fenced_examples::cron_job(&url, 5, 4).await.unwrap();
+        let ran = fenced_examples::cron_job(&node, &url, 5, 4)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
         assert_eq!(ran, vec![1, 1, 1, 1], "{url}");
     }
+}
+
+/// Every example program's `main`, as `cargo run -p fenced-examples
+/// --example NAME` runs it (with fresh stores, so runs never collide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_program_runs() {
+    let home =
+        std::env::temp_dir().join(format!("fenced-ex-home-{}", uuid::Uuid::new_v4().simple()));
+    let home = home.to_str().unwrap();
+    // No URL at all: the embedded default under FENCED_HOME.
+    let out = run_example("quickstart", &[], &[("FENCED_HOME", home)]);
+    assert!(out.contains("fencing token"), "{out}");
+    assert!(Path::new(home).join("locks.db").is_file());
+    let url = sqlite_url().await;
+    let out = run_example("swap_by_config", &[], &[("FENCED_URL", &url)]);
+    assert!(out.contains("12 job runs"), "{out}");
+    let out = run_example("cron_job", &[], &[("FENCED_URL", &url)]);
+    assert!(out.contains("[1, 1, 1, 1, 1]"), "{out}");
+    let out = run_example("tour", &[], &[]);
+    assert!(!out.is_empty());
+    let (mysql, redis) = (mysql("unique_key").await, redis().await);
+    let out = run_example("migrate_mysql_to_redis", &[&mysql, &redis], &[]);
+    assert!(
+        out.contains("tokens increased through every phase"),
+        "{out}"
+    );
+    let base = services::mysql_url();
+    let out = run_example("transactional_row_lock", &[&base], &[]);
+    assert!(
+        out.contains("committed transaction wrote 1 row(s); rolled-back one wrote 0"),
+        "{out}"
+    );
+    let out = run_example("fenced_resource", &[&redis, &base], &[]);
+    assert!(
+        out.contains("paused ex-holder's write accepted: false"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,6 +182,23 @@ impl DualLock {
         ));
     }
 
+    /// What `inspect` reports from the two stores' views of one key.
+    fn merge(&self, old: Option<LockInfo>, new: Option<LockInfo>) -> Option<LockInfo> {
+        match (old, new) {
+            (Some(o), Some(n)) => {
+                let mut info = match self.tokens {
+                    TokenSource::Old => o.clone(),
+                    TokenSource::New => n.clone(),
+                };
+                info.remaining_ttl = o.remaining_ttl.min(n.remaining_ttl);
+                Some(info)
+            }
+            // Held by a node that uses only one of the stores.
+            (Some(one), None) | (None, Some(one)) => Some(one),
+            (None, None) => None,
+        }
+    }
+
     /// Gives back an old-store lease after the new store refused or failed.
     async fn undo(&self, old: &Lease) {
         if let Err(e) = self.old.release(old).await {
@@ -280,9 +297,20 @@ impl DistributedLock for DualLock {
         let Some((old, new)) = self.lookup(lease) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
-        // Reverse order: new first, then old.
-        let new_out = self.new.release(&new).await?;
-        let old_out = self.old.release(&old).await?;
+        // Reverse order: new first, then old — the old store even when the
+        // new one failed, so that it is not left held until its TTL. The
+        // first error is returned and the hold is kept, so a retry of the
+        // release reaches the store that failed.
+        let new_out = self.new.release(&new).await;
+        let old_out = self.old.release(&old).await;
+        let (new_out, old_out) = match (new_out, old_out) {
+            (Ok(n), Ok(o)) => (n, o),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
+            (Err(e), Err(second)) => {
+                tracing::warn!(key = %lease.key, error = %second, "the old store's release failed too; it expires after its ttl");
+                return Err(e);
+            }
+        };
         let outcome = match (old_out, new_out) {
             (ReleaseOutcome::StillHeld { remaining }, ReleaseOutcome::StillHeld { .. }) => {
                 ReleaseOutcome::StillHeld { remaining }
@@ -298,19 +326,40 @@ impl DistributedLock for DualLock {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let (old, new) = (self.old.inspect(key).await?, self.new.inspect(key).await?);
-        Ok(match (old, new) {
-            (Some(o), Some(n)) => {
-                let mut info = match self.tokens {
-                    TokenSource::Old => o.clone(),
-                    TokenSource::New => n.clone(),
-                };
-                info.remaining_ttl = o.remaining_ttl.min(n.remaining_ttl);
-                Some(info)
+        Ok(self.merge(old, new))
+    }
+
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        let old = self.old.list(limit).await?;
+        let new = self.new.list(limit).await?;
+        // A store that returned `limit` locks may hold more: a key listed by
+        // only the other store is then inspected there, so that its merged
+        // view is the one `inspect` gives.
+        let (old_full, new_full) = (old.len() >= limit, new.len() >= limit);
+        let mut both: std::collections::BTreeMap<LockKey, (Option<LockInfo>, Option<LockInfo>)> =
+            std::collections::BTreeMap::new();
+        for info in old {
+            let key = info.key.clone();
+            both.entry(key).or_default().0 = Some(info);
+        }
+        for info in new {
+            let key = info.key.clone();
+            both.entry(key).or_default().1 = Some(info);
+        }
+        let mut held = Vec::new();
+        for (key, (mut o, mut n)) in both {
+            if held.len() >= limit {
+                break;
             }
-            // Held by a node that uses only one of the stores.
-            (Some(one), None) | (None, Some(one)) => Some(one),
-            (None, None) => None,
-        })
+            if o.is_none() && old_full {
+                o = self.old.inspect(&key).await?;
+            }
+            if n.is_none() && new_full {
+                n = self.new.inspect(&key).await?;
+            }
+            held.extend(self.merge(o, n));
+        }
+        Ok(held)
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
@@ -329,5 +378,136 @@ impl DistributedLock for DualLock {
             .fencing(o.has_fencing() && n.has_fencing())
             .reentrant(o.is_reentrant() && n.is_reentrant())
             .min_ttl(o.get_min_ttl().max(n.get_min_ttl()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::MemoryLock;
+
+    /// A memory store whose `release` always fails, like a store that went
+    /// away between the acquire and the release.
+    #[derive(Debug, Clone)]
+    struct ReleaseFails(MemoryLock);
+
+    #[async_trait]
+    impl DistributedLock for ReleaseFails {
+        async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+            self.0.try_acquire(key, opts).await
+        }
+        async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+            self.0.acquire(key, opts).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn release(&self, _lease: &Lease) -> Result<ReleaseOutcome> {
+            Err(Error::backend("memory", true, "connection reset"))
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+            self.0.inspect(key).await
+        }
+        async fn force_release(&self, key: &LockKey) -> Result<bool> {
+            self.0.force_release(key).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+    }
+
+    fn opts() -> LockOptions {
+        LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_failed_release_in_the_new_store_still_releases_the_old_one() {
+        let old = MemoryLock::new();
+        let new = MemoryLock::new();
+        let dual = DualLock::new(Arc::new(old.clone()), Arc::new(ReleaseFails(new.clone())));
+        let key = LockKey::new("job").unwrap();
+        let lease = dual.try_acquire(&key, &opts()).await.unwrap().unwrap();
+        let err = dual.release(&lease).await.unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+        // The old store was released although the new one failed first.
+        assert!(
+            old.inspect(&key).await.unwrap().is_none(),
+            "the old store stayed held after the new store's release failed"
+        );
+        assert!(new.inspect(&key).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_failed_release_in_the_old_store_is_reported_after_the_new_one_is_freed() {
+        let old = MemoryLock::new();
+        let new = MemoryLock::new();
+        let dual = DualLock::new(Arc::new(ReleaseFails(old.clone())), Arc::new(new.clone()));
+        let key = LockKey::new("job").unwrap();
+        let lease = dual.try_acquire(&key, &opts()).await.unwrap().unwrap();
+        assert!(dual.release(&lease).await.is_err());
+        assert!(new.inspect(&key).await.unwrap().is_none());
+    }
+
+    // Paused: the memory stores' clock stands still, so the remaining TTLs
+    // that `list` and `inspect` report are equal.
+    #[tokio::test(start_paused = true)]
+    async fn list_merges_both_stores_like_inspect() {
+        let old = MemoryLock::new();
+        let new = MemoryLock::new();
+        let dual = DualLock::new(Arc::new(old.clone()), Arc::new(new.clone()));
+        let k = |s: &str| LockKey::new(s).unwrap();
+        let both = dual.try_acquire(&k("b"), &opts()).await.unwrap().unwrap();
+        let only_old = old.try_acquire(&k("a"), &opts()).await.unwrap().unwrap();
+        let only_new = new.try_acquire(&k("c"), &opts()).await.unwrap().unwrap();
+        let all = dual.list(10).await.unwrap();
+        let keys: Vec<&str> = all.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+        assert_eq!(all[0].token, only_old.token);
+        assert_eq!(all[1].token, both.token);
+        assert_eq!(all[2].token, only_new.token);
+        for info in &all {
+            assert_eq!(Some(info), dual.inspect(&info.key).await.unwrap().as_ref());
+        }
+        assert_eq!(dual.list(2).await.unwrap().len(), 2);
+        // A store that cannot list makes the dual lock say so.
+        let dual = DualLock::new(Arc::new(old.clone()), Arc::new(NoList(new.clone())));
+        assert!(matches!(
+            dual.list(10).await,
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    /// A store that keeps the trait's default `list`.
+    #[derive(Debug)]
+    struct NoList(MemoryLock);
+
+    #[async_trait]
+    impl DistributedLock for NoList {
+        async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+            self.0.try_acquire(key, opts).await
+        }
+        async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+            self.0.acquire(key, opts).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+            self.0.release(lease).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+            self.0.inspect(key).await
+        }
+        async fn force_release(&self, key: &LockKey) -> Result<bool> {
+            self.0.force_release(key).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
     }
 }

@@ -29,9 +29,10 @@
 //! # Layers
 //!
 //! * [`DistributedLock`] — the per-store primitive (`try_acquire`, `acquire`,
-//!   `extend`, `release`, `inspect`, `force_release`, `capabilities`); small
-//!   and object-safe. Its `# Contract` section is what every backend is
-//!   tested against by the `fenced-conformance` suite.
+//!   `extend`, `release`, `inspect`, `force_release`, `capabilities`, and
+//!   `list` for stores that can enumerate their locks); small and
+//!   object-safe. Its `# Contract` section is what every backend is tested
+//!   against by the `fenced-conformance` suite.
 //! * [`LockClient`] / [`LockGuard`] — policy written once: watchdog renewal
 //!   every ttl/3 driven by monotonic deadlines (batched per client through
 //!   [`DistributedLock::extend_many`]; see [`batch`]), `max_hold` circuit breaker,

@@ -177,6 +177,26 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// [`Error::Backend`](crate::Error::Backend) when the store fails.
     async fn force_release(&self, key: &LockKey) -> Result<bool>;
 
+    /// Administrative: the locks currently held in this store's namespace,
+    /// as [`inspect`](Self::inspect) would show each, sorted by key — at most
+    /// `limit` of them (ask for one more than you show to learn whether there
+    /// are more). When more are held, which ones come back is up to the
+    /// backend: the SQL stores return the first in key order. This is what
+    /// `fenced status` with no key prints.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Unsupported`](crate::Error::Unsupported) from stores that
+    ///   cannot list (the default): name the keys and call `inspect` instead.
+    /// * [`Error::Backend`](crate::Error::Backend) when the store fails.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        let _ = limit;
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend_name(),
+            what: "listing held locks yet; inspect the keys by name".into(),
+        })
+    }
+
     /// What this backend can promise.
     fn capabilities(&self) -> Capabilities;
 }
@@ -213,6 +233,9 @@ macro_rules! forward_impl {
             }
             async fn force_release(&self, key: &LockKey) -> Result<bool> {
                 (**self).force_release(key).await
+            }
+            async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+                (**self).list(limit).await
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()

@@ -503,6 +503,30 @@ impl DistributedLock for MemoryLock {
         Ok(removed)
     }
 
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        self.check_available()?;
+        let now = Instant::now();
+        let state = self.state();
+        let mut held: Vec<LockInfo> = state
+            .entries
+            .iter()
+            .filter(|((ns, _), _)| *ns == self.namespace)
+            .filter_map(|((_, key), e)| {
+                let h = e.holder.as_ref().filter(|h| h.expires_at > now)?;
+                Some(LockInfo::new(
+                    key.clone(),
+                    h.owner.clone(),
+                    h.token,
+                    h.expires_at - now,
+                    h.count,
+                ))
+            })
+            .collect();
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        held.truncate(limit);
+        Ok(held)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .backend(BACKEND)
@@ -657,5 +681,35 @@ mod tests {
             .await
             .unwrap()
             .is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn list_shows_current_holds_of_the_namespace_in_key_order() {
+        let m = MemoryLock::new();
+        let b = m.try_acquire(&key("b"), &ttl(1000)).await.unwrap().unwrap();
+        let a = m.try_acquire(&key("a"), &ttl(5000)).await.unwrap().unwrap();
+        let c = m.try_acquire(&key("c"), &ttl(5000)).await.unwrap().unwrap();
+        m.release(&c).await.unwrap();
+        m.with_namespace("other")
+            .try_acquire(&key("z"), &ttl(5000))
+            .await
+            .unwrap()
+            .unwrap();
+        let all = m.list(10).await.unwrap();
+        let keys: Vec<&str> = all.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert_eq!(all[0].token, a.token);
+        assert_eq!(all[1].owner, b.owner);
+        assert_eq!(m.list(1).await.unwrap().len(), 1);
+        // Expired holds are not listed.
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let keys: Vec<LockKey> = m
+            .list(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.key)
+            .collect();
+        assert_eq!(keys, [key("a")]);
     }
 }

@@ -1,13 +1,52 @@
 //! Argument parsing, exit codes and the small subcommands.
+//!
+//! # `fenced run`: what it does with the command (CMD)
+//!
+//! * CMD runs in a **process group of its own**, so that stopping it on a
+//!   lost lock reaches everything it started (SIGTERM to the group, SIGKILL
+//!   after `--grace`).
+//! * When stdin is a terminal and fenced is its foreground job, CMD's group
+//!   is made the terminal's **foreground group** for as long as it runs (and
+//!   fenced takes the terminal back after): CMD can read the terminal, and
+//!   Ctrl-C / Ctrl-\ reach it directly. Ctrl-Z (or a background read or
+//!   write of the terminal) stops CMD; fenced then stops itself with the
+//!   same signal so that the shell sees the job stopped, and on `fg` / `bg`
+//!   hands the terminal back (on `fg`) and continues CMD. A job stopped for
+//!   longer than `--ttl` has lost its lock: when resumed it is terminated and
+//!   fenced exits 76. Without a job-control shell to resume it (fenced's
+//!   process group is orphaned), fenced does not stop itself: it continues
+//!   CMD at once and says so.
+//! * **SIGTERM, SIGINT, SIGHUP and SIGQUIT** sent to fenced are passed to
+//!   CMD's group (followed by SIGCONT, in case it is stopped); fenced waits
+//!   up to `--grace` for CMD, SIGKILLs the group if it is still there,
+//!   releases the lock and exits with CMD's status (128+N when CMD died of
+//!   signal N).
+//! * **SIGKILL** of fenced (and the OOM killer) cannot be caught: CMD is
+//!   orphaned and keeps running without the lock, which the store frees
+//!   after `--ttl`. Linux's parent-death signal would need `unsafe` code
+//!   (forbidden here). Where that matters, run fenced under a supervisor
+//!   that kills the whole unit, e.g. systemd's default
+//!   `KillMode=control-group`, or protect the resource with `FENCED_TOKEN`,
+//!   which a later holder's higher token makes stale.
+//!
+//! # Exit codes
+//!
+//! 75 (`EXIT_BUSY`), 76 (`EXIT_LOST`), 69 (`EXIT_STORE`), 78
+//! (`EXIT_CONFIG`), 127 (`EXIT_SPAWN`); otherwise CMD's own status.
+//! CMD's own code can equal one of fenced's: fenced's own failures always
+//! print a one-line `fenced: …` message on stderr, CMD's codes pass through
+//! silently. A caller that must tell them apart with certainty can have CMD
+//! avoid those values (e.g. `sh -c 'cmd || exit 1'`).
 
 #[cfg(feature = "bench")]
 mod bench;
+mod job;
 mod run;
 
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fenced::{Error, LockKey};
+use fenced::{Error, LockInfo, LockKey};
 
 /// Exit code: the lock was held elsewhere for the whole `--wait`.
 pub(crate) const EXIT_BUSY: u8 = 75;
@@ -25,16 +64,67 @@ Examples:
   fenced run --key nightly-report -- ./report.sh --full
   fenced run --key deploy --wait 5m --ttl 30s --max-hold 1h -- make deploy
   FENCED_URL=mysql://app:pw@db/app fenced run --key orders:1001 -- ./fix-order 1001
+  fenced status                                  # every held lock (SQLite, memory)
   fenced status --url redis://127.0.0.1 nightly-report deploy --json
   fenced release --force deploy
   fenced migrate --url mysql://root@127.0.0.1:3306/test
 
 Store URLs: sqlite:///path/locks.db (default), mysql://user:pw@host/db?strategy=unique_key|row_lock|optimistic,
-  redis://host:6379, etcd://h1:2379,h2:2379/prefix, memory:// (this process only).
+  redis://host:6379, rediss://, etcd://h1:2379,h2:2379/prefix, etcds://, memory:// (this process only).
 
 Exit codes of `run`: the command's own code (128+N if killed by signal N);
   75 lock held elsewhere for the whole --wait; 76 lock lost while the command ran (command terminated);
-  69 store failed or unreachable; 78 bad URL/key/option or missing schema; 127 command could not start.";
+  69 store failed or unreachable; 78 bad URL/key/option or missing schema; 127 command could not start.
+  See `fenced run --help` for signals and terminals.";
+
+const RUN_HELP: &str = "\
+Examples:
+  fenced run --key nightly-report -- ./report.sh --full
+  fenced run --key deploy --wait 5m --ttl 30s --max-hold 1h -- make deploy
+  fenced run --key cron:cleanup --wait 0s -- sh -c 'echo token $FENCED_TOKEN; ./cleanup'
+  FENCED_URL=redis://127.0.0.1:6379 fenced run --key orders:1001 -- ./fix-order 1001
+
+Exit codes: CMD's own (128+N if it died of signal N);
+  75 lock held elsewhere for the whole --wait (CMD not run);
+  76 lock lost while CMD ran: renewal refused, deadline passed (also after fenced was frozen
+     past --ttl) or --max-hold reached; CMD got SIGTERM, then SIGKILL after --grace;
+  69 store failed or unreachable; 78 bad URL/key/option or missing schema; 127 CMD could not start.
+  CMD's own code can equal one of these: fenced's own failures always print a `fenced:` line on
+  stderr, CMD's codes pass through silently.
+
+Signals and terminals:
+  SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed to CMD's process group; fenced waits up to
+  --grace, releases the lock and exits with CMD's status.
+  With stdin a terminal, CMD's group gets the terminal while it runs (it can read input; Ctrl-C
+  reaches it). Ctrl-Z stops CMD and fenced together; `fg` resumes both. A job stopped longer than
+  --ttl has lost the lock and is terminated when resumed (76).
+  SIGKILL or the OOM killer on fenced cannot be passed on: CMD keeps running without the lock,
+  which expires after --ttl. Run fenced where the whole job is killed together (e.g. a systemd
+  unit, KillMode=control-group) if that matters.";
+
+const STATUS_HELP: &str = "\
+Examples:
+  fenced status                          # every held lock (stores that can list: SQLite, memory)
+  fenced status nightly-report deploy    # these keys, held or free
+  fenced status --url redis://127.0.0.1:6379 --json nightly-report
+  fenced status --limit 20 --json | jq '.[].key'";
+
+const RELEASE_HELP: &str = "\
+Examples:
+  fenced release --force nightly-report
+  fenced release --force --url mysql://root@127.0.0.1:3306/test orders:1001
+
+The evicted holder notices at its next renewal (within a third of its TTL); a `fenced run`
+holder then terminates its command and exits 76.";
+
+const MIGRATE_HELP: &str = "\
+Examples:
+  fenced migrate --url mysql://root@127.0.0.1:3306/test
+  fenced migrate --url 'mysql://app:pw@db/app?strategy=row_lock&table=job_locks'
+  FENCED_URL=sqlite:///var/lib/app/locks.db fenced migrate
+
+Idempotent: run it at every deployment before the new version starts. Redis, etcd and memory://
+need no schema (the URL is still checked).";
 
 /// Run commands under a distributed lock with a fencing token.
 #[derive(Debug, Parser)]
@@ -45,7 +135,13 @@ pub(crate) struct Cli {
     pub(crate) url: Option<String>,
 
     /// Log filter for diagnostics on stderr (e.g. `info`, `fenced=debug`).
-    #[arg(long, global = true, env = "FENCED_LOG", default_value = "warn")]
+    #[arg(
+        long,
+        global = true,
+        env = "FENCED_LOG",
+        hide_env_values = true,
+        default_value = "warn"
+    )]
     pub(crate) log: String,
 
     #[command(subcommand)]
@@ -55,12 +151,16 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Hold a lock while a command runs; renew it; stop the command if the lock is lost.
+    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
-    /// Show who holds the given keys (holder, fencing token, remaining TTL).
+    /// Show who holds the given keys, or every held lock (holder, fencing token, remaining TTL).
+    #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// Administrative: free a key whoever holds it.
+    #[command(after_help = RELEASE_HELP)]
     Release(ReleaseArgs),
     /// Create or upgrade the schema of an SQL store (idempotent).
+    #[command(after_help = MIGRATE_HELP)]
     Migrate,
     /// Measure every backend side by side with the locks users would pick instead
     /// (built with the `bench` feature; see scripts/bench.sh).
@@ -111,8 +211,11 @@ pub(crate) struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
-    /// The keys to inspect.
-    #[arg(required = true, value_name = "KEY")]
+    /// With no KEY: show at most this many held locks (the first in key order).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) limit: u64,
+    /// The keys to inspect, held or free. None: every held lock (stores that can list them).
+    #[arg(value_name = "KEY")]
     pub(crate) keys: Vec<String>,
 }
 
@@ -185,54 +288,97 @@ async fn status(url: Option<String>, args: StatusArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    let mut rows = Vec::new();
-    for key in &keys {
-        match store.inspect(key).await {
-            Ok(info) => rows.push((key, info)),
-            Err(e) => return fail(&e),
-        }
-    }
-    let mut out = String::new();
-    if args.json {
-        let list: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|(k, info)| match info {
-                Some(i) => serde_json::json!({
-                    "key": k.as_str(), "held": true, "owner": i.owner.as_str(),
-                    "token": i.token.get(), "remaining_ms": i.remaining_ttl.as_millis() as u64,
-                    "hold_count": i.hold_count,
-                }),
-                None => serde_json::json!({ "key": k.as_str(), "held": false }),
-            })
-            .collect();
-        out.push_str(&serde_json::Value::Array(list).to_string());
-        out.push('\n');
-    } else {
-        out.push_str(&format!(
-            "{:<32} {:<38} {:>12} {:>10}\n",
-            "KEY", "HOLDER", "TOKEN", "TTL"
-        ));
-        for (k, info) in &rows {
-            match info {
-                Some(i) => out.push_str(&format!(
-                    "{:<32} {:<38} {:>12} {:>10}\n",
-                    k.as_str(),
-                    i.owner.as_str(),
-                    i.token.get(),
-                    format!("{:.1}s", i.remaining_ttl.as_secs_f64())
-                )),
-                None => out.push_str(&format!(
-                    "{:<32} {:<38} {:>12} {:>10}\n",
-                    k.as_str(),
-                    "-",
-                    "-",
-                    "free"
-                )),
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    match status_rows(&*store, keys, limit).await {
+        Ok((rows, note)) => {
+            if let Some(note) = note {
+                say(&note);
             }
+            print(&if args.json {
+                status_json(&rows)
+            } else {
+                status_table(&rows)
+            });
+            0
         }
+        Err(Error::Unsupported { backend, .. }) => {
+            say(&cannot_list(backend));
+            EXIT_CONFIG
+        }
+        Err(e) => fail(&e),
     }
-    print(&out);
-    0
+}
+
+/// Each key with its holder, or — with no keys — every held lock up to
+/// `limit`, in key order, with a note when there are more.
+async fn status_rows(
+    store: &dyn fenced::DistributedLock,
+    keys: Vec<LockKey>,
+    limit: usize,
+) -> Result<(Vec<(LockKey, Option<LockInfo>)>, Option<String>), Error> {
+    let mut rows = Vec::new();
+    if !keys.is_empty() {
+        for key in keys {
+            let info = store.inspect(&key).await?;
+            rows.push((key, info));
+        }
+        return Ok((rows, None));
+    }
+    let mut held = store.list(limit.saturating_add(1)).await?;
+    held.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut note = None;
+    if held.len() > limit {
+        held.truncate(limit);
+        note = Some(format!(
+            "showing the first {limit} held locks; raise --limit to see more"
+        ));
+    }
+    rows.extend(held.into_iter().map(|i| (i.key.clone(), Some(i))));
+    Ok((rows, note))
+}
+
+/// What `status` says for a store without `list`.
+fn cannot_list(backend: &str) -> String {
+    format!("this store ({backend}) cannot list locks yet; name the keys: fenced status KEY…")
+}
+
+/// `[{"key", "held", "owner", "token", "remaining_ms", "hold_count"}…]`
+/// (only `key` and `held` for a free key), one line.
+fn status_json(rows: &[(LockKey, Option<LockInfo>)]) -> String {
+    let list: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(k, info)| match info {
+            Some(i) => serde_json::json!({
+                "key": k.as_str(), "held": true, "owner": i.owner.as_str(),
+                "token": i.token.get(),
+                "remaining_ms": u64::try_from(i.remaining_ttl.as_millis()).unwrap_or(u64::MAX),
+                "hold_count": i.hold_count,
+            }),
+            None => serde_json::json!({ "key": k.as_str(), "held": false }),
+        })
+        .collect();
+    let mut out = serde_json::Value::Array(list).to_string();
+    out.push('\n');
+    out
+}
+
+fn status_table(rows: &[(LockKey, Option<LockInfo>)]) -> String {
+    let line = |k: &str, holder: &str, token: &str, ttl: &str| {
+        format!("{k:<32} {holder:<38} {token:>12} {ttl:>10}\n")
+    };
+    let mut out = line("KEY", "HOLDER", "TOKEN", "TTL");
+    for (k, info) in rows {
+        out.push_str(&match info {
+            Some(i) => line(
+                k.as_str(),
+                i.owner.as_str(),
+                &i.token.get().to_string(),
+                &format!("{:.1}s", i.remaining_ttl.as_secs_f64()),
+            ),
+            None => line(k.as_str(), "-", "-", "free"),
+        });
+    }
+    out
 }
 
 async fn release(url: Option<String>, args: ReleaseArgs) -> u8 {
@@ -283,4 +429,105 @@ async fn migrate(url: Option<String>) -> u8 {
 pub(crate) fn print(s: &str) {
     use std::io::Write;
     let _ = std::io::stdout().write_all(s.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use clap::CommandFactory;
+    use fenced::{
+        async_trait, Capabilities, DistributedLock, Lease, LockOptions, MemoryLock, ReleaseOutcome,
+        Result,
+    };
+
+    use super::*;
+
+    #[test]
+    fn the_arguments_are_consistent() {
+        Cli::command().debug_assert();
+        // KEY is optional for status; --limit must be at least 1.
+        assert!(Cli::try_parse_from(["fenced", "status"]).is_ok());
+        assert!(Cli::try_parse_from(["fenced", "status", "--limit", "0"]).is_err());
+    }
+
+    /// A store that keeps the trait's default `list` (as the server stores
+    /// did before they implemented it).
+    #[derive(Debug)]
+    struct NoList(MemoryLock);
+
+    #[async_trait]
+    impl DistributedLock for NoList {
+        async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+            self.0.try_acquire(key, opts).await
+        }
+        async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+            self.0.acquire(key, opts).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+            self.0.release(lease).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+            self.0.inspect(key).await
+        }
+        async fn force_release(&self, key: &LockKey) -> Result<bool> {
+            self.0.force_release(key).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+    }
+
+    #[tokio::test]
+    async fn status_without_keys_on_a_store_that_cannot_list_says_to_name_them() {
+        let store = NoList(MemoryLock::new());
+        let key = LockKey::new("k").unwrap();
+        store
+            .try_acquire(&key, &LockOptions::default())
+            .await
+            .unwrap()
+            .unwrap();
+        let Err(Error::Unsupported { backend, .. }) = status_rows(&store, vec![], 10).await else {
+            panic!("listing a store without `list` did not report Unsupported");
+        };
+        let msg = cannot_list(backend);
+        assert!(
+            msg.contains("cannot list locks yet; name the keys: fenced status KEY"),
+            "{msg}"
+        );
+        // Named keys still work on it.
+        let (rows, _) = status_rows(&store, vec![key.clone()], 10).await.unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].1.is_some());
+    }
+
+    #[tokio::test]
+    async fn status_without_keys_lists_in_key_order_up_to_the_limit() {
+        let store = MemoryLock::new();
+        for k in ["b", "c", "a"] {
+            store
+                .try_acquire(&LockKey::new(k).unwrap(), &LockOptions::default())
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let (rows, note) = status_rows(&store, vec![], 10).await.unwrap();
+        let keys: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+        assert!(note.is_none());
+        let (rows, note) = status_rows(&store, vec![], 2).await.unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(note.unwrap().contains("raise --limit"));
+        let table = status_table(&rows);
+        assert!(table.starts_with("KEY"), "{table}");
+        assert_eq!(table.lines().count(), 3);
+        let json: serde_json::Value = serde_json::from_str(&status_json(&rows)).unwrap();
+        assert_eq!(json[1]["key"], "b");
+        assert_eq!(json[1]["held"], true);
+    }
 }

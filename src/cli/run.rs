@@ -1,18 +1,51 @@
 //! `fenced run`: hold a lock while a command runs.
 
-use std::{os::unix::process::ExitStatusExt, process::ExitStatus, time::Duration};
-
 use fenced::{Error, LockClient, WaitPolicy};
-use nix::{
-    sys::signal::{killpg, Signal},
-    unistd::Pid,
-};
+use nix::sys::signal::Signal;
 use tokio::{
-    process::{Child, Command},
-    signal::unix::{signal, SignalKind},
+    process::Command,
+    signal::unix::{signal, Signal as Stream, SignalKind},
 };
 
-use super::{connect, fail, say, RunArgs, Wait, EXIT_BUSY, EXIT_LOST, EXIT_SPAWN, EXIT_STORE};
+use super::{
+    connect, fail,
+    job::{self, Job},
+    say, RunArgs, Wait, EXIT_BUSY, EXIT_LOST, EXIT_SPAWN, EXIT_STORE,
+};
+
+/// How the command's run ended, before the lock is released.
+enum End {
+    /// The lock was lost; the command was terminated.
+    Lost,
+    /// The command exited by itself with this code.
+    Exited(u8),
+    /// fenced was told to stop; the signal was passed on and this is the
+    /// command's code.
+    Signalled(u8),
+}
+
+/// The signals `fenced run` listens to while the command runs.
+struct Signals {
+    term: Stream,
+    int: Stream,
+    hup: Stream,
+    quit: Stream,
+    child: Stream,
+    cont: Stream,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+            child: signal(SignalKind::child())?,
+            cont: signal(SignalKind::from_raw(Signal::SIGCONT as i32))?,
+        })
+    }
+}
 
 pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
     let store = match connect(url).await {
@@ -42,116 +75,111 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         }
         Err(e) => return fail(&e),
     };
+    // Before the command starts: from here on a SIGHUP or SIGQUIT must not
+    // kill fenced and leave the command running without the lock.
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            say(&format!("cannot install signal handlers: {e}"));
+            let _ = guard.release().await;
+            return EXIT_STORE;
+        }
+    };
 
-    // The command runs in a process group of its own, so that terminating it
-    // reaches everything it started.
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("FENCED_TOKEN", guard.token().get().to_string())
-        .env("FENCED_KEY", guard.key().as_str())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
+        .env("FENCED_KEY", guard.key().as_str());
+    let mut job = match Job::spawn(&mut cmd) {
+        Ok(j) => j,
         Err(e) => {
             say(&format!("cannot start `{}`: {e}", args.command[0]));
             let _ = guard.release().await;
             return EXIT_SPAWN;
         }
     };
-    let group = child.id().map(|id| Pid::from_raw(id as i32));
 
-    let (mut sigterm, mut sigint) = match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(t), Ok(i)) => (t, i),
-        _ => {
-            say("cannot install signal handlers");
-            stop(&mut child, group, args.grace).await;
-            let _ = guard.release().await;
-            return EXIT_STORE;
+    // Whether fenced stopped itself because the command was stopped from
+    // the terminal, and so continues it when fenced is continued.
+    let mut suspended = false;
+    let end = loop {
+        tokio::select! {
+            // Loss first: a frozen process resumed past its deadline must stop
+            // the command even if it also happens to have finished.
+            biased;
+            reason = guard.lost() => {
+                say(&format!("lost lock `{}` ({reason}); terminating the command", args.key));
+                job.stop(args.grace).await;
+                break End::Lost;
+            }
+            status = job.wait() => {
+                job.take_terminal();
+                break End::Exited(match status {
+                    Ok(s) => job::exit_code(s),
+                    Err(e) => {
+                        say(&format!("waiting for the command failed: {e}"));
+                        EXIT_STORE
+                    }
+                });
+            }
+            _ = signals.term.recv() => break End::Signalled(job.forward(Signal::SIGTERM, args.grace).await),
+            _ = signals.int.recv() => break End::Signalled(job.forward(Signal::SIGINT, args.grace).await),
+            _ = signals.hup.recv() => break End::Signalled(job.forward(Signal::SIGHUP, args.grace).await),
+            _ = signals.quit.recv() => break End::Signalled(job.forward(Signal::SIGQUIT, args.grace).await),
+            _ = signals.child.recv() => {
+                if let Some(sig) = job.stopped_by_terminal() {
+                    job.take_terminal();
+                    if job::can_be_resumed() {
+                        tracing::info!(signal = %sig, "the command was stopped; stopping fenced too");
+                        suspended = true;
+                        job::stop_self(sig);
+                    } else if sig == Signal::SIGTSTP || job::fenced_is_foreground() {
+                        say(&format!(
+                            "the command was stopped by {sig}, but no job-control shell could resume \
+                             fenced; continuing it"
+                        ));
+                        job.resume();
+                    } else {
+                        // It needs the terminal, which a background fenced
+                        // cannot give it, and nobody can bring fenced to the
+                        // foreground: it would stay stopped, holding the lock.
+                        say(&format!(
+                            "the command was stopped by {sig} (it needs the terminal, and fenced runs \
+                             in the background without job control); terminating it"
+                        ));
+                        job.stop(args.grace).await;
+                        break End::Signalled(128 + sig as u8);
+                    }
+                }
+            }
+            _ = signals.cont.recv(), if suspended => {
+                suspended = false;
+                job.resume();
+            }
         }
     };
+    drop(job);
 
-    tokio::select! {
-        // Loss first: a frozen process resumed past its deadline must stop
-        // the command even if it also happens to have finished.
-        biased;
-        reason = guard.lost() => {
-            say(&format!("lost lock `{}` ({reason}); terminating the command", args.key));
-            stop(&mut child, group, args.grace).await;
+    match end {
+        End::Lost => {
             let _ = guard.release().await;
             EXIT_LOST
         }
-        status = child.wait() => {
-            let code = match status {
-                Ok(s) => exit_code(s),
-                Err(e) => {
-                    say(&format!("waiting for the command failed: {e}"));
-                    EXIT_STORE
-                }
-            };
-            match guard.release().await {
-                Ok(()) => code,
-                Err(e @ Error::LeaseLost { .. }) => {
-                    say(&format!("the command finished, but {e}"));
-                    EXIT_LOST
-                }
-                Err(e) => {
-                    // The command ran under the lock; it now expires at its TTL.
-                    tracing::warn!(error = %e, "release failed");
-                    code
-                }
+        End::Signalled(code) => {
+            let _ = guard.release().await;
+            code
+        }
+        End::Exited(code) => match guard.release().await {
+            Ok(()) => code,
+            Err(e @ Error::LeaseLost { .. }) => {
+                say(&format!("the command finished, but {e}"));
+                EXIT_LOST
             }
-        }
-        _ = sigterm.recv() => forward(&mut child, group, args.grace, guard, Signal::SIGTERM).await,
-        _ = sigint.recv() => forward(&mut child, group, args.grace, guard, Signal::SIGINT).await,
-    }
-}
-
-/// Passes a signal to the command's group, waits for it, releases the lock.
-async fn forward(
-    child: &mut Child,
-    group: Option<Pid>,
-    grace: Duration,
-    guard: fenced::LockGuard,
-    sig: Signal,
-) -> u8 {
-    if let Some(g) = group {
-        let _ = killpg(g, sig);
-    }
-    let code = match tokio::time::timeout(grace, child.wait()).await {
-        Ok(Ok(s)) => exit_code(s),
-        _ => {
-            stop(child, group, Duration::ZERO).await;
-            128 + sig as u8
-        }
-    };
-    let _ = guard.release().await;
-    code
-}
-
-/// SIGTERM to the group, then SIGKILL after `grace`; reaps the child.
-async fn stop(child: &mut Child, group: Option<Pid>, grace: Duration) {
-    if let Some(g) = group {
-        let _ = killpg(g, Signal::SIGTERM);
-        if !grace.is_zero() && tokio::time::timeout(grace, child.wait()).await.is_ok() {
-            // Leftovers of the group still get the hard stop below.
-            let _ = killpg(g, Signal::SIGKILL);
-            return;
-        }
-        let _ = killpg(g, Signal::SIGKILL);
-    }
-    let _ = child.kill().await;
-    let _ = child.wait().await;
-}
-
-/// The shell convention: the exit code, or 128 + the signal that killed it.
-fn exit_code(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(c), _) => c.clamp(0, 255) as u8,
-        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
-        _ => EXIT_STORE,
+            Err(e) => {
+                // The command ran under the lock; it now expires at its TTL.
+                tracing::warn!(error = %e, "release failed");
+                code
+            }
+        },
     }
 }

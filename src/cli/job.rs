@@ -1,0 +1,211 @@
+//! The command of `fenced run` as a job: its process group, the terminal,
+//! job-control stops and the signals passed on to it.
+//!
+//! CMD runs in a process group of its own, so that stopping it reaches
+//! everything it started. A process group that is not the terminal's
+//! foreground group is stopped (SIGTTIN) when it reads the terminal, so when
+//! fenced itself is the foreground job it hands the terminal to CMD's group
+//! and takes it back when CMD is done — what a shell does for its jobs.
+
+use std::{io::IsTerminal, os::unix::process::ExitStatusExt, process::ExitStatus, time::Duration};
+
+use nix::{
+    sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal},
+    unistd::{getpgid, getpgrp, getppid, getsid, tcgetpgrp, tcsetpgrp, Pid},
+};
+use tokio::process::{Child, Command};
+
+use super::EXIT_STORE;
+
+/// A started command and what fenced did with the terminal for it.
+#[derive(Debug)]
+pub(crate) struct Job {
+    child: Child,
+    /// CMD's process group (its pid).
+    group: Option<Pid>,
+    /// Whether fenced made CMD's group the terminal's foreground group and
+    /// has not taken it back yet.
+    has_terminal: bool,
+}
+
+impl Job {
+    /// Starts `cmd` in a new process group and, when fenced is the
+    /// foreground job of the terminal on its stdin, hands the terminal to it.
+    pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<Job> {
+        cmd.process_group(0).kill_on_drop(true);
+        let foreground = fenced_is_foreground();
+        let child = cmd.spawn()?;
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        let mut job = Job {
+            child,
+            group,
+            has_terminal: false,
+        };
+        if foreground {
+            job.give_terminal();
+        }
+        Ok(job)
+    }
+
+    /// Waits for CMD to exit.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Makes CMD's group the terminal's foreground group, then continues it:
+    /// it may have read the terminal and stopped before it was given it.
+    fn give_terminal(&mut self) {
+        let Some(group) = self.group else { return };
+        match set_foreground(group) {
+            Ok(()) => {
+                self.has_terminal = true;
+                let _ = killpg(group, Signal::SIGCONT);
+            }
+            Err(e) => tracing::debug!(error = %e, "could not give the terminal to the command"),
+        }
+    }
+
+    /// Gives the terminal back to fenced's group, if CMD's group still has
+    /// it (another process may have taken it meanwhile: then it is left alone).
+    pub(crate) fn take_terminal(&mut self) {
+        if !std::mem::take(&mut self.has_terminal) {
+            return;
+        }
+        let Some(group) = self.group else { return };
+        if tcgetpgrp(std::io::stdin()) == Ok(group) {
+            if let Err(e) = set_foreground(getpgrp()) {
+                tracing::debug!(error = %e, "could not take the terminal back");
+            }
+        }
+    }
+
+    /// If CMD has just been stopped by a terminal signal — Ctrl-Z (SIGTSTP),
+    /// or reading (SIGTTIN) or writing (SIGTTOU) the terminal from the
+    /// background — returns that signal. A SIGSTOP is someone freezing the
+    /// job on purpose and is left alone. Call it when SIGCHLD arrives.
+    pub(crate) fn stopped_by_terminal(&self) -> Option<Signal> {
+        #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+        {
+            use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+            let pid = self.group?;
+            // Stops only (no WEXITED): an exit stays for tokio to reap.
+            match waitid(Id::Pid(pid), WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG) {
+                Ok(WaitStatus::Stopped(_, sig))
+                    if matches!(sig, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU) =>
+                {
+                    Some(sig)
+                }
+                _ => None,
+            }
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+        {
+            None
+        }
+    }
+
+    /// Continues CMD after fenced was resumed (`fg` or `bg`): on `fg` —
+    /// fenced is the foreground job again — CMD's group gets the terminal back.
+    pub(crate) fn resume(&mut self) {
+        if fenced_is_foreground() {
+            self.give_terminal();
+        } else if let Some(group) = self.group {
+            let _ = killpg(group, Signal::SIGCONT);
+        }
+    }
+
+    /// Sends `sig` to CMD's group, then SIGCONT so that a stopped CMD acts on
+    /// it (as shells do for `kill` of a stopped job).
+    pub(crate) fn signal(&self, sig: Signal) {
+        if let Some(g) = self.group {
+            let _ = killpg(g, sig);
+            if sig != Signal::SIGKILL && sig != Signal::SIGCONT {
+                let _ = killpg(g, Signal::SIGCONT);
+            }
+        }
+    }
+
+    /// Passes `sig` to CMD's group and waits up to `grace` for CMD; then
+    /// SIGKILL. Returns CMD's status as an exit code (128 + `sig` if it had
+    /// to be killed).
+    pub(crate) async fn forward(&mut self, sig: Signal, grace: Duration) -> u8 {
+        self.signal(sig);
+        let code = match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(Ok(s)) => exit_code(s),
+            _ => {
+                self.stop(Duration::ZERO).await;
+                128 + sig as u8
+            }
+        };
+        self.take_terminal();
+        code
+    }
+
+    /// SIGTERM to the group, then SIGKILL after `grace`; reaps CMD and
+    /// takes the terminal back.
+    pub(crate) async fn stop(&mut self, grace: Duration) {
+        self.signal(Signal::SIGTERM);
+        if !grace.is_zero() {
+            let _ = tokio::time::timeout(grace, self.child.wait()).await;
+        }
+        // Leftovers of the group get the hard stop too.
+        self.signal(Signal::SIGKILL);
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+        self.take_terminal();
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.take_terminal();
+    }
+}
+
+/// Whether stdin is a terminal whose foreground group is fenced's own.
+pub(crate) fn fenced_is_foreground() -> bool {
+    let stdin = std::io::stdin();
+    stdin.is_terminal() && tcgetpgrp(&stdin) == Ok(getpgrp())
+}
+
+/// Makes `group` the foreground group of the terminal on stdin. SIGTTOU is
+/// blocked on this thread for the call: from a background group (after the
+/// terminal was handed over) `tcsetpgrp` would otherwise stop fenced.
+fn set_foreground(group: Pid) -> nix::Result<()> {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut before = SigSet::empty();
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before))?;
+    let done = tcsetpgrp(std::io::stdin(), group);
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
+    done
+}
+
+/// Whether a job-control shell can resume fenced after it stops: its parent
+/// is in the same session but another process group (so fenced's group is
+/// not orphaned, and the kernel would deliver a stop signal to it).
+pub(crate) fn can_be_resumed() -> bool {
+    let parent = getppid();
+    matches!(
+        (getsid(None), getsid(Some(parent)), getpgid(Some(parent))),
+        (Ok(mine), Ok(theirs), Ok(group)) if mine == theirs && group != getpgrp()
+    )
+}
+
+/// Stops fenced itself with `sig`, as CMD was stopped: the shell then sees
+/// the whole job stopped.
+pub(crate) fn stop_self(sig: Signal) {
+    let _ = kill(Pid::this(), sig);
+}
+
+/// The shell convention: the exit code, or 128 + the signal that killed it.
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c.clamp(0, 255) as u8,
+        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+        _ => EXIT_STORE,
+    }
+}
