@@ -125,7 +125,10 @@ pub enum RowMode {
     #[default]
     PerKey,
     /// Rows created ahead of time with [`MySqlLock::create_rows`](crate::MySqlLock::create_rows)
-    /// (the seeds' `fixed_lock` table); locking an unknown key is a configuration error.
+    /// (the seeds' `fixed_lock` table; `migrate` creates none). Locking an
+    /// unknown key is an [`Error::Config`], found by a plain (non-locking)
+    /// read — a `FOR UPDATE` on the missing row would take a gap lock.
+    /// Rows seen once are cached, so a known key costs no extra statement.
     Fixed,
     /// Keys hashed onto N rows (the seeds' §5.3): bounded table size, but two
     /// keys on the same shard exclude each other.
