@@ -170,11 +170,14 @@
 //! `FOR UPDATE`, `COMMIT`: 3) or fewer, with fencing, expiry on the server's
 //! clock and owner checks included. A `row_lock` acquire that has to wait
 //! costs 4 (the refused try, the waiting `FOR UPDATE`, the token, the
-//! release); with an explicit owner one more refused try comes first (the
-//! same-owner check above). No statement is spent on session settings, and
-//! connections are reused without the `COM_PING` a sqlx pool sends per
-//! checkout and per return (see the `row_lock` module docs for what each of
-//! its statements carries). Taking over an expired row costs `unique_key` two
+//! release). With an explicit owner, a refused `row_lock` try also reads
+//! the key's grant description (the same-owner check above: 2 statements),
+//! and a waiting acquire makes such a try first; a try refused because
+//! another owner holds the key through the *same* instance costs one read
+//! (is the holding connection still alive?) instead of none. No statement
+//! is spent on session settings, and connections are reused without the
+//! `COM_PING` a sqlx pool sends per checkout and per return (see the
+//! `row_lock` module docs for what each of its statements carries). Taking over an expired row costs `unique_key` two
 //! more statements (a guarded `DELETE`, the `INSERT` again); a key's first
 //! `optimistic` acquisition creates its row (`INSERT IGNORE`).
 //!
