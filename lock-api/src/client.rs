@@ -133,6 +133,14 @@ impl LockClient {
 
     /// Takes `key`, waiting as configured (see [`LockClientBuilder::wait`]).
     ///
+    /// A grant whose reply arrives after its own deadline (the process or
+    /// the network stalled for longer than the TTL) is never handed out as
+    /// is: the store may have given the key to someone else meanwhile. One
+    /// renewal sent on arrival either proves it is still this client's and
+    /// restarts its TTL, or shows it is gone — then the acquisition goes on
+    /// as if refused (waiting again within the bound; `None` from
+    /// [`try_acquire`](Self::try_acquire)).
+    ///
     /// # Errors
     ///
     /// * [`Error::InvalidKey`] before any I/O.
@@ -254,6 +262,76 @@ impl LockClient {
                 return Ok(Some(LockGuard::new(held)));
             }
         }
+        let started = Instant::now();
+        let bound = wait.map(|w| crate::wait::wait_deadline(w, started));
+        let lease = loop {
+            // What is left of the caller's wait bound for this round.
+            let round = match (wait, bound) {
+                (Some(WaitPolicy::Timeout(_)), Some(Some(end))) => Some(WaitPolicy::Timeout(
+                    end.saturating_duration_since(Instant::now()),
+                )),
+                _ => wait,
+            };
+            let Some(lease) = self.acquire_once(&key, round).await? else {
+                return Ok(None);
+            };
+            if let Some(lease) = self.confirm(lease).await? {
+                break lease;
+            }
+            // The grant was over before it reached us and someone else may
+            // hold the key now: as if it had been refused.
+            match (wait, bound) {
+                (None, _) => return Ok(None),
+                (Some(_), Some(Some(end))) if Instant::now() >= end => {
+                    return Err(Error::Timeout {
+                        key,
+                        waited: started.elapsed(),
+                    })
+                }
+                _ => {}
+            }
+        };
+        let backend = self.inner.backend;
+        tracing::debug!(key = %key, token = %lease.token, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquired");
+        let held = Held::new(Arc::clone(&self.inner), lease);
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Arc::downgrade(&held));
+        tokio::spawn(Arc::clone(&held).watchdog());
+        Ok(Some(LockGuard::new(held)))
+    }
+
+    /// A lease whose reply arrived after its own deadline (the process or
+    /// the network stalled for longer than the TTL) may already have been
+    /// given to someone else by the store: it is never handed out as is.
+    /// One renewal, sent now, either proves it is still ours and restarts
+    /// its TTL from now (`Some`), or shows it is gone (`None`).
+    async fn confirm(&self, lease: crate::Lease) -> Result<Option<crate::Lease>> {
+        if !lease.is_expired() {
+            return Ok(Some(lease));
+        }
+        tracing::warn!(key = %lease.key, token = %lease.token, backend = self.inner.backend, "the store's grant arrived after the lease's deadline; renewing it before use");
+        match self.inner.lock.extend(&lease, lease.ttl).await {
+            Ok(renewed) if !renewed.is_expired() => Ok(Some(renewed)),
+            Ok(renewed) => {
+                // Even the renewal came back too late: give it up.
+                let _ = self.inner.lock.release(&renewed).await;
+                Ok(None)
+            }
+            Err(Error::LeaseLost { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One acquisition attempt through the store, with its span and metrics.
+    async fn acquire_once(
+        &self,
+        key: &LockKey,
+        wait: Option<WaitPolicy>,
+    ) -> Result<Option<crate::Lease>> {
+        let cfg = &self.inner.config;
         let backend = self.inner.backend;
         let span = tracing::debug_span!("fenced.acquire", key = %key, backend);
         let started = Instant::now();
@@ -264,8 +342,8 @@ impl LockClient {
         let opts = opts.build()?;
         let lease = async {
             match wait {
-                None => self.inner.lock.try_acquire(&key, &opts).await,
-                Some(WaitPolicy::NoWait) => self.inner.lock.acquire(&key, &opts).await.map(Some),
+                None => self.inner.lock.try_acquire(key, &opts).await,
+                Some(WaitPolicy::NoWait) => self.inner.lock.acquire(key, &opts).await.map(Some),
                 // The policy allows waiting: the store's acquire is the wait.
                 Some(w) => {
                     let timeout_ms = match w {
@@ -276,7 +354,7 @@ impl LockClient {
                         tracing::debug_span!("fenced.wait", key = %key, backend, timeout_ms);
                     self.inner
                         .lock
-                        .acquire(&key, &opts)
+                        .acquire(key, &opts)
                         .instrument(waiting)
                         .await
                         .map(Some)
@@ -295,18 +373,7 @@ impl LockClient {
         if outcome == "timeout" {
             tracing::debug!(key = %key, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquire timed out");
         }
-        let Some(lease) = lease? else {
-            return Ok(None);
-        };
-        tracing::debug!(key = %key, token = %lease.token, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquired");
-        let held = Held::new(Arc::clone(&self.inner), lease);
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Arc::downgrade(&held));
-        tokio::spawn(Arc::clone(&held).watchdog());
-        Ok(Some(LockGuard::new(held)))
+        lease
     }
 
     /// The live, not-lost hold of `key` by this client, if any.

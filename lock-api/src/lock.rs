@@ -64,6 +64,13 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     ///
     /// One round trip, no sleeping, ignores the wait policy in `opts`.
     ///
+    /// The lease's deadline counts from the request's send time, so a reply
+    /// delayed past the TTL yields a lease that is already expired: the
+    /// store may have given the key to someone else since. Check
+    /// [`Lease::is_expired`] before use, or go through
+    /// [`LockClient`](crate::LockClient), which renews such a lease before
+    /// handing it out (the same holds for [`acquire`](Self::acquire)).
+    ///
     /// # Errors
     ///
     /// * [`Error::AlreadyHeld`](crate::Error::AlreadyHeld) if `opts` names an

@@ -609,3 +609,167 @@ fn metrics_are_emitted_with_the_documented_names() {
     assert_eq!(counters.get(telemetry::RELEASES), Some(&1), "{counters:?}");
     assert_eq!(counters.get(telemetry::LOSSES), Some(&1), "{counters:?}");
 }
+
+/// A store whose first grant reaches the caller late: after `delay` (a
+/// stalled process or network), with the deadline the store computed from
+/// the send time. With `stale_deadline` the grant arrives at once but its
+/// deadline is already over while the store still has the lock (a clock
+/// stall between the store's reply and the caller).
+#[derive(Debug)]
+struct LateGrant {
+    inner: MemoryLock,
+    delay: Duration,
+    stale_deadline: bool,
+    late: std::sync::atomic::AtomicBool,
+    extends: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LateGrant {
+    fn new(inner: MemoryLock, delay: Duration, stale_deadline: bool) -> Self {
+        LateGrant {
+            inner,
+            delay,
+            stale_deadline,
+            late: std::sync::atomic::AtomicBool::new(true),
+            extends: Arc::default(),
+        }
+    }
+
+    async fn deliver(&self, mut lease: fenced_api::Lease) -> fenced_api::Lease {
+        if self.late.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            if self.stale_deadline {
+                lease.deadline = Instant::now() - Duration::from_millis(1);
+            } else {
+                sleep(self.delay).await;
+            }
+        }
+        lease
+    }
+}
+
+#[fenced_api::async_trait]
+impl DistributedLock for LateGrant {
+    async fn try_acquire(
+        &self,
+        k: &LockKey,
+        o: &LockOptions,
+    ) -> fenced_api::Result<Option<fenced_api::Lease>> {
+        match self.inner.try_acquire(k, o).await? {
+            Some(l) => Ok(Some(self.deliver(l).await)),
+            None => Ok(None),
+        }
+    }
+    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<fenced_api::Lease> {
+        let l = self.inner.acquire(k, o).await?;
+        Ok(self.deliver(l).await)
+    }
+    async fn extend(
+        &self,
+        l: &fenced_api::Lease,
+        ttl: Duration,
+    ) -> fenced_api::Result<fenced_api::Lease> {
+        self.extends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.extend(l, ttl).await
+    }
+    async fn release(
+        &self,
+        l: &fenced_api::Lease,
+    ) -> fenced_api::Result<fenced_api::ReleaseOutcome> {
+        self.inner.release(l).await
+    }
+    async fn inspect(&self, k: &LockKey) -> fenced_api::Result<Option<fenced_api::LockInfo>> {
+        self.inner.inspect(k).await
+    }
+    async fn force_release(&self, k: &LockKey) -> fenced_api::Result<bool> {
+        self.inner.force_release(k).await
+    }
+    fn capabilities(&self) -> fenced_api::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// Takes `k` directly on the store once the late grant has expired there,
+/// and holds it for `hold`: the grant's reply is then about a lock that
+/// belongs to someone else.
+fn rival(store: &MemoryLock, hold: Duration) -> tokio::task::JoinHandle<u64> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        sleep(TTL + Duration::from_millis(50)).await;
+        let opts = LockOptions::builder().ttl(TTL * 10).build().unwrap();
+        let l = store
+            .try_acquire(&LockKey::new("k").unwrap(), &opts)
+            .await
+            .unwrap()
+            .expect("the late grant had expired on the store");
+        sleep(hold).await;
+        store.release(&l).await.unwrap();
+        l.token.get()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_arrives_after_its_deadline_is_never_handed_out() {
+    let store = MemoryLock::new();
+    let late = LateGrant::new(store.clone(), TTL + Duration::from_millis(100), false);
+    let c = LockClient::builder(Arc::new(late))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let rival = rival(&store, TTL);
+    // The store granted the key, but the reply came after the lease's
+    // deadline and someone else holds the key by then.
+    assert!(
+        c.try_acquire("k").await.unwrap().is_none(),
+        "an expired grant was handed out as a held lock"
+    );
+    rival.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_whose_grant_arrives_too_late_waits_on() {
+    let store = MemoryLock::new();
+    let late = LateGrant::new(store.clone(), TTL + Duration::from_millis(100), false);
+    let c = LockClient::builder(Arc::new(late))
+        .ttl(TTL)
+        .wait(WaitPolicy::Timeout(TTL * 10))
+        .build()
+        .unwrap();
+    let rival = rival(&store, TTL);
+    let guard = c.acquire("k").await.unwrap();
+    let rival_token = rival.await.unwrap();
+    assert!(
+        guard.token().get() > rival_token,
+        "the guard carries the expired grant's token {} (the rival held {rival_token})",
+        guard.token()
+    );
+    assert!(guard.valid_for() > Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_grant_the_store_still_holds_is_renewed_before_use() {
+    let store = MemoryLock::new();
+    let late = LateGrant::new(store.clone(), Duration::ZERO, true);
+    let extends = Arc::clone(&late.extends);
+    let c = LockClient::builder(Arc::new(late))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = c
+        .try_acquire("k")
+        .await
+        .unwrap()
+        .expect("still held on the store");
+    assert_eq!(extends.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(
+        guard.valid_for() > TTL / 2,
+        "handed out with {:?} left",
+        guard.valid_for()
+    );
+    let info = store
+        .inspect(&LockKey::new("k").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.token, guard.token());
+}
