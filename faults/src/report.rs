@@ -243,8 +243,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          one in — writes first. **Mutant controls** wrap the real store in a lock with one safety \
          mechanism removed (owner check on release, NX on acquire, expiry judged on the clients' \
          wall clocks) and run the fault that exposes it; each must come out unsafe (the owner-check \
-         victim waits until a successor holds the key before it releases, so its release always has \
-         someone else's lock to free).\n"
+         victim releases its stale lease again each time a successor holds the key, until the broken \
+         release frees someone else's lock; a correct store refuses every one).\n"
     );
     let _ = writeln!(
         out,

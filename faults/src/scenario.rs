@@ -997,9 +997,28 @@ async fn client(p: usize, ctx: Ctx) {
         if inject && cfg.mutant == Some(Mutant::OwnerCheckRemoved) {
             // The control must not depend on luck: a release that finds the
             // key free between two holders frees nothing, and polling stores
-            // leave it free for a while at each hand-off. Wait until a
-            // successor holds it, so the broken release frees *its* lock.
-            await_successor(&client, &ctx.key, token, ttl * 2).await;
+            // leave it free for a while at each hand-off (a successor's hold
+            // can even end between the look and the release). So the stale
+            // holder releases its old lease again each time a successor
+            // holds the key, until the broken release frees someone's lock
+            // (a correct store refuses every one of these releases).
+            let stale = guard.leak();
+            for _ in 0..20 {
+                await_successor(&client, &ctx.key, token, ttl * 2).await;
+                ctx.push(p, Op::Release, Phase::Invoke, Some(token), "");
+                match client.lock().release(&stale).await {
+                    Ok(fenced_api::ReleaseOutcome::NotHeld) => {
+                        ctx.push(p, Op::Release, Phase::Fail, Some(token), "not held")
+                    }
+                    Ok(_) => {
+                        ctx.push(p, Op::Release, Phase::Ok, Some(token), "");
+                        break;
+                    }
+                    Err(e) => ctx.push(p, Op::Release, Phase::Unknown, Some(token), e.to_string()),
+                }
+            }
+            watcher.abort();
+            continue;
         }
         release(p, &ctx, guard, token).await;
         watcher.abort();
