@@ -67,7 +67,7 @@
 //! | **measured**: 16 tasks of one process on one key, hold 20 ms: acquisitions/s, hand-off p99 | 44 /s, 3.23 ms | 46 /s, 1.47 ms | 44 /s, 3.26 ms |
 //! | **measured**: hand-off to another *process*, p50 / p90 / p99 | 14–16 / 33–38 / 70–72 ms | 0.6 / 1.2–1.6 / 4.6–55 ms | 12–16 / 34–35 / 62–101 ms |
 //! | **measured**: 10 000 locks held by one client | held, 0 lost, 3 server connections | not run: it would take 10 000 connections | held, 0 lost, 3 server connections |
-//! | statements per acquire + release (refused try) | 2 (1) | 2 (1); 3 (1) on MySQL | 2 (1) |
+//! | statements per acquire + release (refused try) | 2 (1) | 2 (1 + a background `ROLLBACK`); 3 (1 + 1) on MySQL | 2 (1) |
 //!
 //! Where the rows marked *measured* come from: `BENCHMARKS.md` at the
 //! workspace root (`fenced bench --full`, 2026-11-30, 2 vCPUs, loopback
@@ -163,12 +163,15 @@
 //! |---|---|---|---|
 //! | unique_key | 2 | 1 | `INSERT … ON DUPLICATE KEY UPDATE`, `DELETE` |
 //! | optimistic | 2 | 1 | `UPDATE` (take), `UPDATE` (release) |
-//! | row_lock (MariaDB) | 2 | 1 | `REPLACE … SELECT … FOR UPDATE` (lock + token), `ROLLBACK` |
-//! | row_lock (MySQL) | 3 | 1 | `SELECT … FOR UPDATE`, `REPLACE` (token), `ROLLBACK` |
+//! | row_lock (MariaDB) | 2 | 1 + 1 | `REPLACE … SELECT … FOR UPDATE` (lock + token), `ROLLBACK` |
+//! | row_lock (MySQL) | 3 | 1 + 1 | `SELECT … FOR UPDATE`, `REPLACE` (token), `ROLLBACK` |
 //!
 //! — the counts of the seeds' naive insert lock (2) and row lock (`BEGIN`,
 //! `FOR UPDATE`, `COMMIT`: 3) or fewer, with fencing, expiry on the server's
-//! clock and owner checks included. A `row_lock` acquire that has to wait
+//! clock and owner checks included. A refused `row_lock` try answers after
+//! its one statement; the `+ 1` is a `ROLLBACK` sent in the background
+//! before its connection is kept (the refusal leaves the transaction, and
+//! its metadata locks on the lock tables, open — DDL would wait for them). A `row_lock` acquire that has to wait
 //! costs 4 (the refused try, the waiting `FOR UPDATE`, the token, the
 //! release). With an explicit owner, a refused `row_lock` try also reads
 //! the key's grant description (the same-owner check above: 2 statements),

@@ -36,9 +36,8 @@ async fn fresh(tag: &str, extra: &str) -> (String, String) {
     (url, base)
 }
 
-/// Drops the test's tables. Close the test's `MySqlLock`s first: a lock
-/// connection kept after a refused try still has the refused statement's
-/// transaction open, and with it a metadata lock that `DROP TABLE` waits for.
+/// Drops the test's tables. Close the test's `MySqlLock`s first: a hold's
+/// transaction has metadata locks on the tables that `DROP TABLE` waits for.
 async fn drop_tables(base: &str) {
     let pool = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -304,6 +303,60 @@ async fn one_owner_through_two_instances_is_refused_not_deadlocked() {
             let next = b.acquire(&k, &opts).await.unwrap();
             assert!(next.token > held.token);
             assert_eq!(b.release(&next).await.unwrap(), ReleaseOutcome::Released);
+        }
+        drop((a, b));
+        drop_tables(&base).await;
+    }
+}
+
+/// A refused try leaves no transaction open on the connection the
+/// instance keeps for reuse: the refused statement's metadata locks on
+/// `<base>_rows` and `<base>_live` would make any DDL on them (`DROP
+/// TABLE`, `ALTER`, a later `migrate`) wait until that connection is reused
+/// or closed for idleness. Refused by a `try_acquire` and by an `inspect`
+/// probe, with either grant path; the holder releases first (its own
+/// transaction holds those locks while it holds), and both instances stay
+/// open while another session alters and then drops the tables with a
+/// 5 s `lock_wait_timeout` — a kept transaction makes that fail.
+#[tokio::test]
+async fn a_refused_try_leaves_no_transaction_open() {
+    for extra in ["", "&row_lock_one_statement=false"] {
+        let (url, base) = fresh("mdl", extra).await;
+        let (a, b) = (
+            MySqlLock::connect(&url).await.unwrap(),
+            MySqlLock::connect(&url).await.unwrap(),
+        );
+        let long = ttl(Duration::from_secs(60));
+        let k = key("refused");
+        let held = a.try_acquire(&k, &long).await.unwrap().unwrap();
+        assert!(b.try_acquire(&k, &long).await.unwrap().is_none());
+        assert!(b.inspect(&k).await.unwrap().is_some());
+        assert_eq!(a.release(&held).await.unwrap(), ReleaseOutcome::Released);
+
+        let mut ddl = sqlx::MySqlConnection::connect(&server_url().await)
+            .await
+            .unwrap();
+        sqlx::raw_sql("SET SESSION lock_wait_timeout = 5")
+            .execute(&mut ddl)
+            .await
+            .unwrap();
+        for table in [format!("{base}_rows"), format!("{base}_live")] {
+            let alter = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE `{table}` COMMENT = 'fenced mdl test'"
+            )))
+            .execute(&mut ddl);
+            match tokio::time::timeout(HANG, alter).await {
+                Ok(Ok(_)) => {}
+                other => panic!("{extra}: ALTER TABLE {table} after a refused try: {other:?}"),
+            }
+        }
+        let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE `{base}_rows`, `{base}_live`"
+        )))
+        .execute(&mut ddl);
+        match tokio::time::timeout(HANG, dropped).await {
+            Ok(Ok(_)) => {}
+            other => panic!("{extra}: DROP TABLE after a refused try: {other:?}"),
         }
         drop((a, b));
         drop_tables(&base).await;

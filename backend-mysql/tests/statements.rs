@@ -6,11 +6,21 @@
 //! |---|---|---|
 //! | unique_key | 2 (`INSERT … ON DUPLICATE KEY UPDATE`, `DELETE`) | 1 |
 //! | optimistic | 2 (`UPDATE` take, `UPDATE` release) | 1 |
-//! | row_lock (MariaDB) | 2 (`REPLACE … SELECT … FOR UPDATE`: lock + token, `ROLLBACK`) | 1 |
-//! | row_lock, two-statement grant (MySQL) | 3 (`SELECT … FOR UPDATE`, `REPLACE` token, `ROLLBACK`) | 1 (`… NOWAIT`) |
+//! | row_lock (MariaDB) | 2 (`REPLACE … SELECT … FOR UPDATE`: lock + token, `ROLLBACK`) | 1 + 1 background `ROLLBACK` |
+//! | row_lock, two-statement grant (MySQL) | 3 (`SELECT … FOR UPDATE`, `REPLACE` token, `ROLLBACK`) | 1 (`… NOWAIT`) + 1 background `ROLLBACK` |
 //!
 //! and that hot connections are reused without a `COM_PING` per checkout
 //! (`Com_admin_commands`).
+//!
+//! A refused `row_lock` try is one statement on the caller's path: the
+//! caller gets its answer when the refused locking read returns. The
+//! server counts a second one, a `ROLLBACK` the strategy sends in the
+//! background before it keeps the connection: the refusal rolls back the
+//! statement, not the transaction it opened (`autocommit = 0`), whose
+//! metadata locks would make DDL on the lock tables wait. The counts below
+//! are the server's, so they include it, and check it is a `ROLLBACK`
+//! (`Com_rollback`); a `ROLLBACK` still in flight is waited for (bounded)
+//! before counting.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,11 +33,12 @@ use fenced_api::{DistributedLock, LockKey, LockOptions};
 use fenced_mysql::{MySqlLock, Strategy};
 use sqlx::{Connection, MySqlConnection, Row};
 
-/// (Questions, Com_admin_commands) — one statement of its own per call.
-async fn counters(probe: &mut MySqlConnection) -> (i64, i64) {
+/// (Questions, Com_admin_commands, Com_rollback) — one statement of its
+/// own per call.
+async fn counters(probe: &mut MySqlConnection) -> (i64, i64, i64) {
     let rows = sqlx::query(
         "SELECT VARIABLE_NAME, CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS \
-         WHERE VARIABLE_NAME IN ('QUESTIONS', 'COM_ADMIN_COMMANDS')",
+         WHERE VARIABLE_NAME IN ('QUESTIONS', 'COM_ADMIN_COMMANDS', 'COM_ROLLBACK')",
     )
     .fetch_all(&mut *probe)
     .await
@@ -38,7 +49,32 @@ async fn counters(probe: &mut MySqlConnection) -> (i64, i64) {
             .map(|r| r.get::<i64, _>(1))
             .unwrap()
     };
-    (get("QUESTIONS"), get("COM_ADMIN_COMMANDS"))
+    (
+        get("QUESTIONS"),
+        get("COM_ADMIN_COMMANDS"),
+        get("COM_ROLLBACK"),
+    )
+}
+
+/// Waits (bounded, never a timing assertion) until the server has counted
+/// at least `rollbacks` `ROLLBACK`s since `since` — those of refused
+/// `row_lock` tries are sent in the background — then returns the counters
+/// and how many statements the probe itself sent since `since` was read.
+async fn after_rollbacks(
+    probe: &mut MySqlConnection,
+    since: (i64, i64, i64),
+    rollbacks: i64,
+) -> ((i64, i64, i64), i64) {
+    let start = std::time::Instant::now();
+    let mut reads = 1;
+    loop {
+        let now = counters(probe).await;
+        if now.2 - since.2 >= rollbacks || start.elapsed() > Duration::from_secs(30) {
+            return (now, reads);
+        }
+        reads += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 const CYCLES: i64 = 20;
@@ -52,11 +88,13 @@ async fn statements_per_cycle_and_per_refused_try() {
         .build()
         .unwrap();
     let mut failures = Vec::new();
-    for (strategy, extra, per_cycle) in [
-        (Strategy::UniqueKey, "", 2),
-        (Strategy::Optimistic, "", 2),
-        (Strategy::RowLock, "", 2),
-        (Strategy::RowLock, "&row_lock_one_statement=false", 3),
+    // (strategy, extra URL parameters, statements per acquire + release,
+    // background ROLLBACKs per refused try — each on top of its 1 statement)
+    for (strategy, extra, per_cycle, refused_rollbacks) in [
+        (Strategy::UniqueKey, "", 2, 0),
+        (Strategy::Optimistic, "", 2, 0),
+        (Strategy::RowLock, "", 2, 1),
+        (Strategy::RowLock, "&row_lock_one_statement=false", 3, 1),
     ] {
         let url = format!(
             "{}{extra}",
@@ -74,12 +112,12 @@ async fn statements_per_cycle_and_per_refused_try() {
             let l = a.try_acquire(&key, &opts).await.unwrap().unwrap();
             a.release(&l).await.unwrap();
         }
-        let (q0, p0) = counters(&mut probe).await;
+        let (q0, p0, _) = counters(&mut probe).await;
         for _ in 0..CYCLES {
             let l = a.try_acquire(&key, &opts).await.unwrap().unwrap();
             a.release(&l).await.unwrap();
         }
-        let (q1, p1) = counters(&mut probe).await;
+        let (q1, p1, _) = counters(&mut probe).await;
         let got = q1 - q0 - 1;
         if got != per_cycle * CYCLES {
             failures.push(format!(
@@ -96,18 +134,28 @@ async fn statements_per_cycle_and_per_refused_try() {
             ));
         }
 
-        // Refused tries while A holds the key.
+        // Refused tries while A holds the key (warmed up by one, whose
+        // background ROLLBACK is counted before the count starts).
         let held = a.try_acquire(&key, &opts).await.unwrap().unwrap();
+        let before = counters(&mut probe).await;
         assert!(b.try_acquire(&key, &opts).await.unwrap().is_none());
-        let (q0, _) = counters(&mut probe).await;
+        let (start, _) = after_rollbacks(&mut probe, before, refused_rollbacks).await;
         for _ in 0..CYCLES {
             assert!(b.try_acquire(&key, &opts).await.unwrap().is_none());
         }
-        let (q1, _) = counters(&mut probe).await;
-        let got = q1 - q0 - 1;
-        if got != CYCLES {
+        let (end, reads) = after_rollbacks(&mut probe, start, refused_rollbacks * CYCLES).await;
+        let got = end.0 - start.0 - reads;
+        let expected = CYCLES * (1 + refused_rollbacks);
+        if got != expected {
             failures.push(format!(
-                "{strategy}: {got} statements for {CYCLES} refused tries, expected {CYCLES}"
+                "{strategy}: {got} statements for {CYCLES} refused tries, expected {expected}"
+            ));
+        }
+        let rollbacks = end.2 - start.2;
+        if rollbacks != refused_rollbacks * CYCLES {
+            failures.push(format!(
+                "{strategy}: {rollbacks} ROLLBACKs for {CYCLES} refused tries, expected {}",
+                refused_rollbacks * CYCLES
             ));
         }
         a.release(&held).await.unwrap();

@@ -9,6 +9,16 @@
 //! again only when a hold asks for a different TTL — not set and restored
 //! around every hold. A lock connection never goes back to the pool with
 //! that session: it is kept here, or closed.
+//!
+//! A kept connection is never in a transaction. With `autocommit = 0` a
+//! *refused* locking read (`NOWAIT`, a zero or expired lock-wait timeout)
+//! leaves its transaction open — the statement is rolled back, not the
+//! transaction — and with it the statement's metadata locks on the lock
+//! tables, which any DDL on them (`DROP TABLE`, `ALTER`, `migrate`) would
+//! wait for until the connection is reused or closed for idleness. Such a
+//! connection is kept with a `ROLLBACK` sent in the background
+//! ([`LockConns::put_rolling_back`]): the refused caller does not wait for
+//! it, and the connection is only handed out again once it has answered.
 
 use std::{
     sync::Mutex,
@@ -17,6 +27,7 @@ use std::{
 
 use fenced_api::{Error, Result};
 use sqlx::{pool::PoolConnection, MySql, MySqlConnection, Row};
+use tokio::task::JoinHandle;
 
 use crate::{
     conn::Conns,
@@ -33,6 +44,9 @@ pub(super) const WAIT_CHUNK_SECS: u64 = 50;
 /// mid-transaction.
 pub(super) struct LockConn {
     conn: Option<PoolConnection<MySql>>,
+    /// A `ROLLBACK` in flight in the background: the connection comes back
+    /// from it (`None`: it failed, and the connection was closed).
+    rolling_back: Option<JoinHandle<Option<Closing>>>,
     /// `CONNECTION_ID()` on the server.
     pub(super) id: u64,
     /// The session's `wait_timeout`.
@@ -55,6 +69,37 @@ impl LockConn {
         }
     }
 
+    /// Takes the connection back from a background `ROLLBACK`, if one is in
+    /// flight: false if it failed (the connection is then closed). Only after
+    /// this is the connection used again — nothing ever races the `ROLLBACK`.
+    async fn settle(&mut self) -> bool {
+        if let Some(h) = self.rolling_back.take() {
+            match h.await {
+                Ok(Some(mut c)) => self.conn = c.0.take(),
+                _ => return false,
+            }
+        }
+        self.conn.is_some()
+    }
+
+    /// Ends the transaction a refused statement left open with a `ROLLBACK`
+    /// sent in the background, bounded by `bound` (past it, or on an error,
+    /// the connection is closed). [`settle`](Self::settle) takes it back.
+    fn roll_back_in_background(&mut self, bound: Duration) {
+        let Some(conn) = self.conn.take() else { return };
+        let mut c = Closing(Some(conn));
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // `c` is dropped: closed.
+        };
+        self.rolling_back = Some(rt.spawn(async move {
+            let conn = c.0.as_mut()?;
+            let rolled_back =
+                tokio::time::timeout(bound, sqlx::raw_sql("ROLLBACK").execute(&mut **conn)).await;
+            // On failure `c` is dropped here: closed.
+            matches!(rolled_back, Ok(Ok(_))).then_some(c)
+        }));
+    }
+
     /// Sets `wait_timeout` (the server-side TTL of a frozen holder) if it differs.
     pub(super) async fn set_wait(&mut self, secs: u64) -> Result<()> {
         if self.wait_secs != secs {
@@ -72,6 +117,21 @@ impl LockConn {
 impl Drop for LockConn {
     fn drop(&mut self) {
         if let Some(c) = self.conn.take() {
+            close(c);
+        }
+        // Cancelled, the background `ROLLBACK` drops its connection: closed.
+        if let Some(h) = self.rolling_back.take() {
+            h.abort();
+        }
+    }
+}
+
+/// A connection that is closed, not returned to the pool, when dropped.
+struct Closing(Option<PoolConnection<MySql>>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
             close(c);
         }
     }
@@ -101,8 +161,19 @@ impl LockConns {
         }
     }
 
-    /// An idle lock connection the server has not closed for idleness.
-    pub(super) fn pop(&self) -> Option<LockConn> {
+    /// An idle lock connection the server has not closed for idleness, out
+    /// of its background `ROLLBACK` if it had one.
+    pub(super) async fn pop(&self) -> Option<LockConn> {
+        loop {
+            let mut c = self.pop_fresh()?;
+            if c.settle().await {
+                return Some(c);
+            }
+            // The ROLLBACK failed: that one is closed; next.
+        }
+    }
+
+    fn pop_fresh(&self) -> Option<LockConn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(c) = idle.pop() {
             // Half a second of margin against the server's idle timer.
@@ -128,6 +199,19 @@ impl LockConns {
         if conns.has_waiters() {
             self.evict_one();
         }
+    }
+
+    /// Keeps a lock connection whose last statement was refused (see the
+    /// module docs): its transaction is still open, so a `ROLLBACK` is sent
+    /// in the background — one more statement on the server, none on the
+    /// caller's path. Closed instead (no `ROLLBACK` needed) when callers
+    /// are queued for the pool, like [`put`](Self::put).
+    pub(super) fn put_rolling_back(&self, mut c: LockConn, conns: &Conns, bound: Duration) {
+        if conns.has_waiters() {
+            return;
+        }
+        c.roll_back_in_background(bound);
+        self.put(c, conns);
     }
 
     /// Closes the least recently used idle lock connection (frees a pool slot).
@@ -159,6 +243,7 @@ impl LockConns {
         match id {
             Ok(id) => Ok(LockConn {
                 conn: Some(conn),
+                rolling_back: None,
                 id,
                 wait_secs,
                 reused: false,

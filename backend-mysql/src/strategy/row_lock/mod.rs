@@ -26,9 +26,14 @@
 //!    connection id, for `inspect` and `force_release`) in one statement.
 //!    The connection runs with `autocommit = 0`, so it opens the
 //!    transaction (no `START TRANSACTION`). A held row refuses it at once —
-//!    a refused `try_acquire` is this one statement. Not `NOWAIT`: that
-//!    would also refuse when another holder's token statement has the
-//!    `MEMORY` table's lock for a few microseconds.
+//!    a refused `try_acquire` waits for this one statement. The refusal
+//!    rolls the statement back, not the transaction it opened, which keeps
+//!    metadata locks on both tables (DDL on them would wait): the
+//!    connection is kept with a `ROLLBACK` sent in the background, a second
+//!    statement on the server that the caller does not wait for and that
+//!    has answered before the connection serves again ([`conn`]). Not
+//!    `NOWAIT`: that would also refuse when another holder's token
+//!    statement has the `MEMORY` table's lock for a few microseconds.
 //! 2. `ROLLBACK` — the release.
 //!
 //! An `acquire` that finds the row held queues with a plain `SELECT … FOR
@@ -42,7 +47,8 @@
 //!
 //! MySQL has no `SET STATEMENT`; there (and with `row_lock_one_statement=false`)
 //! every grant takes the two-statement path: `SELECT … FOR UPDATE [NOWAIT]`,
-//! the token `REPLACE`, `ROLLBACK` — three per cycle, a refused try one.
+//! the token `REPLACE`, `ROLLBACK` — three per cycle, a refused try one
+//! (`… NOWAIT`, plus the background `ROLLBACK`).
 //!
 //! What is *not* sent per hold any more, and why that is safe:
 //!
@@ -425,7 +431,7 @@ impl RowLock {
         ttl_secs: Option<u64>,
         deadline: Option<Instant>,
     ) -> Result<Option<LockConn>> {
-        let mut lc = match self.locks.pop() {
+        let mut lc = match self.locks.pop().await {
             Some(c) => c,
             None => {
                 let pooled = match self.conns.take_cached() {
@@ -495,13 +501,15 @@ impl RowLock {
                     Ok(_) => {
                         sqlx::raw_sql("ROLLBACK").execute(held.conn()?).await.db()?;
                     }
-                    // Held elsewhere (refused at once, holding nothing): a
-                    // refused try costs this one statement; a waiting
-                    // acquire queues below.
+                    // Held elsewhere (refused at once, no row lock taken,
+                    // but the transaction it opened is still open): a
+                    // refused try costs this one statement on its path and
+                    // a background ROLLBACK; a waiting acquire queues below.
                     Err(e) if error::is_lock_conflict(&e) => {
                         if wait.is_none() {
                             if let Some(lc) = held.take() {
-                                self.locks.put(lc, &self.conns);
+                                self.locks
+                                    .put_rolling_back(lc, &self.conns, self.op_timeout);
                             }
                             return Ok(None);
                         }
@@ -581,15 +589,19 @@ impl RowLock {
                     }
                 }
                 // Refused (NOWAIT) or the wait chunk ran out: the statement is
-                // rolled back and holds no lock, so the connection is kept as
-                // it is — a refused try costs this one statement.
+                // rolled back and holds no row lock, but its transaction —
+                // with the metadata locks on the lock tables — is still open:
+                // the connection is kept with a ROLLBACK sent in the
+                // background. A refused try costs this one statement on the
+                // caller's path (and that ROLLBACK on the server).
                 Err(e) if error::is_lock_conflict(&e) => {
                     if error::number(&e) == Some(error::code::DEADLOCK) {
-                        // A deadlock victim's whole transaction is gone; nothing to keep.
+                        // A deadlock victim's whole transaction is gone already.
                         tracing::debug!(key = %key, "lock wait chosen as deadlock victim");
                     }
                     if let Some(lc) = held.take() {
-                        self.locks.put(lc, &self.conns);
+                        self.locks
+                            .put_rolling_back(lc, &self.conns, self.op_timeout);
                     }
                     return Ok(None);
                 }
