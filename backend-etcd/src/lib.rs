@@ -163,6 +163,7 @@
 mod batch;
 mod config;
 mod error;
+mod list;
 mod lock;
 mod queue;
 mod session;

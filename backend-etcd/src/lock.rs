@@ -556,6 +556,18 @@ impl DistributedLock for EtcdLock {
         )))
     }
 
+    /// The holders under this client's prefix, first `limit` in key order:
+    /// the range `<prefix>\0lock\0…` read in pages of 500 entries at one
+    /// revision, keeping the oldest entry of each line (waiters are not
+    /// listed), then one `LeaseTimeToLive` per distinct session lease for
+    /// the remaining TTL (capped by this client's own deadline, as
+    /// `inspect`). Cost: O(entries read) — holders plus their waiters, up
+    /// to the `limit`-th line — in pages, plus one lease request per
+    /// holding client. Token = the entry's create revision, hold count 1.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        self.list_held(limit).await
+    }
+
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let Some((owner, rev, _)) = self.holder(key).await? else {
             return Ok(false);

@@ -231,6 +231,16 @@ impl Conns {
         r
     }
 
+    pub(crate) async fn fetch_all(
+        &self,
+        q: Query<'_, MySql, MySqlArguments>,
+    ) -> Result<Vec<MySqlRow>, sqlx::Error> {
+        let mut c = self.get().await?;
+        let r = q.fetch_all(c.conn()).await;
+        c.finish(&r);
+        r
+    }
+
     /// A statement that cannot be prepared (`KILL`), on a cached or pooled connection.
     pub(crate) async fn raw(&self, sql: String) -> Result<(), sqlx::Error> {
         let mut c = self.get().await?;

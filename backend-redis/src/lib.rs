@@ -183,6 +183,7 @@
 mod config;
 mod error;
 mod keys;
+mod list;
 mod lock;
 mod persistence;
 mod scripts;

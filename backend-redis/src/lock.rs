@@ -221,11 +221,15 @@ impl RedisLock {
         self.inner.conn.clone()
     }
 
-    fn server(&self) -> &str {
+    pub(crate) fn prefix(&self) -> &Prefix {
+        &self.inner.config.prefix
+    }
+
+    pub(crate) fn server(&self) -> &str {
         &self.inner.config.display_url
     }
 
-    fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.inner.config.operation_timeout
     }
 
@@ -380,6 +384,23 @@ impl DistributedLock for RedisLock {
             held.pttl,
             held.count,
         )))
+    }
+
+    /// The held locks under this prefix, sorted by key: `SCAN … MATCH
+    /// {prefix/*}:l COUNT 1000` (never `KEYS`), each name found read with the
+    /// `inspect` script (pipelined, one round trip per batch), stopping once
+    /// `limit` held ones are found. Which ones come back when more are held
+    /// is the order of the scan, not of the keys.
+    ///
+    /// Cost: `SCAN` walks the whole database's keyspace (its `MATCH` filters
+    /// after the walk), so a full listing is O(keys in the database) in
+    /// round trips of 1000 slots, plus one script per state key of this
+    /// prefix — free keys' state is kept 7 days after their last use, so
+    /// those are read too. Each round trip is bounded by the operation
+    /// timeout, the listing as a whole is not. Not atomic: a lock taken or
+    /// released during the scan may or may not be listed.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        self.list_held(limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {

@@ -554,3 +554,54 @@ async fn the_driver_serves_redis_urls() {
         .unwrap();
     assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// `list` walks every SCAN batch (more held locks than one `COUNT`), leaves
+/// out released and free state keys and other prefixes, sorts by key, and
+/// stops at `limit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_walks_every_scan_batch_and_stops_at_the_limit() {
+    let server = server_url().await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let lock = RedisLock::connect(&url_for(&server, &format!("fenced-list-{id}")))
+        .await
+        .unwrap();
+    let other = RedisLock::connect(&url_for(&server, &format!("fenced-list-{id}x")))
+        .await
+        .unwrap();
+    let o = opts(Duration::from_secs(60));
+    let mut held = Vec::new();
+    for i in 0..1200 {
+        let l = lock
+            .try_acquire(&key(&format!("k{i:05}*")), &o)
+            .await
+            .unwrap()
+            .unwrap();
+        held.push(l);
+    }
+    // A free state key (kept after release) and a lock of another prefix.
+    let freed = lock.try_acquire(&key("freed"), &o).await.unwrap().unwrap();
+    lock.release(&freed).await.unwrap();
+    let elsewhere = other
+        .try_acquire(&key("k00000*"), &o)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let all = lock.list(10_000).await.unwrap();
+    assert_eq!(all.len(), held.len());
+    for (info, lease) in all.iter().zip(&held) {
+        assert_eq!((&info.key, info.token), (&lease.key, lease.token));
+    }
+    let some = lock.list(7).await.unwrap();
+    assert_eq!(some.len(), 7);
+    assert!(some.windows(2).all(|w| w[0].key < w[1].key));
+    let theirs = other.list(10).await.unwrap();
+    assert_eq!(theirs.len(), 1);
+    assert_eq!(theirs[0].token, elsewhere.token);
+
+    for l in &held {
+        lock.release(l).await.unwrap();
+    }
+    other.release(&elsewhere).await.unwrap();
+    assert!(lock.list(10).await.unwrap().is_empty());
+}

@@ -193,6 +193,11 @@ impl DistributedLock for MutantLock {
         self.inner.force_release(key).await
     }
 
+    /// Forwarded unchanged: no mutant alters listing.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        self.inner.list(limit).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }

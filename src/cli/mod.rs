@@ -330,16 +330,21 @@ async fn status_rows(
     if held.len() > limit {
         held.truncate(limit);
         note = Some(format!(
-            "showing the first {limit} held locks; raise --limit to see more"
+            "showing {limit} of the held locks (SQL stores and etcd: the first in key order; \
+             Redis: the first its scan found); raise --limit to see more"
         ));
     }
     rows.extend(held.into_iter().map(|i| (i.key.clone(), Some(i))));
     Ok((rows, note))
 }
 
-/// What `status` says for a store without `list`.
+/// What `status` says for a store without `list`: every built-in store
+/// lists; a third-party store may not implement it.
 fn cannot_list(backend: &str) -> String {
-    format!("this store ({backend}) cannot list locks yet; name the keys: fenced status KEY…")
+    format!(
+        "this store ({backend}) cannot list locks (a store outside fenced's own backends); \
+         name the keys: fenced status KEY…"
+    )
 }
 
 /// `[{"key", "held", "owner", "token", "remaining_ms", "hold_count"}…]`
@@ -497,7 +502,7 @@ mod tests {
         };
         let msg = cannot_list(backend);
         assert!(
-            msg.contains("cannot list locks yet; name the keys: fenced status KEY"),
+            msg.contains("cannot list locks (a store outside fenced's own backends); name the keys: fenced status KEY"),
             "{msg}"
         );
         // Named keys still work on it.

@@ -33,6 +33,36 @@ pub(crate) fn info_from_row(key: &LockKey, row: &MySqlRow) -> Result<LockInfo> {
     ))
 }
 
+/// Builds the `LockInfo`s of a listing: rows `(owner, token, hold_count,
+/// remaining_us, lock_key)`. A `lock_key` that is no valid key (the table was
+/// edited by hand) is an error naming it, never a panic.
+pub(crate) fn infos_from_rows(rows: &[MySqlRow]) -> Result<Vec<LockInfo>> {
+    let mut held = Vec::with_capacity(rows.len());
+    for row in rows {
+        let raw: Vec<u8> = row.try_get(4).db()?;
+        let key = std::str::from_utf8(&raw)
+            .ok()
+            .and_then(|k| LockKey::new(k).ok())
+            .ok_or_else(|| {
+                fenced_api::Error::backend(
+                    error::BACKEND,
+                    false,
+                    format!(
+                        "a lock row has an invalid lock_key {:?}; was the table edited by hand?",
+                        String::from_utf8_lossy(&raw)
+                    ),
+                )
+            })?;
+        held.push(info_from_row(&key, row)?);
+    }
+    Ok(held)
+}
+
+/// A listing's `limit` as a SQL `LIMIT` argument.
+pub(crate) fn sql_limit(limit: usize) -> u64 {
+    u64::try_from(limit).unwrap_or(u64::MAX)
+}
+
 /// How long a release keeps retrying statements that lost a deadlock or a
 /// lock wait (it stays within the operation timeout the caller bounds it by).
 const CONFLICT_RETRY_FOR: Duration = Duration::from_secs(3);

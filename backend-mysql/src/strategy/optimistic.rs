@@ -23,7 +23,7 @@ use fenced_api::{
 use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use super::{info_from_row, micros, retry_lock_conflicts};
+use super::{info_from_row, infos_from_rows, micros, retry_lock_conflicts, sql_limit};
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::sql;
@@ -44,6 +44,7 @@ pub(crate) struct Optimistic {
     release_one: SqlStr,
     lock_own: SqlStr,
     inspect: SqlStr,
+    list: SqlStr,
     force: SqlStr,
 }
 
@@ -118,6 +119,14 @@ impl Optimistic {
                 "SELECT holder, version, reentrant_count, \
                  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time) \
                  FROM {t} WHERE lock_key = ? AND holder IS NOT NULL AND expire_time > UTC_TIMESTAMP(6)"
+            ),
+            // Walks the primary key (lock_key) in order, skipping free and
+            // expired rows, until `limit` held ones.
+            list: sql!(
+                "SELECT holder, version, reentrant_count, \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), lock_key \
+                 FROM {t} WHERE holder IS NOT NULL AND expire_time > UTC_TIMESTAMP(6) \
+                 ORDER BY lock_key LIMIT ?"
             ),
             force: sql!(
                 "UPDATE {t} SET holder = NULL, expire_time = NULL, reentrant_count = 0 \
@@ -353,6 +362,23 @@ impl DistributedLock for Optimistic {
             .await
             .db()?;
         row.map(|r| info_from_row(key, &r)).transpose()
+    }
+
+    /// The rows with a holder whose expiry (server clock) is still ahead,
+    /// first `limit` in key order: one `SELECT` walking the primary key
+    /// (`lock_key`). Rows stay after release (one per key ever locked), and
+    /// there is no index on `expire_time`, so the scan reads free rows too:
+    /// O(rows read until `limit` held ones are found), at worst the table.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .conns
+            .fetch_all(sqlx::query(self.list.clone()).bind(sql_limit(limit)))
+            .await
+            .db()?;
+        infos_from_rows(&rows)
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {

@@ -54,7 +54,7 @@ use fenced_api::{
 use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use super::{info_from_row, micros, retry_lock_conflicts};
+use super::{info_from_row, infos_from_rows, micros, retry_lock_conflicts, sql_limit};
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::reaper::{Pass, REAPER_KEY};
@@ -113,6 +113,7 @@ pub(crate) struct UniqueKey {
     delete_own: SqlStr,
     lock_own: SqlStr,
     inspect: SqlStr,
+    list: SqlStr,
     force_current: SqlStr,
     force_any: SqlStr,
     reap: SqlStr,
@@ -181,6 +182,13 @@ impl UniqueKey {
                 "SELECT owner, id, reentrant_count, \
                  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time) \
                  FROM {t} WHERE lock_key = ? AND expire_time > UTC_TIMESTAMP(6)"
+            ),
+            // lock_key is the primary key: the rows come in key (byte)
+            // order, and the scan stops after `limit` unexpired ones.
+            list: sql!(
+                "SELECT owner, id, reentrant_count, \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), lock_key \
+                 FROM {t} WHERE expire_time > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT ?"
             ),
             force_current: sql!(
                 "DELETE FROM {t} WHERE lock_key = ? AND expire_time > UTC_TIMESTAMP(6)"
@@ -521,6 +529,23 @@ impl DistributedLock for UniqueKey {
             .await
             .db()?;
         row.map(|r| info_from_row(key, &r)).transpose()
+    }
+
+    /// The unexpired rows (server clock), first `limit` in key order: one
+    /// `SELECT` walking the primary key (`lock_key`), which holds only held
+    /// locks and expired rows not yet taken over or reaped. The reaper's
+    /// guard row (`fenced:reaper`) is listed while a reaper pass runs: it is
+    /// a lock like any other.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .conns
+            .fetch_all(sqlx::query(self.list.clone()).bind(sql_limit(limit)))
+            .await
+            .db()?;
+        infos_from_rows(&rows)
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {

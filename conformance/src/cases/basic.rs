@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fenced_api::{DistributedLock, Error, LockOptions, ReleaseOutcome, WaitPolicy};
+use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use tokio::time::Instant;
 
 use super::{fresh_key, ttl_opts};
@@ -196,6 +196,134 @@ pub async fn inspect_shows_holder(h: &dyn Harness) -> CaseResult {
         b.inspect(&key).await?.is_none(),
         "inspect after release is not None"
     );
+    Ok(Outcome::Passed)
+}
+
+/// C17: `list` shows exactly the locks held in the namespace — not the
+/// released one, not the expired one — each as `inspect` shows it (owner,
+/// token, hold count, remaining TTL), sorted by key, keys byte-exact
+/// (glob and tag characters included), at most `limit`. Runs in a
+/// namespace of its own, listed from another client than the holder's; a
+/// backend that answers `Unsupported` skips.
+pub async fn list_shows_held_locks(h: &dyn Harness) -> CaseResult {
+    let (a, b, c) = (
+        h.client_in_namespace("list").await?,
+        h.client_in_namespace("list").await?,
+        h.client_in_namespace("list").await?,
+    );
+    match b.list(10).await {
+        Err(Error::Unsupported { backend, what }) => {
+            return Ok(Outcome::Skipped(format!(
+                "the backend ({backend}) cannot list: {what}"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+        Ok(found) => ensure!(
+            found.is_empty(),
+            "list of a fresh namespace shows {:?}",
+            found.iter().map(|i| i.key.as_str()).collect::<Vec<_>>()
+        ),
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let id = &id[..8];
+    let key = |name: &str| LockKey::new(format!("c17l/{id}/{name}"));
+    let owned = |ttl: Duration, who: &str| {
+        LockOptions::builder()
+            .ttl(ttl)
+            .owner(format!("lister-{who}-{id}"))
+            .build()
+    };
+    // Expired first, so the waiting eats nothing of the held locks' TTLs;
+    // by a third client, which stays alive but never renews.
+    let short = h.base_ttl();
+    let expired_key = key("expired")?;
+    let expired = some(
+        c.try_acquire(&expired_key, &owned(short, "expired")?)
+            .await?,
+        "a lease on a free key",
+    )?;
+    let bound = Instant::now() + super::expiry_slack(expired.ttl) + short;
+    while b.inspect(&expired_key).await?.is_some() {
+        ensure!(
+            Instant::now() < bound,
+            "`{expired_key}` still held {:?} after its ttl",
+            super::expiry_slack(expired.ttl) + short
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let long = h.base_ttl() * 10;
+    let released_key = key("released")?;
+    let released = some(
+        a.try_acquire(&released_key, &owned(long, "released")?)
+            .await?,
+        "a lease on a free key",
+    )?;
+    ensure!(
+        a.release(&released).await? == ReleaseOutcome::Released,
+        "release of `{released_key}`"
+    );
+    let names = ["a*?[x]{y}}:l", "plain", "é 100%_'\\\" \\*"];
+    let mut held = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let k = key(name)?;
+        let lease = some(
+            a.try_acquire(&k, &owned(long, &i.to_string())?).await?,
+            "a lease on a free key",
+        )?;
+        held.push(lease);
+    }
+    held.sort_by(|x, y| x.key.cmp(&y.key));
+    for (who, lister) in [("another client", &b), ("the holder", &a)] {
+        let all = lister.list(100).await?;
+        let keys: Vec<&str> = all.iter().map(|i| i.key.as_str()).collect();
+        let want: Vec<&str> = held.iter().map(|l| l.key.as_str()).collect();
+        ensure!(
+            keys == want,
+            "list by {who} shows {keys:?}, held are {want:?}"
+        );
+        for (info, lease) in all.iter().zip(&held) {
+            ensure!(
+                info.owner == lease.owner && info.token == lease.token,
+                "list by {who} shows `{}` held by {:?} with token {}, the holder is {:?} with {}",
+                info.key,
+                info.owner,
+                info.token,
+                lease.owner,
+                lease.token
+            );
+            ensure!(info.hold_count == 1, "hold count {}", info.hold_count);
+            ensure!(
+                info.remaining_ttl > Duration::ZERO && info.remaining_ttl <= lease.ttl,
+                "remaining ttl {:?} of `{}` outside (0, {:?}]",
+                info.remaining_ttl,
+                info.key,
+                lease.ttl
+            );
+        }
+    }
+    let two = b.list(2).await?;
+    ensure!(two.len() == 2, "list(2) returned {} locks", two.len());
+    ensure!(two[0].key < two[1].key, "list(2) is not sorted by key");
+    for info in &two {
+        ensure!(
+            held.iter()
+                .any(|l| l.key == info.key && l.token == info.token),
+            "list(2) shows `{}` with token {}, which is not held so",
+            info.key,
+            info.token
+        );
+    }
+    ensure!(b.list(0).await?.is_empty(), "list(0) is not empty");
+    for lease in &held {
+        a.release(lease).await?;
+    }
+    let left = b.list(10).await?;
+    ensure!(
+        left.is_empty(),
+        "list after releasing everything shows {:?}",
+        left.iter().map(|i| i.key.as_str()).collect::<Vec<_>>()
+    );
+    drop(c);
     Ok(Outcome::Passed)
 }
 

@@ -148,7 +148,7 @@ impl RowLock {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
-            .is_some_and(|h| h.token == info.token.get());
+            .is_some_and(|h| h.token == info.token.get() && Instant::now() < h.deadline);
         // The description outlives the hold (a release does not clear it):
         // confirm that somebody holds the row.
         if held_here || self.probe_held(key).await? {

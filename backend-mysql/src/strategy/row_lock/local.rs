@@ -39,7 +39,7 @@ pub(super) const CONN_ALIVE: &str =
 
 /// ER_SPECIFIC_ACCESS_DENIED_ERROR / ER_TABLEACCESS_DENIED_ERROR: no
 /// `PROCESS` privilege for `information_schema.INNODB_TRX`.
-const ACCESS_DENIED: [u16; 2] = [1227, 1142];
+pub(super) const ACCESS_DENIED: [u16; 2] = [1227, 1142];
 
 impl RowLock {
     /// Local reentrancy / refusal when this instance already holds `key`.

@@ -93,6 +93,7 @@
 
 mod conn;
 mod hold;
+mod list;
 mod local;
 mod token;
 mod transaction;
@@ -175,6 +176,8 @@ struct Sql {
     token: SqlStr,
     touch: SqlStr,
     read_live: SqlStr,
+    list_in_trx: SqlStr,
+    list_described: SqlStr,
     moved_on: SqlStr,
     same_owner: SqlStr,
     epoch: SqlStr,
@@ -287,6 +290,25 @@ impl RowLock {
                     "SELECT owner, id, hold_count, \
                      COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), 0), conn_id \
                      FROM {live} WHERE lock_key = ?"
+                ),
+                // Candidates for `list` (see `list.rs`): each key's latest
+                // grant whose connection has not gone on to a later grant,
+                // in key order — with `INNODB_TRX` (needs `PROCESS`) only
+                // those whose connection is inside a transaction.
+                list_in_trx: sql!(
+                    "SELECT l.owner, l.id, l.hold_count, \
+                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.lock_key \
+                     FROM {live} l JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
+                     WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
+                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
+                     ORDER BY l.lock_key"
+                ),
+                list_described: sql!(
+                    "SELECT l.owner, l.id, l.hold_count, \
+                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.lock_key \
+                     FROM {live} l WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
+                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
+                     ORDER BY l.lock_key"
                 ),
                 moved_on: sql!("SELECT 1 FROM {live} WHERE conn_id = ? AND id > ? LIMIT 1"),
                 // The key's latest grant is this owner's, unexpired, its
@@ -779,6 +801,13 @@ impl DistributedLock for RowLock {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.inspect_key(key).await
+    }
+
+    /// See [`list_held`](Self::list_held): one `SELECT` of the grant
+    /// descriptions, then a `NOWAIT` probe per candidate not held through
+    /// this instance.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        self.list_held(limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {

@@ -1,0 +1,129 @@
+//! `list` for `row_lock`: which row locks are held, across instances.
+//!
+//! A held lock is an open transaction holding a row lock; nothing in a
+//! table says so by itself. What the store has is `<base>_live`, the
+//! description of each key's **latest grant** (owner, token, expiry, the
+//! holding connection's id), kept after the release. So the listing is:
+//!
+//! 1. one `SELECT` of the candidates, in key order: each key's latest
+//!    grant whose connection has not gone on to a later grant (a lock
+//!    connection holds one key at a time and ends each hold before the
+//!    next) and — when the account may read `information_schema.INNODB_TRX`
+//!    (the `PROCESS` privilege) — whose connection is inside a
+//!    transaction. Without the privilege every such description is a
+//!    candidate (released keys whose connection sits idle included, until
+//!    their description is pruned);
+//! 2. per candidate, the truth: a hold through this very instance (same
+//!    token, deadline not passed) is listed as it is, with its local hold
+//!    count; any other is confirmed with the `NOWAIT` probe `inspect` uses
+//!    (a lock attempt on the key's row, rolled back at once): refused means
+//!    held. Stops once `limit` are confirmed.
+//!
+//! Cost: one `SELECT` over `<base>_live` (a `MEMORY` table; rows = keys
+//! granted and not yet pruned), then one probe (two to three statements on
+//! a lock connection) per candidate not held through this instance — about
+//! one per lock held elsewhere with `PROCESS`, up to one per described key
+//! without it.
+//!
+//! What it cannot see exactly, as `inspect`:
+//!
+//! * `RowMode::Shards`: the probe tests the key's **shard** row, so a
+//!   released key whose description is still a candidate is listed while
+//!   another key of the same shard is held;
+//! * the instants between a grant's row lock and its token statement (the
+//!   two-statement path): the key is held but still described by its
+//!   previous grant (listed with the previous token, or not at all if its
+//!   description was pruned);
+//! * remaining TTL is the description's expiry on the server's clock; a
+//!   transaction-scoped hold running a long statement can outlive it (the
+//!   server's `wait_timeout` only counts idle time): it is then listed with
+//!   0 left, as `inspect` shows it.
+
+use fenced_api::{Error, LockInfo, Result};
+use tokio::time::Instant;
+
+use super::{local::ACCESS_DENIED, token::LIFETIME_KEY, RowLock};
+use crate::error;
+use crate::strategy::infos_from_rows;
+
+impl RowLock {
+    /// The held row locks of this table, first `limit` in key order (see
+    /// the module docs).
+    pub(super) async fn list_held(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut held = Vec::new();
+        for mut info in self.bounded("list", self.list_candidates()).await? {
+            if held.len() >= limit {
+                break;
+            }
+            let here = self
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&info.key)
+                .filter(|h| h.token == info.token.get() && Instant::now() < h.deadline)
+                .map(|h| h.count);
+            if let Some(count) = here {
+                info.hold_count = count;
+                held.push(info);
+                continue;
+            }
+            match self.bounded("list probe", self.probe_held(&info.key)).await {
+                Ok(true) => held.push(info),
+                Ok(false) => {}
+                // Fixed rows: the key's row was deleted since its grant, so
+                // nothing can hold it.
+                Err(Error::Config { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(held)
+    }
+
+    /// Each step within the operation timeout: a silent server yields a
+    /// retryable error, never a hang (a dropped probe closes its connection).
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::backend(
+                error::BACKEND,
+                true,
+                format!(
+                    "{what}: no answer from the server within {:?}",
+                    self.op_timeout
+                ),
+            )),
+        }
+    }
+
+    /// Step 1 of the module docs: the candidate descriptions, in key order.
+    async fn list_candidates(&self) -> Result<Vec<LockInfo>> {
+        let mut c = self.plain().await?;
+        let r = sqlx::query(self.sql.list_in_trx.clone())
+            .bind(LIFETIME_KEY)
+            .fetch_all(c.conn())
+            .await;
+        c.finish(&r);
+        let rows = match r {
+            Ok(rows) => rows,
+            Err(e) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
+                tracing::debug!(error = %e, "no PROCESS privilege: listing probes every described key");
+                let mut c = self.plain().await?;
+                let r = sqlx::query(self.sql.list_described.clone())
+                    .bind(LIFETIME_KEY)
+                    .fetch_all(c.conn())
+                    .await;
+                c.finish(&r);
+                r.map_err(error::map)?
+            }
+            Err(e) => return Err(error::map(e)),
+        };
+        infos_from_rows(&rows)
+    }
+}
