@@ -114,6 +114,13 @@ impl EtcdLock {
         if let Some((user, password)) = &config.user {
             opts = opts.with_user(user.clone(), password.clone());
         }
+        let at = config.endpoints.join(",");
+        EtcdLock::open(config, opts)
+            .await
+            .map_err(|e| e.connecting(&at))
+    }
+
+    async fn open(config: EtcdConfig, opts: ConnectOptions) -> Result<EtcdLock> {
         let connect = Client::connect(config.endpoints.clone(), Some(opts));
         let mut client = match tokio::time::timeout(config.connect_timeout, connect).await {
             Ok(c) => c.map_err(error::map)?,

@@ -166,7 +166,8 @@ impl RedisLockBuilder {
             config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
             &config.display_url,
         )
-        .await?;
+        .await
+        .map_err(|e| e.connecting(&config.display_url))?;
         tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
         Ok(RedisLock {
             inner: Arc::new(Inner {

@@ -1350,10 +1350,11 @@ async fn unreachable_stores_say_so() {
                     failures.push(format!("{url}: {e}"));
                 }
                 // "connect" alone is also in "pool timed out while waiting
-                // for an open connection": MySQL must name the server and
-                // the cause.
-                if url.starts_with("mysql")
-                    && !(msg.contains("127.0.0.1:1") && msg.contains("refused"))
+                // for an open connection": every store must name the server
+                // and the cause, on one line, and say what to check.
+                if !(msg.contains("127.0.0.1:1")
+                    && msg.contains("refused")
+                    && msg.contains("is the server running"))
                 {
                     failures.push(format!(
                         "{url}: does not name the server and the cause: {e}"

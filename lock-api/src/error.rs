@@ -132,6 +132,41 @@ impl Error {
         }
     }
 
+    /// Rewrites a retryable [`Error::Backend`] raised while connecting as
+    /// one line that names the server and says what to check: `cannot
+    /// connect to redis at 127.0.0.1:6379: connection refused (is the server
+    /// running and reachable?)`. `at` must already be free of passwords.
+    /// Other errors (configuration, authentication) pass unchanged.
+    pub fn connecting(self, at: &str) -> Self {
+        let Error::Backend {
+            backend,
+            retryable: true,
+            source,
+        } = self
+        else {
+            return self;
+        };
+        let text = source.to_string().to_lowercase();
+        let cause = if text.contains("refused") {
+            "connection refused".to_owned()
+        } else if text.contains("timed out") || text.contains("timeout") || text.contains("elapsed")
+        {
+            "no answer in time".to_owned()
+        } else if text.contains("dns") || text.contains("resolve") || text.contains("lookup") {
+            "the host name did not resolve".to_owned()
+        } else if text.contains("unreachable") {
+            "network unreachable".to_owned()
+        } else {
+            // Whatever the library said, on one line.
+            source.to_string().replace(['\n', '\r'], " ")
+        };
+        Error::backend(
+            backend,
+            true,
+            format!("cannot connect to {backend} at {at}: {cause} (is the server running and reachable?)"),
+        )
+    }
+
     /// Shorthand for [`Error::LeaseLost`].
     pub fn lease_lost(key: &LockKey, token: FencingToken, reason: impl Into<String>) -> Self {
         Error::LeaseLost {
