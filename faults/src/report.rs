@@ -236,8 +236,16 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          does the same to a Redis with AOF `appendfsync always`, `etcd-leader-kill` SIGKILLs the \
          leader of a 3-member cluster, `server-kill-connection` runs `KILL` on the connection \
          holding the `row_lock` transaction, and `lock-conflict-storm` runs 16 clients (TTL \
-         300 ms, every third holder dying) on a MariaDB with `innodb_lock_wait_timeout = 1`, \
-         reading the server's own deadlock and lock-wait-timeout counters. Restarts are confirmed \
+         300 ms, every third holder dying) for 8 s on a MariaDB with `innodb_lock_wait_timeout = 1` \
+         while a conflict injector — a heavy transaction (300 scratch rows updated) that takes \
+         shared locks on every lock table, waits until a fenced statement queues behind them, and \
+         then either asks for exclusive locks (a deadlock whose victim InnoDB picks as the lighter \
+         transaction: fenced's, 1213) or keeps its locks past the timeout (1205) — makes sure \
+         fenced's statements get both answers; overlaps are forbidden there, so a conflict read as \
+         a grant or a renewal would show. The server's own deadlock and lock-wait-timeout counters \
+         (less the injector's own) confirm it: both for `unique_key` and `optimistic`, deadlocks \
+         for `row_lock`, whose waits run under its own 50 s `innodb_lock_wait_timeout` and are \
+         bounded (and killed) on the client. Restarts are confirmed \
          by a new pid, the leader kill by a new leader, the KILL by the connection id. After a \
          server fault the victim waits a TTL before writing, so a successor — if the store let \
          one in — writes first. **Mutant controls** wrap the real store in a lock with one safety \

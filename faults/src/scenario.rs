@@ -188,10 +188,15 @@ pub enum Fault {
     LeaderKill,
     /// `KILL <id>` of the `row_lock` holder's connection on the server.
     KillConnection,
-    /// 12 clients on one key on a MariaDB with `innodb_lock_wait_timeout = 1`:
-    /// deadlocks (1213) and lock-wait timeouts (1205) must never read as a grant.
+    /// 16 clients on one key on a MariaDB with `innodb_lock_wait_timeout = 1`,
+    /// every third holder dying, and a conflict injector that makes fenced's
+    /// statements deadlock victims (1213) and lets them time out (1205):
+    /// neither must ever read as a grant, a renewal or a release.
     LockStorm,
 }
+
+/// How long a [`Fault::LockStorm`] run contends (other faults: from the TTL).
+pub const STORM_BUDGET: Duration = Duration::from_secs(8);
 
 /// Where a fault's clients run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -657,7 +662,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
     } else {
         FencedResource::unfenced()
     });
-    let budget = cfg.ttl * 5 * cfg.injections.max(1) as u32 + cfg.ttl * 3;
+    let budget = if cfg.fault == Fault::LockStorm {
+        // Room for several cycles of the conflict injector (a timeout cycle
+        // holds its locks 1.3 s).
+        STORM_BUDGET
+    } else {
+        cfg.ttl * 5 * cfg.injections.max(1) as u32 + cfg.ttl * 3
+    };
     let until = Until(Arc::new(Mutex::new(Instant::now() + budget)));
     let loss_latency_ms = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(Mutex::new(Vec::new()));
@@ -707,6 +718,15 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             }
         }));
     }
+    let injector = match (&prep.private, cfg.fault) {
+        (Some(p), Fault::LockStorm) => {
+            let (p, u, gap) = (Arc::clone(p), until.clone(), cfg.ttl);
+            Some(tokio::spawn(async move {
+                p.inject_lock_conflicts(move || u.get(), gap).await
+            }))
+        }
+        _ => None,
+    };
     let joined = tokio::task::spawn_blocking(move || {
         // Join every thread, even after a failed one.
         let joined: Vec<bool> = threads.into_iter().map(|t| t.join().is_ok()).collect();
@@ -721,10 +741,17 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             .push("a client thread panicked".into());
     }
     drop(proxies);
+    let interference = match injector {
+        Some(h) => Some(h.await.map_err(|e| format!("conflict injector: {e}"))??),
+        None => None,
+    };
     let lock_conflicts = match (&prep.private, conflicts_before) {
         (Some(p), Some((d0, t0))) => {
             let (d1, t1) = p.lock_conflicts().await?;
-            let (d, t) = (d1.saturating_sub(d0), t1.saturating_sub(t0));
+            let own = interference.unwrap_or_default();
+            // The server's counts, less the injector's own 1213/1205.
+            let d = d1.saturating_sub(d0).saturating_sub(own.own_deadlocks);
+            let t = t1.saturating_sub(t0).saturating_sub(own.own_timeouts);
             // What the clients saw of them: refusals, never grants.
             let seen = history
                 .events()
@@ -745,7 +772,29 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
                  the clients saw {} deadlock and {} lock-wait errors and {} other refusals/timeouts",
                 seen.0, seen.1, seen.2
             ));
-            if d + t > 0 {
+            if let Some(i) = interference {
+                evidence
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!(
+                        "conflict injector: {} cycles found fenced statements waiting; \
+                         {} asked for exclusive locks over them, {} held past the lock-wait \
+                         timeout ({} deadlocks and {} timeouts of its own, not counted)",
+                        i.cycles_with_waiters,
+                        i.exclusive_requests,
+                        i.timeout_holds,
+                        i.own_deadlocks,
+                        i.own_timeouts
+                    ));
+            }
+            // The storm happened when fenced's statements got the answers
+            // they can get: `row_lock` waits with a 50 s
+            // `innodb_lock_wait_timeout` of its own and bounds shorter waits
+            // on the client (the statement is killed), so only deadlocks
+            // reach it; the other strategies' statements wait under the
+            // server's 1 s and get both.
+            let both = cfg.target != Target::MySqlRowLock;
+            if d > 0 && (t > 0 || !both) {
                 confirmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Some((d, t))

@@ -7,13 +7,17 @@
 //! * the etcd leader killed in a 3-member cluster;
 //! * `KILL <id>` of the connection holding a `row_lock` transaction;
 //! * a lock-conflict storm on a MariaDB with `innodb_lock_wait_timeout = 1`,
-//!   counting the deadlocks and lock-wait timeouts the server itself saw.
+//!   with a conflict injector that makes fenced's statements deadlock
+//!   victims and lets them time out, counting the deadlocks and lock-wait
+//!   timeouts the server itself saw.
 //!
 //! Every act returns evidence that it really happened (a new pid, a new
 //! leader, the killed connection id, the server's counters), which the run
 //! records and the short profile asserts.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row as _};
 
@@ -227,6 +231,207 @@ impl PrivateStore {
         }
         Ok(out)
     }
+}
+
+/// What the conflict injector of a storm run did ([`PrivateStore::inject_lock_conflicts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Interference {
+    /// Cycles that found a fenced statement waiting on the injector's locks.
+    pub cycles_with_waiters: u64,
+    /// Cycles that asked for exclusive locks with a fenced statement queued
+    /// and got them: every fenced statement still queued then was a
+    /// deadlock victim (the server's counter says how many).
+    pub exclusive_requests: u64,
+    /// Deadlock cycles in which the injector itself was the victim.
+    pub own_deadlocks: u64,
+    /// Holds kept past `innodb_lock_wait_timeout` with fenced statements waiting.
+    pub timeout_holds: u64,
+    /// The injector's own lock-wait timeouts (1205), to subtract from the
+    /// server's count.
+    pub own_timeouts: u64,
+}
+
+/// Rows the injector updates before it locks anything: InnoDB resolves a
+/// deadlock by rolling back the transaction that changed fewer rows, and the
+/// storm is about what fenced does when *its* statement is the victim.
+const BALLAST_ROWS: usize = 300;
+
+/// The injector keeps its locks this much longer than the private server's
+/// `innodb_lock_wait_timeout` (1 s) in its timeout cycles.
+const TIMEOUT_HOLD: Duration = Duration::from_millis(1_300);
+
+impl PrivateStore {
+    /// Makes the server answer fenced's statements with deadlocks (1213) and
+    /// lock-wait timeouts (1205) until `deadline()`, a cycle every `gap`.
+    ///
+    /// A natural storm of clients on one key seldom makes InnoDB raise either
+    /// (each fenced statement is one short autocommit transaction on one
+    /// row), so the injector does it on purpose, as a heavy application
+    /// transaction would: it updates `BALLAST_ROWS` rows of a scratch table,
+    /// takes shared next-key locks on every InnoDB table of the lock schema
+    /// (`SELECT … LOCK IN SHARE MODE`: every fenced write to them now waits),
+    /// waits until a fenced statement is queued behind it, and then either
+    /// asks for exclusive locks on the same rows — a deadlock cycle, whose
+    /// victim InnoDB picks as the lighter transaction: fenced's — or keeps
+    /// its locks past the server's `innodb_lock_wait_timeout`, so the waiting
+    /// statements end with 1205. It rolls back every cycle and writes no
+    /// lock row: the grants stay fenced's own.
+    ///
+    /// # Errors
+    ///
+    /// When this is not MariaDB, or its admin connection fails.
+    pub async fn inject_lock_conflicts(
+        &self,
+        deadline: impl Fn() -> Instant + Send,
+        gap: Duration,
+    ) -> Result<Interference, String> {
+        let PrivateStore::MariaDb(db) = self else {
+            return Err("the lock-conflict injector needs MariaDB".into());
+        };
+        let mut c = admin(db).await?;
+        let rows: Vec<String> = (1..=BALLAST_ROWS).map(|i| format!("({i}, 0)")).collect();
+        for sql in [
+            "SET SESSION innodb_lock_wait_timeout = 3".to_owned(),
+            "CREATE DATABASE IF NOT EXISTS faults_scratch".to_owned(),
+            "CREATE TABLE IF NOT EXISTS faults_scratch.ballast \
+             (id INT PRIMARY KEY, n BIGINT NOT NULL) ENGINE = InnoDB"
+                .to_owned(),
+            format!(
+                "INSERT IGNORE INTO faults_scratch.ballast (id, n) VALUES {}",
+                rows.join(", ")
+            ),
+        ] {
+            exec(&mut c, &sql).await?;
+        }
+        let tables: Vec<String> = sqlx::query(
+            "SELECT TABLE_NAME FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = 'test' AND ENGINE = 'InnoDB' ORDER BY TABLE_NAME",
+        )
+        .fetch_all(&mut c)
+        .await
+        .map_err(|e| format!("listing the lock tables: {e}"))?
+        .iter()
+        .filter_map(|r| r.try_get::<String, _>(0).ok())
+        .map(|t| format!("test.`{}`", t.replace('`', "``")))
+        .collect();
+        if tables.is_empty() {
+            return Err("the private MariaDB has no InnoDB lock table in `test`".into());
+        }
+        let mut done = Interference::default();
+        let mut cycle = 0u64;
+        // A cycle needs up to ~2 s (shared locks behind a dying holder, the
+        // wait for a waiter, the timeout hold); none starts without it.
+        while Instant::now() + gap + Duration::from_secs(2) < deadline() {
+            tokio::time::sleep(gap).await;
+            cycle += 1;
+            exec(&mut c, "START TRANSACTION").await?;
+            let outcome = conflict_cycle(&mut c, &tables, cycle % 2 == 1).await;
+            // Ends the cycle whatever happened (a deadlock victim's
+            // transaction is rolled back already; this is then a no-op).
+            exec(&mut c, "ROLLBACK").await?;
+            match outcome? {
+                Cycle::NoWaiter => {}
+                Cycle::ExclusiveGranted => {
+                    done.cycles_with_waiters += 1;
+                    done.exclusive_requests += 1;
+                }
+                Cycle::OwnDeadlock => {
+                    done.cycles_with_waiters += 1;
+                    done.own_deadlocks += 1;
+                }
+                Cycle::HeldPastTimeout => {
+                    done.cycles_with_waiters += 1;
+                    done.timeout_holds += 1;
+                }
+                Cycle::OwnTimeout => done.own_timeouts += 1,
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// One injector cycle, inside the injector's transaction.
+async fn conflict_cycle(
+    c: &mut sqlx::MySqlConnection,
+    tables: &[String],
+    deadlock: bool,
+) -> Result<Cycle, String> {
+    exec(c, "UPDATE faults_scratch.ballast SET n = n + 1").await?;
+    for t in tables {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SELECT * FROM {t} LOCK IN SHARE MODE"
+        )))
+        .execute(&mut *c)
+        .await
+        {
+            Ok(_) => {}
+            Err(e) => return own_conflict(e, "taking shared locks"),
+        }
+    }
+    // Wait (bounded) until a fenced statement queues behind those locks.
+    let waiting_until = Instant::now() + Duration::from_millis(700);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+                 WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id <> CONNECTION_ID()",
+        )
+        .fetch_one(&mut *c)
+        .await
+        .map_err(|e| format!("reading INNODB_TRX: {e}"))?;
+        if waiting > 0 {
+            break;
+        }
+        if Instant::now() >= waiting_until {
+            return Ok(Cycle::NoWaiter);
+        }
+        // InnoDB refreshes its INNODB_TRX snapshot only when the last
+        // read is more than 0.1 s old: polling faster sees a frozen one.
+        tokio::time::sleep(Duration::from_millis(110)).await;
+    }
+    if !deadlock {
+        tokio::time::sleep(TIMEOUT_HOLD).await;
+        return Ok(Cycle::HeldPastTimeout);
+    }
+    for t in tables {
+        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SELECT * FROM {t} FOR UPDATE")))
+            .execute(&mut *c)
+            .await
+        {
+            return own_conflict(e, "upgrading to exclusive locks");
+        }
+    }
+    Ok(Cycle::ExclusiveGranted)
+}
+
+/// How one injector cycle ended.
+enum Cycle {
+    NoWaiter,
+    ExclusiveGranted,
+    OwnDeadlock,
+    HeldPastTimeout,
+    OwnTimeout,
+}
+
+fn own_conflict(e: sqlx::Error, doing: &str) -> Result<Cycle, String> {
+    let number = match &e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    };
+    match number {
+        Some(1213) => Ok(Cycle::OwnDeadlock),
+        Some(1205) => Ok(Cycle::OwnTimeout),
+        _ => Err(format!("conflict injector, {doing}: {e}")),
+    }
+}
+
+async fn exec(c: &mut sqlx::MySqlConnection, sql: &str) -> Result<(), String> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(c)
+        .await
+        .map(drop)
+        .map_err(|e| format!("conflict injector, `{sql}`: {e}"))
 }
 
 async fn admin(db: &PrivateMariaDb) -> Result<sqlx::MySqlConnection, String> {
