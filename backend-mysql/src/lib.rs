@@ -109,9 +109,12 @@
 //! — is a second transaction that InnoDB would make wait for the first: it
 //! gets [`Error::AlreadyHeld`] at once instead (found after the refused
 //! attempt, from the key's grant description and
-//! `information_schema.INNODB_TRX`; needs the `PROCESS` privilege, and does
-//! not work in [`RowMode::Shards`], where such an attempt waits for itself
-//! until its wait bound). `unique_key` and `optimistic` keep the owner in the
+//! `information_schema.INNODB_TRX`). That check needs the `PROCESS`
+//! privilege and does not work in [`RowMode::Shards`]: without the privilege
+//! (common on managed servers), or with shards, such an attempt waits for
+//! itself until its wait bound and ends in [`Error::Timeout`]. Everything
+//! else works without `PROCESS` (tested: lock, refuse, wait, `inspect`,
+//! `list` — which then probes every described key). `unique_key` and `optimistic` keep the owner in the
 //! row, so any instance of that owner re-enters.
 //!
 //! ## Corrections to the articles' comparison

@@ -362,3 +362,112 @@ async fn a_refused_try_leaves_no_transaction_open() {
         drop_tables(&base).await;
     }
 }
+
+/// `url` with its user and password replaced (the server URL's own
+/// credentials, if any, dropped).
+fn as_user(url: &str, user: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+    format!("{scheme}://{user}:{password}@{host}")
+}
+
+/// Managed servers often give applications no `PROCESS` privilege, which
+/// `information_schema.INNODB_TRX` needs. Without it `row_lock` still
+/// locks, refuses, waits, inspects and lists (every described key probed
+/// instead); what it cannot tell is the same owner holding through a second
+/// instance, so that owner waits until its bound (`Timeout`, never a hang)
+/// instead of getting `AlreadyHeld` — as the crate docs say.
+#[tokio::test]
+async fn without_the_process_privilege_row_lock_still_works() {
+    let server = server_url().await;
+    let (root_url, base) = fresh("noproc", "").await;
+    let user = format!(
+        "fenced_np_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let mut admin = sqlx::MySqlConnection::connect(&server).await.unwrap();
+    for host in ["127.0.0.1", "localhost", "%"] {
+        for sql in [
+            format!("CREATE USER '{user}'@'{host}' IDENTIFIED BY 'np-pass'"),
+            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON test.* TO '{user}'@'{host}'"),
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+        }
+    }
+    let url = as_user(&root_url, &user, "np-pass");
+
+    // The precondition: this account really cannot read INNODB_TRX.
+    let plain = as_user(&server, &user, "np-pass");
+    let mut probe = sqlx::MySqlConnection::connect(&plain).await.unwrap();
+    let denied = sqlx::raw_sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX")
+        .execute(&mut probe)
+        .await;
+    assert!(
+        denied.is_err(),
+        "the test account can read INNODB_TRX: {denied:?}"
+    );
+    drop(probe);
+
+    let (a, b) = (
+        MySqlLock::connect(&url).await.unwrap(),
+        MySqlLock::connect(&url).await.unwrap(),
+    );
+    let long = ttl(Duration::from_secs(30));
+    let k = key("noproc");
+    let held = a.try_acquire(&k, &long).await.unwrap().unwrap();
+    assert!(b.try_acquire(&k, &long).await.unwrap().is_none());
+    let seen = b.inspect(&k).await.unwrap().expect("inspect sees the hold");
+    assert_eq!(seen.token, held.token);
+    let listed = tokio::time::timeout(HANG, b.list(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        listed.iter().any(|i| i.key == k && i.token == held.token),
+        "list without PROCESS missed the held key: {listed:?}"
+    );
+    let short = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    match tokio::time::timeout(HANG, b.acquire(&k, &short)).await {
+        Ok(Err(Error::Timeout { .. })) => {}
+        other => panic!("a waiting acquire of a held key gave {other:?}"),
+    }
+
+    // The same owner through the second instance: not detected, bounded.
+    let owned = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .owner("np-owner")
+        .wait_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let k2 = key("noproc-owner");
+    let first = a.try_acquire(&k2, &owned).await.unwrap().unwrap();
+    match tokio::time::timeout(HANG, b.acquire(&k2, &owned)).await {
+        Ok(Err(Error::Timeout { .. })) => {}
+        other => panic!("the same owner through a second instance gave {other:?}"),
+    }
+    assert_eq!(a.release(&first).await.unwrap(), ReleaseOutcome::Released);
+
+    assert_eq!(a.release(&held).await.unwrap(), ReleaseOutcome::Released);
+    let next = tokio::time::timeout(HANG, b.acquire(&k, &long))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.token > held.token);
+    assert_eq!(b.release(&next).await.unwrap(), ReleaseOutcome::Released);
+
+    drop((a, b));
+    for host in ["127.0.0.1", "localhost", "%"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP USER '{user}'@'{host}'")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    drop_tables(&base).await;
+}
