@@ -114,8 +114,9 @@
 //! (common on managed servers), or with shards, such an attempt waits for
 //! itself until its wait bound and ends in [`Error::Timeout`]. Everything
 //! else works without `PROCESS` (tested: lock, refuse, wait, `inspect`,
-//! `list` — which then probes every described key). `unique_key` and `optimistic` keep the owner in the
-//! row, so any instance of that owner re-enters.
+//! `list` — which then probes every described key). `unique_key` and
+//! `optimistic` keep the owner in the row, so any instance of that owner
+//! re-enters.
 //!
 //! ## Corrections to the articles' comparison
 //!

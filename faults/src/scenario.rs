@@ -793,8 +793,8 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
             // on the client (the statement is killed), so only deadlocks
             // reach it; the other strategies' statements wait under the
             // server's 1 s and get both.
-            let both = cfg.target != Target::MySqlRowLock;
-            if d > 0 && (t > 0 || !both) {
+            let timeouts_reach_it = cfg.target != Target::MySqlRowLock;
+            if d > 0 && (t > 0 || !timeouts_reach_it) {
                 confirmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Some((d, t))

@@ -373,7 +373,7 @@ async fn conflict_cycle(
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
-                 WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id <> CONNECTION_ID()",
+             WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id <> CONNECTION_ID()",
         )
         .fetch_one(&mut *c)
         .await
