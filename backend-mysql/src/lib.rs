@@ -112,7 +112,12 @@
 //! `information_schema.INNODB_TRX`). That check needs the `PROCESS`
 //! privilege and does not work in [`RowMode::Shards`]: without the privilege
 //! (common on managed servers), or with shards, such an attempt waits for
-//! itself until its wait bound and ends in [`Error::Timeout`]. Everything
+//! itself until its wait bound and ends in [`Error::Timeout`]. InnoDB serves
+//! `INNODB_TRX` from a cache it refills at most every 0.1 s, so the check
+//! reads it with a witness and may take up to half a second; while
+//! something else on the server reads that table more often than every
+//! 0.1 s the cache never refills, and the attempt waits as without the
+//! privilege. Everything
 //! else works without `PROCESS` (tested: lock, refuse, wait, `inspect`,
 //! `list` — which then probes every described key). `unique_key` and
 //! `optimistic` keep the owner in the row, so any instance of that owner
@@ -690,7 +695,8 @@ impl DistributedLock for MySqlLock {
     ///   held — one `SELECT` of `<table>_live`, then a `NOWAIT` probe per
     ///   candidate not held through this instance (about one per lock held
     ///   elsewhere; one per described key without the `PROCESS` privilege,
-    ///   which `information_schema.INNODB_TRX` needs). Exact, except that in
+    ///   which `information_schema.INNODB_TRX` needs, or while InnoDB's
+    ///   cache of that table stays stale). Exact, except that in
     ///   [`RowMode::Shards`] a released key may be listed while another key
     ///   of its shard is held, and that a grant is described only once its
     ///   token is taken (an instant after its row lock).

@@ -8,46 +8,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{server_url, url_for};
+use common::{drop_tables, fresh, key, server_url, ttl};
 use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome};
-use fenced_mysql::{MySqlLock, RowMode, Strategy};
+use fenced_mysql::{MySqlLock, RowMode};
 use sqlx::{Connection, Row};
 
 /// A generous bound on calls that must not hang (never a timing assertion).
 const HANG: Duration = Duration::from_secs(30);
-
-fn key(tag: &str) -> LockKey {
-    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-fn ttl(d: Duration) -> LockOptions {
-    LockOptions::builder().ttl(d).build().unwrap()
-}
-
-/// A row_lock store in tables of its own.
-async fn fresh(tag: &str, extra: &str) -> (String, String) {
-    let server = server_url().await;
-    let base = format!(
-        "fenced_rl_{tag}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let url = format!("{}{extra}", url_for(&server, Strategy::RowLock, &base));
-    MySqlLock::migrate(&url).await.unwrap();
-    (url, base)
-}
-
-/// Drops the test's tables. Close the test's `MySqlLock`s first: a hold's
-/// transaction has metadata locks on the tables that `DROP TABLE` waits for.
-async fn drop_tables(base: &str) {
-    let pool = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, \
-         `{base}_live`, `{base}_migrations`"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-}
 
 /// The holder's server connection, from the grant description.
 async fn holder_conn(base: &str, k: &LockKey) -> u64 {

@@ -8,7 +8,7 @@ pub mod private;
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use fenced_api::{DistributedLock, Result};
+use fenced_api::{DistributedLock, LockKey, LockOptions, Result};
 use fenced_conformance::{services, Harness};
 use fenced_mysql::{MySqlLock, Strategy};
 
@@ -146,4 +146,40 @@ impl Harness for MySqlHarness {
     fn base_ttl(&self) -> Duration {
         Duration::from_secs(1)
     }
+}
+
+/// A key unique to this run.
+pub fn key(tag: &str) -> LockKey {
+    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
+}
+
+/// Options with this TTL and nothing else.
+pub fn ttl(d: Duration) -> LockOptions {
+    LockOptions::builder().ttl(d).build().unwrap()
+}
+
+/// A row_lock store in tables of its own: its URL (with `extra` query
+/// parameters appended) and its base table name.
+pub async fn fresh(tag: &str, extra: &str) -> (String, String) {
+    let server = server_url().await;
+    let base = format!(
+        "fenced_rl_{tag}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let url = format!("{}{extra}", url_for(&server, Strategy::RowLock, &base));
+    MySqlLock::migrate(&url).await.unwrap();
+    (url, base)
+}
+
+/// Drops the test's tables. Close the test's `MySqlLock`s first: a hold's
+/// transaction has metadata locks on the tables that `DROP TABLE` waits for.
+pub async fn drop_tables(base: &str) {
+    let pool = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, \
+         `{base}_live`, `{base}_migrations`"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
 }

@@ -10,9 +10,12 @@
 //!    connection holds one key at a time and ends each hold before the
 //!    next) and — when the account may read `information_schema.INNODB_TRX`
 //!    (the `PROCESS` privilege) — whose connection is inside a
-//!    transaction. Without the privilege every such description is a
-//!    candidate (released keys whose connection sits idle included, until
-//!    their description is pruned);
+//!    transaction. That table is a cache InnoDB refills at most every
+//!    0.1 s, so it is read with a witness ([`innodb_trx`](super::innodb_trx),
+//!    three more statements; up to half a second more while it is stale).
+//!    Without the privilege, or if the cache stays stale, every such
+//!    description is a candidate (released keys whose connection sits idle
+//!    included, until their description is pruned);
 //! 2. per candidate, the truth: a hold through this very instance (same
 //!    token, deadline not passed) is listed as it is, with its local hold
 //!    count; any other is confirmed with the `NOWAIT` probe `inspect` uses
@@ -20,7 +23,7 @@
 //!    held. Stops once `limit` are confirmed.
 //!
 //! Cost: one `SELECT` over `<base>_live` (a `MEMORY` table; rows = keys
-//! granted and not yet pruned), then one probe (two to three statements on
+//! granted and not yet pruned) in the witness's transaction, then one probe (two to three statements on
 //! a lock connection) per candidate not held through this instance — about
 //! one per lock held elsewhere with `PROCESS`, up to one per described key
 //! without it.
@@ -42,7 +45,7 @@
 use fenced_api::{Error, LockInfo, Result};
 use tokio::time::Instant;
 
-use super::{local::ACCESS_DENIED, token::LIFETIME_KEY, RowLock};
+use super::{innodb_trx::TrxView, token::LIFETIME_KEY, RowLock};
 use crate::error;
 use crate::strategy::infos_from_rows;
 
@@ -104,26 +107,33 @@ impl RowLock {
 
     /// Step 1 of the module docs: the candidate descriptions, in key order.
     async fn list_candidates(&self) -> Result<Vec<LockInfo>> {
+        let view = self
+            .read_innodb_trx(
+                || sqlx::query(self.sql.list_in_trx.clone()).bind(LIFETIME_KEY),
+                |_| false,
+            )
+            .await?;
+        let rows = match view {
+            TrxView::Rows { rows, fresh: true } => rows,
+            // A stale cache can miss a hold; every description is then a
+            // candidate, as without the privilege.
+            TrxView::Rows { fresh: false, .. } => self.described().await?,
+            TrxView::Denied(e) => {
+                tracing::debug!(error = %e, "no PROCESS privilege: listing probes every described key");
+                self.described().await?
+            }
+        };
+        infos_from_rows(&rows)
+    }
+
+    /// Every description whose connection has not moved on.
+    async fn described(&self) -> Result<Vec<sqlx::mysql::MySqlRow>> {
         let mut c = self.plain().await?;
-        let r = sqlx::query(self.sql.list_in_trx.clone())
+        let r = sqlx::query(self.sql.list_described.clone())
             .bind(LIFETIME_KEY)
             .fetch_all(c.conn())
             .await;
         c.finish(&r);
-        let rows = match r {
-            Ok(rows) => rows,
-            Err(e) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
-                tracing::debug!(error = %e, "no PROCESS privilege: listing probes every described key");
-                let mut c = self.plain().await?;
-                let r = sqlx::query(self.sql.list_described.clone())
-                    .bind(LIFETIME_KEY)
-                    .fetch_all(c.conn())
-                    .await;
-                c.finish(&r);
-                r.map_err(error::map)?
-            }
-            Err(e) => return Err(error::map(e)),
-        };
-        infos_from_rows(&rows)
+        r.map_err(error::map)
     }
 }

@@ -10,10 +10,13 @@
 //! explicit owner checks the key's grant description: if the key is held
 //! by that very owner through a connection that is still in its
 //! transaction, the answer is [`Error::AlreadyHeld`] at once (reentrant or
-//! not) instead of a wait. Best effort: with `RowMode::Shards` (a
-//! description names a key, the lock is the shard's row), or without the
-//! `PROCESS` privilege (needed to read `information_schema.INNODB_TRX`),
-//! nothing is detected and the second instance waits as before.
+//! not) instead of a wait — up to half a second later if InnoDB's cache of
+//! its transactions is behind ([`innodb_trx`](super::innodb_trx)). Best
+//! effort: with `RowMode::Shards` (a description names a key, the lock is
+//! the shard's row), without the `PROCESS` privilege (needed to read
+//! `information_schema.INNODB_TRX`), or while something else on the server
+//! reads that table more often than every 0.1 s (its cache then never
+//! refills), nothing is detected and the second instance waits as before.
 //!
 //! The map can also be stale: a hold whose connection the server closed
 //! (`KILL`, a force-release from another instance) stays in the map until
@@ -28,18 +31,15 @@ use fenced_api::{
 };
 use tokio::time::Instant;
 
+use super::innodb_trx::TrxView;
 use super::{RowLock, RowMode};
-use crate::error::{self, SqlResultExt};
+use crate::error::SqlResultExt;
 
 /// Whether the connection with this id is alive: absent from the process
 /// list, or marked killed (rolling back), it is not. Every lock connection
 /// uses the same account, so no `PROCESS` privilege is needed to see it.
 pub(super) const CONN_ALIVE: &str =
     "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ? AND COMMAND <> 'Killed'";
-
-/// ER_SPECIFIC_ACCESS_DENIED_ERROR / ER_TABLEACCESS_DENIED_ERROR: no
-/// `PROCESS` privilege for `information_schema.INNODB_TRX`.
-pub(super) const ACCESS_DENIED: [u16; 2] = [1227, 1142];
 
 impl RowLock {
     /// Local reentrancy / refusal when this instance already holds `key`.
@@ -148,24 +148,47 @@ impl RowLock {
     /// by that same owner through a connection of another instance (see
     /// the module docs). Shards are skipped: a key's description does not
     /// say who holds its shard.
+    ///
+    /// First the key's description alone (one read of a `MEMORY` table):
+    /// refused by another owner — the usual contention — it ends there. If
+    /// it names this owner, `INNODB_TRX` decides whether that connection is
+    /// still in its transaction, read with a witness
+    /// ([`innodb_trx`](super::innodb_trx)): its cache can be 0.1 s or more
+    /// behind, and a hold granted a moment ago would be missed. A stale
+    /// cache that still shows the hold is believed; one that never became
+    /// current within [`TRIES`](super::innodb_trx::TRIES) reads (someone
+    /// reads `INNODB_TRX` more often than every 0.1 s) detects nothing, as
+    /// without `PROCESS`.
     pub(super) async fn same_owner_elsewhere(&self, key: &LockKey, owner: &Owner) -> Result<bool> {
         if matches!(self.mode, RowMode::Shards(_)) {
             return Ok(false);
         }
         let mut c = self.plain().await?;
-        let r = sqlx::query(self.sql.same_owner.clone())
+        let r = sqlx::query(self.sql.same_owner_described.clone())
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
             .fetch_optional(c.conn())
             .await;
         c.finish(&r);
-        match r {
-            Ok(row) => Ok(row.is_some()),
-            Err(e) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
+        if r.db()?.is_none() {
+            return Ok(false);
+        }
+        let view = self
+            .read_innodb_trx(
+                || {
+                    sqlx::query(self.sql.same_owner.clone())
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes())
+                },
+                |rows| !rows.is_empty(),
+            )
+            .await?;
+        match view {
+            TrxView::Rows { rows, .. } => Ok(!rows.is_empty()),
+            TrxView::Denied(e) => {
                 tracing::debug!(error = %e, "no PROCESS privilege: same-owner holds through other instances are not detected");
                 Ok(false)
             }
-            Err(e) => Err(error::map(e)),
         }
     }
 

@@ -93,6 +93,7 @@
 
 mod conn;
 mod hold;
+mod innodb_trx;
 mod list;
 mod local;
 mod token;
@@ -179,6 +180,7 @@ struct Sql {
     list_in_trx: SqlStr,
     list_described: SqlStr,
     moved_on: SqlStr,
+    same_owner_described: SqlStr,
     same_owner: SqlStr,
     epoch: SqlStr,
     open_lifetime: SqlStr,
@@ -314,6 +316,14 @@ impl RowLock {
                 // The key's latest grant is this owner's, unexpired, its
                 // connection has not gone on to a later grant, and is still
                 // inside a transaction: that transaction holds the key.
+                // The key's latest grant is this owner's, unexpired, and
+                // its connection has not gone on to a later grant.
+                same_owner_described: sql!(
+                    "SELECT 1 FROM {live} l \
+                     WHERE l.lock_key = ? AND l.owner = ? AND l.expire_time > UTC_TIMESTAMP(6) \
+                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
+                     LIMIT 1"
+                ),
                 same_owner: sql!(
                     "SELECT 1 FROM {live} l \
                      JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
