@@ -114,7 +114,7 @@
 //! (common on managed servers), or with shards, such an attempt waits for
 //! itself until its wait bound and ends in [`Error::Timeout`]. InnoDB serves
 //! `INNODB_TRX` from a cache it refills at most every 0.1 s, so the check
-//! reads it with a witness and may take up to half a second; while
+//! reads it with a witness and may take up to a second; while
 //! something else on the server reads that table more often than every
 //! 0.1 s the cache never refills, and the attempt waits as without the
 //! privilege. Everything

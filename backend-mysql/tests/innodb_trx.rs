@@ -98,6 +98,50 @@ async fn a_hold_younger_than_the_cache_is_seen() {
     }
 }
 
+/// Several checks at once in one process, started 35 ms apart, after the
+/// cache was filled and before the holds began: a read less than 0.1 s
+/// after another one is served the old copy and puts off the refill.
+/// Re-reading on their own (a fixed 110 ms period failed 3 of 3 runs, a
+/// jittered 110–210 ms one 5 of 6) the checks kept each other from ever
+/// seeing a fresh copy; taking turns through the process's gate, each
+/// read may refill, and every check sees its owner's hold.
+#[tokio::test]
+async fn staggered_checks_do_not_starve_each_other() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (url, base) = fresh("trxstagger", "").await;
+    let (a, b) = (
+        MySqlLock::connect(&url).await.unwrap(),
+        MySqlLock::connect(&url).await.unwrap(),
+    );
+    let mut side = MySqlConnection::connect(&server_url().await).await.unwrap();
+    let opts = shared_owner();
+    let keys: Vec<_> = (0..4).map(|i| key(&format!("stagger-{i}"))).collect();
+    // Filled before the holds begin: no read of this copy shows them.
+    fill_cache(&mut side).await;
+    let mut held = Vec::new();
+    for k in &keys {
+        held.push((k.clone(), a.try_acquire(k, &opts).await.unwrap().unwrap()));
+    }
+    let checks = held.iter().enumerate().map(|(i, (k, _))| {
+        let (b, opts) = (&b, &opts);
+        async move {
+            tokio::time::sleep(Duration::from_millis(35 * i as u64)).await;
+            (k, tokio::time::timeout(HANG, b.try_acquire(k, opts)).await)
+        }
+    });
+    for (k, r) in futures_util::future::join_all(checks).await {
+        match r {
+            Ok(Err(Error::AlreadyHeld { .. })) => {}
+            other => panic!("{k}: a staggered same-owner check gave {other:?}"),
+        }
+    }
+    for (_, lease) in &held {
+        assert_eq!(a.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    }
+    drop((a, b, side));
+    drop_tables(&base).await;
+}
+
 /// While another session reads `INNODB_TRX` every 20 ms, InnoDB never
 /// refills the cache (a hold of 1.5 s stayed invisible when measured).
 /// Then nothing is detected from it, and nothing goes wrong: `list` falls

@@ -22,12 +22,14 @@
 //! itself, recognised by a nonce in its text (a stale copy can show an
 //! earlier transaction of the same pooled connection; a first version of
 //! this check matched on the connection id alone and was fooled that way
-//! in its own test). If it is, the cache was filled
-//! after the caller's moment and so lists every transaction that started
-//! before it and is still open; the query that follows reads that copy or a
-//! newer one. If it is not, the answer is stale: the read is repeated after
-//! the cache's idle time ([`TRIES`] times in all), then reported as stale
-//! and the caller falls back (see each caller).
+//! in its own test). If it is, the cache was filled after the caller's
+//! moment and so lists every transaction that started before it and is
+//! still open; the query that follows reads that copy or a newer one. If
+//! it is not, the answer is stale and the read is repeated ([`TRIES`] times
+//! in all), then reported as stale and the caller falls back (see each
+//! caller). The reads of one process take turns, each just over 0.1 s
+//! after the previous one ([`GATE`]), so that they do not keep each other
+//! from refills.
 //!
 //! The witness costs three statements more than the bare query (start,
 //! witness, rollback) — paid only on these two paths, never per acquire.
@@ -35,10 +37,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fenced_api::Result;
+use fenced_api::{Error, Result};
 use sqlx::mysql::{MySqlArguments, MySqlRow};
 use sqlx::query::Query;
 use sqlx::MySql;
+use tokio::time::Instant;
 
 use super::RowLock;
 use crate::error;
@@ -64,17 +67,33 @@ fn witness(nonce: u64) -> String {
     )
 }
 
-/// Reads before a stale answer is reported (the first at once, then one
-/// per [`CACHE_IDLE`]): about half a second at most.
+/// Reads before a stale answer is reported: under a second in all when
+/// nobody else in this process is reading (see [`GATE`]).
 pub(super) const TRIES: u32 = 5;
 
-/// Just over InnoDB's 0.1 s: a read this long after the last one (ours,
-/// if nobody else read meanwhile) refills the cache.
-const CACHE_IDLE: Duration = Duration::from_millis(110);
+/// This process's reads of `INNODB_TRX`, one at a time, each [`spacing`]
+/// after the previous one ends, with when that was. Without it, readers in
+/// one process starve each other: any read less than 0.1 s after another
+/// is served the old copy and puts off the next refill — measured with
+/// four same-owner checks started 35 ms apart, re-reading every
+/// 110–210 ms each: 5 runs of 6 ended with checks that never saw a fresh
+/// copy. Spaced, every read is one that may refill. One gate for the
+/// process, not per server: these reads are rare (a same-owner refusal, a
+/// `list`), so serialising them across servers costs little.
+static GATE: tokio::sync::Mutex<Option<Instant>> = tokio::sync::Mutex::const_new(None);
+
+/// Just over InnoDB's 0.1 s, plus up to 30 ms of jitter so that readers in
+/// different processes (which the gate does not order) do not settle into
+/// a fixed offset that keeps each other's reads too recent.
+fn spacing() -> Duration {
+    Duration::from_millis(110 + fastrand::u64(0..=30))
+}
 
 /// What a read through `INNODB_TRX` gave.
 pub(super) enum TrxView {
     /// The query's rows; `fresh` if the witness showed the cache current.
+    /// Stale and empty if the reads did not get their turn within the
+    /// operation timeout.
     Rows { rows: Vec<MySqlRow>, fresh: bool },
     /// The account may not read `INNODB_TRX` (no `PROCESS` privilege).
     Denied(sqlx::Error),
@@ -84,41 +103,50 @@ impl RowLock {
     /// Runs `query` (which reads `INNODB_TRX`) with a witness, repeating it
     /// while the cache is stale — unless `enough` accepts a stale answer
     /// (a positive answer can be good enough where a negative is not).
+    /// Waiting for turns at the [`GATE`] is bounded by the operation
+    /// timeout, each read by the operation timeout too.
     pub(super) async fn read_innodb_trx<'q>(
         &self,
         query: impl Fn() -> Query<'q, MySql, MySqlArguments>,
         enough: impl Fn(&[MySqlRow]) -> bool,
     ) -> Result<TrxView> {
+        let give_up = Instant::now() + self.op_timeout;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut c = self.plain().await?;
-            let r = async {
-                sqlx::raw_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                    .execute(c.conn())
-                    .await?;
-                let nonce = NONCE.fetch_add(1, Ordering::Relaxed);
-                let fresh = sqlx::raw_sql(sqlx::AssertSqlSafe(witness(nonce)))
-                    .fetch_optional(c.conn())
-                    .await?
-                    .is_some();
-                let rows = query().fetch_all(c.conn()).await?;
-                Ok::<_, sqlx::Error>((rows, fresh))
+            let Ok(mut last) = tokio::time::timeout_at(give_up, GATE.lock()).await else {
+                tracing::debug!(
+                    attempt,
+                    "no turn to read INNODB_TRX within the operation timeout"
+                );
+                return Ok(TrxView::Rows {
+                    rows: Vec::new(),
+                    fresh: false,
+                });
+            };
+            if let Some(t) = *last {
+                tokio::time::sleep_until(t + spacing()).await;
             }
-            .await;
-            // Never give back a connection inside a transaction: roll back,
-            // and close it if even that fails.
-            let rolled_back = sqlx::raw_sql("ROLLBACK").execute(c.conn()).await;
-            match &r {
-                Err(e) if rolled_back.is_ok() => c.settle(Some(e)),
-                _ => c.finish(&rolled_back),
-            }
-            let (rows, fresh) = match r {
-                Ok(read) => read,
-                Err(e) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
+            let read = tokio::time::timeout(self.op_timeout, self.witnessed(&query)).await;
+            *last = Some(Instant::now());
+            drop(last);
+            let (rows, fresh) = match read {
+                Ok(Ok(Ok(read))) => read,
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Err(e))) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
                     return Ok(TrxView::Denied(e))
                 }
-                Err(e) => return Err(error::map(e)),
+                Ok(Ok(Err(e))) => return Err(error::map(e)),
+                Err(_) => {
+                    return Err(Error::backend(
+                        error::BACKEND,
+                        true,
+                        format!(
+                            "reading INNODB_TRX: no answer from the server within {:?}",
+                            self.op_timeout
+                        ),
+                    ))
+                }
             };
             if fresh || attempt >= TRIES || enough(&rows) {
                 if !fresh {
@@ -129,7 +157,36 @@ impl RowLock {
                 }
                 return Ok(TrxView::Rows { rows, fresh });
             }
-            tokio::time::sleep(CACHE_IDLE).await;
         }
+    }
+
+    /// One read: the witness, then `query`, in a snapshot transaction of
+    /// their own on a plain connection, rolled back.
+    async fn witnessed<'q>(
+        &self,
+        query: &impl Fn() -> Query<'q, MySql, MySqlArguments>,
+    ) -> Result<std::result::Result<(Vec<MySqlRow>, bool), sqlx::Error>> {
+        let mut c = self.plain().await?;
+        let r = async {
+            sqlx::raw_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                .execute(c.conn())
+                .await?;
+            let nonce = NONCE.fetch_add(1, Ordering::Relaxed);
+            let fresh = sqlx::raw_sql(sqlx::AssertSqlSafe(witness(nonce)))
+                .fetch_optional(c.conn())
+                .await?
+                .is_some();
+            let rows = query().fetch_all(c.conn()).await?;
+            Ok::<_, sqlx::Error>((rows, fresh))
+        }
+        .await;
+        // Never give back a connection inside a transaction: roll back,
+        // and close it if even that fails.
+        let rolled_back = sqlx::raw_sql("ROLLBACK").execute(c.conn()).await;
+        match &r {
+            Err(e) if rolled_back.is_ok() => c.settle(Some(e)),
+            _ => c.finish(&rolled_back),
+        }
+        Ok(r)
     }
 }

@@ -12,7 +12,7 @@
 //!    (the `PROCESS` privilege) — whose connection is inside a
 //!    transaction. That table is a cache InnoDB refills at most every
 //!    0.1 s, so it is read with a witness ([`innodb_trx`](super::innodb_trx),
-//!    three more statements; up to half a second more while it is stale).
+//!    three more statements; up to a second more while it is stale).
 //!    Without the privilege, or if the cache stays stale, every such
 //!    description is a candidate (released keys whose connection sits idle
 //!    included, until their description is pruned);

@@ -10,7 +10,7 @@
 //! explicit owner checks the key's grant description: if the key is held
 //! by that very owner through a connection that is still in its
 //! transaction, the answer is [`Error::AlreadyHeld`] at once (reentrant or
-//! not) instead of a wait — up to half a second later if InnoDB's cache of
+//! not) instead of a wait — up to a second later if InnoDB's cache of
 //! its transactions is behind ([`innodb_trx`](super::innodb_trx)). Best
 //! effort: with `RowMode::Shards` (a description names a key, the lock is
 //! the shard's row), without the `PROCESS` privilege (needed to read
