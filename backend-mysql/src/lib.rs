@@ -114,14 +114,14 @@
 //! (common on managed servers), or with shards, such an attempt waits for
 //! itself until its wait bound and ends in [`Error::Timeout`]. InnoDB serves
 //! `INNODB_TRX` from a cache it refills at most every 0.1 s, so the check
-//! reads it with a witness and may take up to a second; while
+//! reads it with a witness and may take up to a second (up to 2 s more
+//! while other such reads of the process wait for their turn); while
 //! something else on the server reads that table more often than every
 //! 0.1 s the cache never refills, and the attempt waits as without the
-//! privilege. Everything
-//! else works without `PROCESS` (tested: lock, refuse, wait, `inspect`,
-//! `list` — which then probes every described key). `unique_key` and
-//! `optimistic` keep the owner in the row, so any instance of that owner
-//! re-enters.
+//! privilege. Everything else works without `PROCESS` (tested: lock,
+//! refuse, wait, `inspect`, `list` — which then probes every described
+//! key). `unique_key` and `optimistic` keep the owner in the row, so any
+//! instance of that owner re-enters.
 //!
 //! ## Corrections to the articles' comparison
 //!

@@ -82,6 +82,12 @@ pub(super) const TRIES: u32 = 5;
 /// `list`), so serialising them across servers costs little.
 static GATE: tokio::sync::Mutex<Option<Instant>> = tokio::sync::Mutex::const_new(None);
 
+/// How long one caller waits for turns at the [`GATE`] (at most a quarter
+/// of the operation timeout): the whole `try_acquire` or `list` around it
+/// is bounded by that timeout, and running into it would report a silent
+/// server, which this is not.
+const TURN_BUDGET: Duration = Duration::from_secs(2);
+
 /// Just over InnoDB's 0.1 s, plus up to 30 ms of jitter so that readers in
 /// different processes (which the gate does not order) do not settle into
 /// a fixed offset that keeps each other's reads too recent.
@@ -92,8 +98,7 @@ fn spacing() -> Duration {
 /// What a read through `INNODB_TRX` gave.
 pub(super) enum TrxView {
     /// The query's rows; `fresh` if the witness showed the cache current.
-    /// Stale and empty if the reads did not get their turn within the
-    /// operation timeout.
+    /// Stale and empty if the reads did not get their turn in time.
     Rows { rows: Vec<MySqlRow>, fresh: bool },
     /// The account may not read `INNODB_TRX` (no `PROCESS` privilege).
     Denied(sqlx::Error),
@@ -103,21 +108,21 @@ impl RowLock {
     /// Runs `query` (which reads `INNODB_TRX`) with a witness, repeating it
     /// while the cache is stale — unless `enough` accepts a stale answer
     /// (a positive answer can be good enough where a negative is not).
-    /// Waiting for turns at the [`GATE`] is bounded by the operation
-    /// timeout, each read by the operation timeout too.
+    /// Waiting for turns at the [`GATE`] is bounded by [`TURN_BUDGET`] (then
+    /// the answer is stale and empty), each read by the operation timeout.
     pub(super) async fn read_innodb_trx<'q>(
         &self,
         query: impl Fn() -> Query<'q, MySql, MySqlArguments>,
         enough: impl Fn(&[MySqlRow]) -> bool,
     ) -> Result<TrxView> {
-        let give_up = Instant::now() + self.op_timeout;
+        let give_up = Instant::now() + TURN_BUDGET.min(self.op_timeout / 4);
         let mut attempt = 0;
         loop {
             attempt += 1;
             let Ok(mut last) = tokio::time::timeout_at(give_up, GATE.lock()).await else {
                 tracing::debug!(
                     attempt,
-                    "no turn to read INNODB_TRX within the operation timeout"
+                    "no turn to read INNODB_TRX in time: answering from no read"
                 );
                 return Ok(TrxView::Rows {
                     rows: Vec::new(),
