@@ -12,7 +12,8 @@
 //!    (the `PROCESS` privilege) — whose connection is inside a
 //!    transaction. That table is a cache InnoDB refills at most every
 //!    0.1 s, so it is read with a witness ([`innodb_trx`](super::innodb_trx),
-//!    three more statements; up to a second more while it is stale).
+//!    three more statements; up to a second more while it is stale, up to
+//!    2 s more while other such reads of the process wait for their turn).
 //!    Without the privilege, or if the cache stays stale, every such
 //!    description is a candidate (released keys whose connection sits idle
 //!    included, until their description is pruned);
@@ -23,10 +24,10 @@
 //!    held. Stops once `limit` are confirmed.
 //!
 //! Cost: one `SELECT` over `<base>_live` (a `MEMORY` table; rows = keys
-//! granted and not yet pruned) in the witness's transaction, then one probe (two to three statements on
-//! a lock connection) per candidate not held through this instance — about
-//! one per lock held elsewhere with `PROCESS`, up to one per described key
-//! without it.
+//! granted and not yet pruned) in the witness's transaction, then one probe
+//! (two to three statements on a lock connection) per candidate not held
+//! through this instance — about one per lock held elsewhere with
+//! `PROCESS`, up to one per described key without it.
 //!
 //! What it cannot see exactly, as `inspect`:
 //!

@@ -313,9 +313,6 @@ impl RowLock {
                      ORDER BY l.lock_key"
                 ),
                 moved_on: sql!("SELECT 1 FROM {live} WHERE conn_id = ? AND id > ? LIMIT 1"),
-                // The key's latest grant is this owner's, unexpired, its
-                // connection has not gone on to a later grant, and is still
-                // inside a transaction: that transaction holds the key.
                 // The key's latest grant is this owner's, unexpired, and
                 // its connection has not gone on to a later grant.
                 same_owner_described: sql!(
@@ -324,6 +321,8 @@ impl RowLock {
                      AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
                      LIMIT 1"
                 ),
+                // The same, and that connection is still inside a
+                // transaction: that transaction holds the key.
                 same_owner: sql!(
                     "SELECT 1 FROM {live} l \
                      JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
