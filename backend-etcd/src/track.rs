@@ -104,7 +104,7 @@ impl Tracker {
         let earliest = st
             .due
             .peek()
-            .map_or(true, |Reverse((first, _, _))| at < *first);
+            .is_none_or(|Reverse((first, _, _))| at < *first);
         st.due.push(Reverse((at, path, token)));
         if earliest {
             self.wake.notify_one();

@@ -382,7 +382,7 @@ fn targets(results: &[CellResult]) -> String {
         if let Some(r) = get(results, f, "contended-50-h20-t0") {
             let ok = r
                 .jain
-                .map(|j| j >= 0.9 && r.server_cmds_per_acq.map_or(true, |c| c <= 5.0));
+                .map(|j| j >= 0.9 && r.server_cmds_per_acq.is_none_or(|c| c <= 5.0));
             let _ = writeln!(
                 s,
                 "| {f}: 50 tasks, hold 20, no think: Jain ≥ 0.9, ≤ 5 server commands/acq | Jain {}, {} cmds/acq | {} |",
