@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
@@ -13,13 +13,36 @@ use fenced_conformance::services;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fenced");
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "fenced-cli-{tag}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A test's scratch directory, removed when dropped — whether the test
+/// passed or failed (runs used to leave about 20 behind in `/tmp` each).
+struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.path().as_os_str()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn tmpdir(tag: &str) -> Scratch {
+    Scratch(
+        tempfile::Builder::new()
+            .prefix(&format!("fenced-cli-{tag}-"))
+            .tempdir()
+            .unwrap(),
+    )
 }
 
 async fn mysql_url(strategy: &str) -> String {

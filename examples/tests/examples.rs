@@ -13,11 +13,18 @@ fn increasing(tokens: &[u64]) -> bool {
     tokens.windows(2).all(|w| w[1] > w[0])
 }
 
-async fn sqlite_url() -> String {
-    let dir =
-        std::env::temp_dir().join(format!("fenced-examples-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    format!("sqlite://{}/locks.db", dir.display())
+/// A scratch directory for one test, removed when it is dropped (runs used
+/// to leave theirs in `/tmp`).
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("fenced-examples-")
+        .tempdir()
+        .unwrap()
+}
+
+/// A SQLite store in `dir` (keep the directory alive while it is used).
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}/locks.db", dir.path().display())
 }
 
 async fn mysql(strategy: &str) -> String {
@@ -46,8 +53,8 @@ async fn redis() -> String {
 
 /// Every shareable store compiled in (not `memory://`: each connect to it
 /// makes a new, private store). The swap-by-config example runs on each.
-async fn every_store() -> Vec<String> {
-    let mut urls = vec![sqlite_url().await];
+async fn every_store(dir: &tempfile::TempDir) -> Vec<String> {
+    let mut urls = vec![sqlite_url(dir)];
     for s in ["unique_key", "row_lock", "optimistic"] {
         urls.push(mysql(s).await);
     }
@@ -68,7 +75,8 @@ async fn every_store() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_on_the_embedded_default() {
-    let url = sqlite_url().await;
+    let dir = scratch();
+    let url = sqlite_url(&dir);
     let first = fenced_examples::quickstart(&url).await.unwrap();
     let second = fenced_examples::quickstart(&url).await.unwrap();
     assert!(second > first);
@@ -76,7 +84,8 @@ async fn quickstart_on_the_embedded_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swap_by_config_runs_unchanged_on_every_store() {
-    for url in every_store().await {
+    let dir = scratch();
+    for url in every_store(&dir).await {
         let tokens = fenced_examples::swap_by_config(&url, 4, 3)
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -139,7 +148,8 @@ fn run_example(name: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cron_job_runs_exactly_once_per_tick_across_processes() {
     let node = example("cron_job");
-    for url in [sqlite_url().await, redis().await, mysql("unique_key").await] {
+    let dir = scratch();
+    for url in [sqlite_url(&dir), redis().await, mysql("unique_key").await] {
         let ran = fenced_examples::cron_job(&node, &url, 5, 4)
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -151,14 +161,17 @@ async fn cron_job_runs_exactly_once_per_tick_across_processes() {
 /// --example NAME` runs it (with fresh stores, so runs never collide).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_program_runs() {
-    let home =
-        std::env::temp_dir().join(format!("fenced-ex-home-{}", uuid::Uuid::new_v4().simple()));
-    let home = home.to_str().unwrap();
+    let home_dir = tempfile::Builder::new()
+        .prefix("fenced-ex-home-")
+        .tempdir()
+        .unwrap();
+    let home = home_dir.path().to_str().unwrap();
     // No URL at all: the embedded default under FENCED_HOME.
     let out = run_example("quickstart", &[], &[("FENCED_HOME", home)]);
     assert!(out.contains("fencing token"), "{out}");
     assert!(Path::new(home).join("locks.db").is_file());
-    let url = sqlite_url().await;
+    let dir = scratch();
+    let url = sqlite_url(&dir);
     let out = run_example("swap_by_config", &[], &[("FENCED_URL", &url)]);
     assert!(out.contains("12 job runs"), "{out}");
     let out = run_example("cron_job", &[], &[("FENCED_URL", &url)]);
