@@ -13,9 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{drop_tables, fresh, key, server_url, ttl};
+use common::{drop_tables, fresh_pair, key, server_url, ttl};
 use fenced_api::{DistributedLock, Error, LockOptions, ReleaseOutcome};
-use fenced_mysql::MySqlLock;
 use sqlx::{Connection, MySqlConnection};
 
 /// A generous bound on calls that must not hang (never a timing assertion).
@@ -52,11 +51,7 @@ fn shared_owner() -> LockOptions {
 async fn a_hold_younger_than_the_cache_is_seen() {
     let _one = ONE_AT_A_TIME.lock().await;
     for extra in ["", "&row_lock_one_statement=false"] {
-        let (url, base) = fresh("trxcache", extra).await;
-        let (a, b) = (
-            MySqlLock::connect(&url).await.unwrap(),
-            MySqlLock::connect(&url).await.unwrap(),
-        );
+        let (a, b, base) = fresh_pair("trxcache", extra).await;
         let mut side = MySqlConnection::connect(&server_url().await).await.unwrap();
         let opts = shared_owner();
 
@@ -108,11 +103,7 @@ async fn a_hold_younger_than_the_cache_is_seen() {
 #[tokio::test]
 async fn staggered_checks_do_not_starve_each_other() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let (url, base) = fresh("trxstagger", "").await;
-    let (a, b) = (
-        MySqlLock::connect(&url).await.unwrap(),
-        MySqlLock::connect(&url).await.unwrap(),
-    );
+    let (a, b, base) = fresh_pair("trxstagger", "").await;
     let mut side = MySqlConnection::connect(&server_url().await).await.unwrap();
     let opts = shared_owner();
     let keys: Vec<_> = (0..4).map(|i| key(&format!("stagger-{i}"))).collect();
@@ -152,11 +143,7 @@ async fn staggered_checks_do_not_starve_each_other() {
 #[tokio::test]
 async fn a_cache_kept_stale_costs_detection_not_correctness() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let (url, base) = fresh("trxstarve", "").await;
-    let (a, b) = (
-        MySqlLock::connect(&url).await.unwrap(),
-        MySqlLock::connect(&url).await.unwrap(),
-    );
+    let (a, b, base) = fresh_pair("trxstarve", "").await;
     let opts = shared_owner();
     let released = key("starve-released");
     let gone = a

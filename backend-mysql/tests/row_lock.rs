@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{drop_tables, fresh, key, server_url, ttl};
+use common::{drop_tables, fresh, fresh_pair, key, server_url, ttl};
 use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome};
 use fenced_mysql::{MySqlLock, RowMode};
 use sqlx::{Connection, Row};
@@ -170,11 +170,7 @@ async fn transaction_session_changes_do_not_leak() {
 /// long before the old lease's local deadline.
 #[tokio::test]
 async fn a_killed_hold_frees_the_key_for_its_own_instance() {
-    let (url, base) = fresh("kill", "").await;
-    let (a, b) = (
-        MySqlLock::connect(&url).await.unwrap(),
-        MySqlLock::connect(&url).await.unwrap(),
-    );
+    let (a, b, base) = fresh_pair("kill", "").await;
     let admin = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
     let long = ttl(Duration::from_secs(60));
     let k = key("killed");
@@ -236,11 +232,7 @@ async fn retry_until_granted(
 #[tokio::test]
 async fn one_owner_through_two_instances_is_refused_not_deadlocked() {
     for extra in ["", "&row_lock_one_statement=false"] {
-        let (url, base) = fresh("owner", extra).await;
-        let (a, b) = (
-            MySqlLock::connect(&url).await.unwrap(),
-            MySqlLock::connect(&url).await.unwrap(),
-        );
+        let (a, b, base) = fresh_pair("owner", extra).await;
         let k = key("same-owner");
         for reentrant in [true, false] {
             let opts = LockOptions::builder()
@@ -288,11 +280,7 @@ async fn one_owner_through_two_instances_is_refused_not_deadlocked() {
 #[tokio::test]
 async fn a_refused_try_leaves_no_transaction_open() {
     for extra in ["", "&row_lock_one_statement=false"] {
-        let (url, base) = fresh("mdl", extra).await;
-        let (a, b) = (
-            MySqlLock::connect(&url).await.unwrap(),
-            MySqlLock::connect(&url).await.unwrap(),
-        );
+        let (a, b, base) = fresh_pair("mdl", extra).await;
         let long = ttl(Duration::from_secs(60));
         let k = key("refused");
         let held = a.try_acquire(&k, &long).await.unwrap().unwrap();

@@ -171,6 +171,17 @@ pub async fn fresh(tag: &str, extra: &str) -> (String, String) {
     (url, base)
 }
 
+/// Two `MySqlLock` instances on one fresh row_lock store (see [`fresh`]),
+/// and the store's base table name.
+pub async fn fresh_pair(tag: &str, extra: &str) -> (MySqlLock, MySqlLock, String) {
+    let (url, base) = fresh(tag, extra).await;
+    (
+        MySqlLock::connect(&url).await.unwrap(),
+        MySqlLock::connect(&url).await.unwrap(),
+        base,
+    )
+}
+
 /// Drops the test's tables. Close the test's `MySqlLock`s first: a hold's
 /// transaction has metadata locks on the tables that `DROP TABLE` waits for.
 pub async fn drop_tables(base: &str) {
