@@ -287,12 +287,22 @@ async fn exit_codes_are_distinct_and_documented() {
     // Held elsewhere, no wait: 75, and the command does not run.
     let dir = tmpdir("codes");
     let marker = dir.join("ran");
+    let started = dir.join("started");
     let mut holder = std::process::Command::new(BIN)
-        .args(["--url", &url, "run", "--key", "busy", "--", "sleep", "5"])
+        .args(["--url", &url, "run", "--key", "busy", "--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 5", started.display()))
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    // The holder's command runs only once it has the lock.
+    let start = Instant::now();
+    while !started.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the holder's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let out = run(&[
         "--url",
         &url,

@@ -7,9 +7,9 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::{private::PrivateEtcd, EtcdHarness};
+use common::{line_of, private::PrivateEtcd, raw, EtcdHarness};
 use fenced_api::{DistributedLock, Error, LockClient, LockKey, LockOptions, ReleaseOutcome};
-use fenced_etcd::EtcdLock;
+use fenced_etcd::{etcd_client, EtcdLock};
 use tokio::time::Instant;
 
 fn key(tag: &str) -> LockKey {
@@ -36,12 +36,13 @@ async fn waiters_are_served_in_arrival_order() {
         .wait_timeout(Duration::from_secs(60))
         .build()
         .unwrap();
+    let mut watcher = raw().await;
     let mut tasks = Vec::new();
     for i in 0..6 {
         let lock = h.lock().await;
-        let (k, wait, tx) = (k.clone(), wait.clone(), tx.clone());
+        let (key, wait, tx) = (k.clone(), wait.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
-            let lease = lock.acquire(&k, &wait).await.unwrap();
+            let lease = lock.acquire(&key, &wait).await.unwrap();
             tx.send(i).unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
             assert_eq!(
@@ -49,8 +50,10 @@ async fn waiters_are_served_in_arrival_order() {
                 ReleaseOutcome::Released
             );
         }));
-        // Let each waiter take its place in line before the next arrives.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Each waiter takes its place in line (the holder's entry and i + 1
+        // waiters') before the next arrives: arrival order is then certain,
+        // however slow a new client's session grant is.
+        line_of(&mut watcher, &k, i + 2).await;
     }
     holder.release(&held).await.unwrap();
     let mut order = Vec::new();

@@ -9,7 +9,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::{run_prefix, EtcdHarness};
+use common::{line_of, line_prefix, raw, EtcdHarness};
 use fenced_api::{DistributedLock, LockClient, LockKey, LockOptions, ReleaseOutcome};
 use fenced_etcd::{etcd_client, EtcdLock};
 use tokio::time::Instant;
@@ -20,23 +20,6 @@ fn key(tag: &str) -> LockKey {
 
 fn opts(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
-}
-
-/// A raw etcd client on the shared server.
-async fn raw() -> etcd_client::Client {
-    let hostport = common::server_hostport().await;
-    etcd_client::Client::connect([format!("http://{hostport}")], None)
-        .await
-        .unwrap()
-}
-
-/// `<prefix>\0lock\0<key>\0`: the line of a key (holder first).
-fn line_prefix(k: &LockKey) -> Vec<u8> {
-    let mut p = run_prefix().as_bytes().to_vec();
-    p.extend_from_slice(b"\0lock\0");
-    p.extend_from_slice(k.as_bytes());
-    p.push(0);
-    p
 }
 
 /// The session lease of the holder of `k` (the oldest entry of its line).
@@ -441,23 +424,6 @@ async fn waiter_behind_a_quitter_keeps_waiting() {
     let got = got.unwrap();
     assert!(got.token > held.token);
     waiter.release(&got).await.unwrap();
-}
-
-/// Waits until the line of `k` holds `n` entries; returns them, oldest first.
-async fn line_of(c: &mut etcd_client::Client, k: &LockKey, n: usize) -> Vec<etcd_client::KeyValue> {
-    let all = etcd_client::GetOptions::new().with_prefix().with_sort(
-        etcd_client::SortTarget::Create,
-        etcd_client::SortOrder::Ascend,
-    );
-    let bound = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c.get(line_prefix(k), Some(all.clone())).await.unwrap();
-        if r.kvs().len() == n {
-            return r.kvs().to_vec();
-        }
-        assert!(Instant::now() < bound, "the line never held {n} entries");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// After `acquire` returned `got` (or failed), the lock must be exactly what

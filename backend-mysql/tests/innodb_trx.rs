@@ -9,13 +9,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{drop_tables, fresh_pair, key, server_url, ttl};
 use fenced_api::{DistributedLock, Error, LockOptions, ReleaseOutcome};
 use sqlx::{Connection, MySqlConnection};
+use tokio::time::Instant;
 
 /// A generous bound on calls that must not hang (never a timing assertion).
 const HANG: Duration = Duration::from_secs(30);
@@ -154,17 +155,16 @@ async fn a_cache_kept_stale_costs_detection_not_correctness() {
     assert_eq!(a.release(&gone).await.unwrap(), ReleaseOutcome::Released);
 
     let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
     let mut side = MySqlConnection::connect(&server_url().await).await.unwrap();
     let reader = tokio::spawn({
-        let stop = Arc::clone(&stop);
+        let (stop, reads) = (Arc::clone(&stop), Arc::clone(&reads));
         async move {
-            let mut reads = 0_u64;
             while !stop.load(Ordering::Relaxed) {
                 fill_cache(&mut side).await;
-                reads += 1;
+                reads.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            reads
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -189,9 +189,19 @@ async fn a_cache_kept_stale_costs_detection_not_correctness() {
         "list under a stale cache must show the held key and not the released one"
     );
 
+    // The reader really ran alongside (a fast AlreadyHeld above can come
+    // before many reads: keep it reading until it has).
+    let since = Instant::now();
+    while reads.load(Ordering::Relaxed) <= 10 {
+        assert!(
+            since.elapsed() < HANG,
+            "the reader ran only {} times",
+            reads.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, Ordering::Relaxed);
-    let reads = reader.await.unwrap();
-    assert!(reads > 10, "the reader ran only {reads} times");
+    reader.await.unwrap();
     match tokio::time::timeout(HANG, b.try_acquire(&k, &opts)).await {
         Ok(Err(Error::AlreadyHeld { .. })) => {}
         other => panic!("once the reader stopped, the same owner was not detected: {other:?}"),

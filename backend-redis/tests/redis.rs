@@ -405,21 +405,30 @@ async fn a_cancelled_waiter_leaves_the_queue_and_passes_the_wake_up_on() {
             (l, start.elapsed(), next)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Polled, not a fixed sleep: the cancelled waiter leaves in the
+    // background and the live one queues after a try and a SUBSCRIBE. A
+    // ghost left behind would also show below: the release would wake it
+    // instead of the live waiter, and the queue would not end empty.
     let mut admin = admin(&server_url().await).await;
     let queue = format!("{{{}/{}}}:q", common::run_prefix(), k.as_str());
-    let queued: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&queue)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert_eq!(
-        queued.len(),
-        1,
-        "only the live waiter is queued: {queued:?}"
-    );
+    let polled = tokio::time::Instant::now();
+    loop {
+        let queued: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&queue)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if queued.len() == 1 {
+            break;
+        }
+        assert!(
+            polled.elapsed() < Duration::from_secs(10),
+            "only the live waiter should be queued: {queued:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     holder.release(&held).await.unwrap();
     let (lease, waited, next) = next_task.await.unwrap();
     assert!(lease.token > held.token);

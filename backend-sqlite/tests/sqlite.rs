@@ -222,8 +222,10 @@ async fn killed_holder_process_is_taken_over_after_ttl() {
     assert!(status.success());
     let dead: u64 = std::fs::read_to_string(&out).unwrap().parse().unwrap();
     let lock = SqliteLock::connect(&url).await.unwrap();
-    let info = lock.inspect(&k).await.unwrap();
+    // Before the inspect: the row expires `remaining_ttl` after the inspect
+    // at the earliest, so at least that long after `start`.
     let start = Instant::now();
+    let info = lock.inspect(&k).await.unwrap();
     let opts = LockOptions::builder()
         .ttl(Duration::from_secs(10))
         .wait_timeout(Duration::from_secs(5))

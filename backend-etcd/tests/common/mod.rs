@@ -7,10 +7,12 @@ pub mod private;
 
 use std::{sync::Arc, time::Duration};
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
-use fenced_api::{DistributedLock, Result};
+use fenced_api::{DistributedLock, LockKey, Result};
 use fenced_conformance::{services, Harness};
-use fenced_etcd::EtcdLock;
+use fenced_etcd::{etcd_client, EtcdLock};
 
 /// The shared etcd endpoint (`FENCED_TEST_ETCD_URL`, an http:// URL), after
 /// checking it answers — or a panic naming `scripts/services.sh`.
@@ -31,6 +33,44 @@ pub fn run_prefix() -> &'static str {
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         )
     })
+}
+
+/// A raw etcd client on the shared server.
+pub async fn raw() -> etcd_client::Client {
+    let hostport = server_hostport().await;
+    etcd_client::Client::connect([format!("http://{hostport}")], None)
+        .await
+        .unwrap()
+}
+
+/// `<prefix>\0lock\0<key>\0`: the line of a key (holder first).
+pub fn line_prefix(k: &LockKey) -> Vec<u8> {
+    let mut p = run_prefix().as_bytes().to_vec();
+    p.extend_from_slice(b"\0lock\0");
+    p.extend_from_slice(k.as_bytes());
+    p.push(0);
+    p
+}
+
+/// Waits until the line of `k` holds `n` entries; returns them, oldest first.
+pub async fn line_of(
+    c: &mut etcd_client::Client,
+    k: &LockKey,
+    n: usize,
+) -> Vec<etcd_client::KeyValue> {
+    let all = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let bound = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c.get(line_prefix(k), Some(all.clone())).await.unwrap();
+        if r.kvs().len() == n {
+            return r.kvs().to_vec();
+        }
+        assert!(Instant::now() < bound, "the line never held {n} entries");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub struct EtcdHarness {

@@ -257,12 +257,11 @@ impl Harness for SqliteHarness {
     }
 
     /// One second, as for the server stores. With 500 ms a renewal had
-    /// 333 ms to commit, on one file that ~40 cases write at once; a CI run
-    /// once lost a renewed lock in C13 that way. Not reproduced here (in 18
-    /// local runs, with and without CPU and fsync load, renewals left at
-    /// least 270 ms), but SQLite's busy handler is not fair — a waiter sleeps
-    /// up to 100 ms between tries while others take the write lock — so a
-    /// starved renewal is plausible on a slower disk.
+    /// 333 ms to commit on a file the other running cases write too, and a
+    /// CI run once lost a renewed lock in C13. Not reproduced here (18 runs
+    /// with and without CPU and fsync load: at least 270 ms always left), so
+    /// the stall's cause is unknown; a commit's fsync (`synchronous=full`)
+    /// or an unfair turn at the write lock are the plausible ones.
     fn base_ttl(&self) -> Duration {
         Duration::from_secs(1)
     }
