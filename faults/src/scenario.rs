@@ -258,6 +258,26 @@ impl Fault {
         }
     }
 
+    /// Whether the fault hits a holder (between its read and its write)
+    /// rather than an acquire: such a fault waits for the victim's next
+    /// hold, and an acquire that fails does not spend it.
+    pub fn hits_a_holder(self) -> bool {
+        matches!(
+            self,
+            Fault::PausePastTtl
+                | Fault::ShortStalls
+                | Fault::StarvedWatchdog
+                | Fault::BlackholePastTtl
+                | Fault::ConnectionCut
+                | Fault::RenewalsDelayed
+                | Fault::KillHolder
+                | Fault::ServerRestart
+                | Fault::ServerRestartAof
+                | Fault::LeaderKill
+                | Fault::KillConnection
+        )
+    }
+
     /// Where its clients run.
     pub fn kind(self) -> FaultKind {
         match self {
@@ -942,16 +962,21 @@ async fn client(p: usize, ctx: Ctx) {
     if victim {
         tokio::time::sleep(ttl / 4).await;
     }
+    // A fault on the acquire path is spent on the next acquire; one that
+    // hits a holder is spent (and recorded) only once the victim holds, so
+    // an acquire that times out or fails never counts as a fault applied.
+    let hits_holder = cfg.fault.hits_a_holder();
     while Instant::now() < ctx.until.get() {
         let inject = left > 0;
-        if inject {
+        let on_acquire = inject && !hits_holder;
+        if on_acquire {
             left -= 1;
             ctx.push(p, Op::Fault, Phase::Invoke, None, cfg.fault.name());
             before_acquire(p, &ctx, &client, &mut rng).await;
         }
         ctx.push(p, Op::Acquire, Phase::Invoke, None, "");
         let acquired = client.acquire(ctx.key.as_str()).await;
-        if inject {
+        if on_acquire {
             if let Some(px) = ctx.proxy() {
                 px.heal();
             }
@@ -964,7 +989,7 @@ async fn client(p: usize, ctx: Ctx) {
             }
             Err(e) => {
                 ctx.push(p, Op::Acquire, Phase::Unknown, None, e.to_string());
-                let expected = inject
+                let expected = on_acquire
                     && matches!(
                         cfg.fault,
                         Fault::LostAcquireAck | Fault::ReplyDelayedPastTtl
@@ -1014,7 +1039,12 @@ async fn client(p: usize, ctx: Ctx) {
             watcher.abort();
             continue;
         };
-        if inject && while_holding(p, &ctx, &mut rng).await == Holding::Died {
+        let hit = inject && hits_holder;
+        if hit {
+            left -= 1;
+            ctx.push(p, Op::Fault, Phase::Invoke, Some(token), cfg.fault.name());
+        }
+        if hit && while_holding(p, &ctx, &mut rng).await == Holding::Died {
             // The dead holder never writes, never releases, never renews;
             // and a dead process believes nothing any more.
             watcher.abort();
@@ -1170,7 +1200,8 @@ async fn server_fault(ctx: &Ctx) {
     tokio::time::sleep(ctx.cfg.ttl).await;
 }
 
-/// Faults that hit the holder between its read and its write.
+/// Faults that hit the holder between its read and its write: exactly
+/// those [`Fault::hits_a_holder`] names (only they are spent here).
 async fn while_holding(_p: usize, ctx: &Ctx, rng: &mut fastrand::Rng) -> Holding {
     let ttl = ctx.cfg.ttl;
     match ctx.cfg.fault {

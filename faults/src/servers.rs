@@ -324,8 +324,18 @@ impl PrivateStore {
         while Instant::now() + gap + Duration::from_secs(2) < deadline() {
             tokio::time::sleep(gap).await;
             cycle += 1;
+            // Each kind until it has worked once (a cycle that finds no
+            // waiter, or loses its own deadlock, must not use up the few
+            // cycles a run has), then alternating.
+            let deadlock = if done.exclusive_requests == 0 {
+                true
+            } else if done.timeout_holds == 0 {
+                false
+            } else {
+                cycle % 2 == 1
+            };
             exec(&mut c, "START TRANSACTION").await?;
-            let outcome = conflict_cycle(&mut c, &tables, cycle % 2 == 1).await;
+            let outcome = conflict_cycle(&mut c, &tables, deadlock).await;
             // Ends the cycle whatever happened (a deadlock victim's
             // transaction is rolled back already; this is then a no-op).
             exec(&mut c, "ROLLBACK").await?;

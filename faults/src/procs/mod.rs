@@ -295,7 +295,7 @@ impl Hub {
                     format!("SIGKILL pid {pid}"),
                 );
                 // A process being killed believes nothing any more (and
-                // does nothing: it is sleeping between its read and write).
+                // does nothing: it waits for its read's reply, before its write).
                 self.push(id, Op::Lost, Phase::Ok, token, "killed");
                 lock(&self.holding).remove(&id);
                 if let Err(e) = send_signal(Some(pid), "KILL") {
@@ -318,11 +318,15 @@ async fn serve(hub: Arc<Hub>, stream: TcpStream) {
     let mut id = usize::MAX;
     while let Ok(Some(line)) = lines.next_line().await {
         let (reply, action) = hub.handle(&mut id, &line);
-        if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
-            break;
-        }
+        // The fault lands before the reply, so always between the victim's
+        // read (done by `handle`) and its write: replying first let a victim
+        // that writes 50 ms after its read race the external `kill`, and a
+        // write that won went in while its lease was still valid.
         if let Some(a) = action {
             hub.act(id, a).await;
+        }
+        if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
+            break;
         }
     }
 }
@@ -366,7 +370,8 @@ fn roles(cfg: &RunConfig) -> Vec<Role> {
     let ttl = cfg.ttl.as_millis() as u64;
     (0..cfg.clients)
         .map(|i| match (cfg.fault, i) {
-            // Long enough for the signal to land between read and write.
+            // A short stretch between read and write, as real work has; the
+            // signal lands before the read's reply (see `serve`).
             (Fault::ProcessStop | Fault::ProcessKill, 0) => Role {
                 skew: None,
                 work_ms: (50, 60),
