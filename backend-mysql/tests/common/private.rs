@@ -47,11 +47,16 @@ impl PrivateMariaDb {
     pub async fn start_with(extra: &[&str]) -> Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("fenced-mariadb-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
+        // Its own tmpdir, for the install and the server: a MariaDB starting
+        // up removes the `#sql…` temporary files it finds there, so two on
+        // one /tmp break each other (a CI run failed with "Could not remove
+        // temporary table … Unknown table 'mysql.tmp_proxies_priv'").
+        std::fs::create_dir_all(dir.join("tmp")).map_err(|e| fail(e.to_string()))?;
         let install = which(&["mariadb-install-db", "mysql_install_db"])?;
         let out = Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
             .arg("--user=root")
             .arg("--auth-root-authentication-method=normal")
             .arg("--skip-test-db")
@@ -61,6 +66,7 @@ impl PrivateMariaDb {
             .await
             .map_err(|e| fail(format!("mariadb-install-db: {e}")))?;
         if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
             return Err(fail(format!(
                 "mariadb-install-db failed: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -97,6 +103,7 @@ impl PrivateMariaDb {
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", self.dir.join("sock").display()))
             .arg(format!("--pid-file={}", self.dir.join("pid").display()))
+            .arg(format!("--tmpdir={}", self.dir.join("tmp").display()))
             .arg("--user=root")
             .arg("--innodb-flush-log-at-trx-commit=1")
             .arg("--innodb-buffer-pool-size=32M")
