@@ -290,13 +290,18 @@ async fn exit_codes_are_distinct_and_documented() {
     let started = dir.join("started");
     let mut holder = std::process::Command::new(BIN)
         .args(["--url", &url, "run", "--key", "busy", "--", "sh", "-c"])
-        .arg(format!("touch {}; exec sleep 5", started.display()))
+        .args([r#"touch "$1"; exec sleep 5"#, "sh"])
+        .arg(&started)
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
     // The holder's command runs only once it has the lock.
     let start = Instant::now();
     while !started.exists() {
+        assert!(
+            holder.try_wait().unwrap().is_none(),
+            "the holder exited before its command started"
+        );
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "the holder's command never started"

@@ -396,7 +396,19 @@ async fn a_cancelled_waiter_leaves_the_queue_and_passes_the_wake_up_on() {
     let cancelled =
         tokio::time::timeout(Duration::from_millis(300), waiter.acquire(&k, &long)).await;
     assert!(cancelled.is_err());
-    // The second waiter queues behind it and must still be woken by the release.
+    // The cancelled waiter leaves in the background, within milliseconds;
+    // an entry left behind would stay for its waiter lease (seconds).
+    let mut admin = admin(&server_url().await).await;
+    let queue = format!("{{{}/{}}}:q", common::run_prefix(), k.as_str());
+    until_queue_len(
+        &mut admin,
+        &queue,
+        0,
+        Duration::from_secs(2),
+        "the cancelled waiter left the queue",
+    )
+    .await;
+    // The second waiter queues alone and must be woken by the release.
     let next_task = {
         let (k, long) = (k.clone(), long.clone());
         tokio::spawn(async move {
@@ -405,30 +417,14 @@ async fn a_cancelled_waiter_leaves_the_queue_and_passes_the_wake_up_on() {
             (l, start.elapsed(), next)
         })
     };
-    // Polled, not a fixed sleep: the cancelled waiter leaves in the
-    // background and the live one queues after a try and a SUBSCRIBE. A
-    // ghost left behind would also show below: the release would wake it
-    // instead of the live waiter, and the queue would not end empty.
-    let mut admin = admin(&server_url().await).await;
-    let queue = format!("{{{}/{}}}:q", common::run_prefix(), k.as_str());
-    let polled = tokio::time::Instant::now();
-    loop {
-        let queued: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&queue)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        if queued.len() == 1 {
-            break;
-        }
-        assert!(
-            polled.elapsed() < Duration::from_secs(10),
-            "only the live waiter should be queued: {queued:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_queue_len(
+        &mut admin,
+        &queue,
+        1,
+        Duration::from_secs(10),
+        "the live waiter queued",
+    )
+    .await;
     holder.release(&held).await.unwrap();
     let (lease, waited, next) = next_task.await.unwrap();
     assert!(lease.token > held.token);
@@ -613,4 +609,32 @@ async fn list_walks_every_scan_batch_and_stops_at_the_limit() {
     }
     other.release(&elsewhere).await.unwrap();
     assert!(lock.list(10).await.unwrap().is_empty());
+}
+
+/// Polls the queue `queue` until it holds `n` entries, failing after `bound`.
+async fn until_queue_len(
+    admin: &mut redis::aio::MultiplexedConnection,
+    queue: &str,
+    n: usize,
+    bound: Duration,
+    what: &str,
+) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let queued: Vec<String> = redis::cmd("ZRANGE")
+            .arg(queue)
+            .arg(0)
+            .arg(-1)
+            .query_async(admin)
+            .await
+            .unwrap();
+        if queued.len() == n {
+            return;
+        }
+        assert!(
+            start.elapsed() < bound,
+            "expected {n} queued within {bound:?} ({what}): {queued:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

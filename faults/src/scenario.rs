@@ -262,20 +262,28 @@ impl Fault {
     /// rather than an acquire: such a fault waits for the victim's next
     /// hold, and an acquire that fails does not spend it.
     pub fn hits_a_holder(self) -> bool {
-        matches!(
-            self,
+        // Exhaustive, like `while_holding`: a new fault must be placed.
+        match self {
             Fault::PausePastTtl
-                | Fault::ShortStalls
-                | Fault::StarvedWatchdog
-                | Fault::BlackholePastTtl
-                | Fault::ConnectionCut
-                | Fault::RenewalsDelayed
-                | Fault::KillHolder
-                | Fault::ServerRestart
-                | Fault::ServerRestartAof
-                | Fault::LeaderKill
-                | Fault::KillConnection
-        )
+            | Fault::ShortStalls
+            | Fault::StarvedWatchdog
+            | Fault::BlackholePastTtl
+            | Fault::ConnectionCut
+            | Fault::RenewalsDelayed
+            | Fault::KillHolder
+            | Fault::ServerRestart
+            | Fault::ServerRestartAof
+            | Fault::LeaderKill
+            | Fault::KillConnection => true,
+            Fault::Contention
+            | Fault::ReplyDelayedPastTtl
+            | Fault::LostAcquireAck
+            | Fault::DroppedAcquires
+            | Fault::LockStorm
+            | Fault::ProcessStop
+            | Fault::ProcessKill
+            | Fault::ClockSkew => false,
+        }
     }
 
     /// Where its clients run.

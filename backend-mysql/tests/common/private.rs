@@ -45,6 +45,7 @@ impl PrivateMariaDb {
 
     /// As [`start`](Self::start), with extra server options.
     pub async fn start_with(extra: &[&str]) -> Result<Self> {
+        let install = which(&["mariadb-install-db", "mysql_install_db"])?;
         let dir =
             std::env::temp_dir().join(format!("fenced-mariadb-{}", uuid::Uuid::new_v4().simple()));
         // Its own tmpdir, for the install and the server: a MariaDB starting
@@ -52,7 +53,6 @@ impl PrivateMariaDb {
         // one /tmp break each other (a CI run failed with "Could not remove
         // temporary table … Unknown table 'mysql.tmp_proxies_priv'").
         std::fs::create_dir_all(dir.join("tmp")).map_err(|e| fail(e.to_string()))?;
-        let install = which(&["mariadb-install-db", "mysql_install_db"])?;
         let out = Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.join("data").display()))
@@ -63,8 +63,14 @@ impl PrivateMariaDb {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()
-            .await
-            .map_err(|e| fail(format!("mariadb-install-db: {e}")))?;
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(fail(format!("mariadb-install-db: {e}")));
+            }
+        };
         if !out.status.success() {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(fail(format!(

@@ -42,11 +42,12 @@ pub async fn held_until_ttl(h: &dyn Harness) -> CaseResult {
     let key = fresh_key("c05h");
     let opts = ttl_opts(h.base_ttl() * 2)?;
     let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
-    // Checked until three quarters of the TTL, each probe issued at least a
-    // quarter of the TTL before the deadline: room for a slow store, so a
-    // failure means early expiry rather than a late probe.
+    // Probed every eighth of the TTL and last at three quarters of it, each
+    // probe sent at least a quarter of the TTL before the deadline: room for
+    // a slow store, so a failure means early expiry rather than a late probe.
     let checkpoint = lease.deadline - lease.ttl / 4;
-    while Instant::now() < checkpoint {
+    loop {
+        let last = Instant::now() >= checkpoint;
         ensure!(
             b.try_acquire(&key, &opts).await?.is_none(),
             "the key was free {:?} before the end of its ttl",
@@ -59,7 +60,11 @@ pub async fn held_until_ttl(h: &dyn Harness) -> CaseResult {
             info.token,
             lease.remaining()
         );
-        tokio::time::sleep(lease.ttl / 8).await;
+        if last {
+            break;
+        }
+        let next = Instant::now() + lease.ttl / 8;
+        tokio::time::sleep_until(next.min(checkpoint)).await;
     }
     a.release(&lease).await?;
     Ok(Outcome::Passed)

@@ -7,8 +7,8 @@
 //! and answered before the client takes it, so the hub's single clock stamps
 //! the history in causal order. The hub also injects the fault: when the
 //! victim reads the resource (it holds the lock and is about to work), the
-//! hub answers and then signals the process — so a stopped holder has read,
-//! and writes only after it is continued.
+//! hub signals the process and only then answers — so a stopped holder has
+//! read, and writes only after it is continued.
 //!
 //! Wire protocol (one line each way):
 //!
@@ -140,7 +140,8 @@ impl Hub {
         self.confirmed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One request; the reply and what to do to the client after replying.
+    /// One request; the reply and what to do to the client before the
+    /// reply is sent (see `serve`).
     fn handle(&self, id: &mut usize, line: &str) -> (String, Option<Action>) {
         let mut it = line.splitn(5, ' ');
         let ok = || ("OK".to_owned(), None);
