@@ -16,7 +16,7 @@ use std::{
 use common::{
     key,
     private::{Mode, PrivateRedis},
-    url_for,
+    queue_len, until_queued, url_for,
 };
 use fenced_api::{DistributedLock, Error, Lease, LockKey, LockOptions, ReleaseOutcome};
 use fenced_redis::{redis, RedisLock};
@@ -36,30 +36,6 @@ fn long() -> LockOptions {
 
 fn queue_name(prefix: &str, k: &LockKey) -> String {
     format!("{{{prefix}/{}}}:q", k.as_str())
-}
-
-async fn queue_len(admin: &mut MultiplexedConnection, queue: &str) -> usize {
-    redis::cmd("ZCARD")
-        .arg(queue)
-        .query_async(admin)
-        .await
-        .unwrap()
-}
-
-/// Waits (bounded) until the queue holds `n` entries.
-async fn until_queued(admin: &mut MultiplexedConnection, queue: &str, n: usize) {
-    let start = Instant::now();
-    loop {
-        let len = queue_len(admin, queue).await;
-        if len == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{queue} holds {len} entries, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Wake-up channels with a subscriber, for this prefix.

@@ -21,7 +21,7 @@ use std::{
 use common::{
     command_stats, delta, key, opts,
     private::{admin, Mode, PrivateRedis},
-    server_url, url_for,
+    server_url, until_queued, until_queued_within, url_for,
 };
 use fenced_api::{DistributedLock, Error, FencingToken, LockOptions, Owner, ReleaseOutcome};
 use fenced_redis::{redis, RedisLock};
@@ -400,14 +400,7 @@ async fn a_cancelled_waiter_leaves_the_queue_and_passes_the_wake_up_on() {
     // an entry left behind would stay for its waiter lease (seconds).
     let mut admin = admin(&server_url().await).await;
     let queue = format!("{{{}/{}}}:q", common::run_prefix(), k.as_str());
-    until_queue_len(
-        &mut admin,
-        &queue,
-        0,
-        Duration::from_secs(2),
-        "the cancelled waiter left the queue",
-    )
-    .await;
+    until_queued_within(&mut admin, &queue, 0, Duration::from_secs(2)).await;
     // The second waiter queues alone and must be woken by the release.
     let next_task = {
         let (k, long) = (k.clone(), long.clone());
@@ -417,14 +410,7 @@ async fn a_cancelled_waiter_leaves_the_queue_and_passes_the_wake_up_on() {
             (l, start.elapsed(), next)
         })
     };
-    until_queue_len(
-        &mut admin,
-        &queue,
-        1,
-        Duration::from_secs(10),
-        "the live waiter queued",
-    )
-    .await;
+    until_queued(&mut admin, &queue, 1).await;
     holder.release(&held).await.unwrap();
     let (lease, waited, next) = next_task.await.unwrap();
     assert!(lease.token > held.token);
@@ -609,32 +595,4 @@ async fn list_walks_every_scan_batch_and_stops_at_the_limit() {
     }
     other.release(&elsewhere).await.unwrap();
     assert!(lock.list(10).await.unwrap().is_empty());
-}
-
-/// Polls the queue `queue` until it holds `n` entries, failing after `bound`.
-async fn until_queue_len(
-    admin: &mut redis::aio::MultiplexedConnection,
-    queue: &str,
-    n: usize,
-    bound: Duration,
-    what: &str,
-) {
-    let start = tokio::time::Instant::now();
-    loop {
-        let queued: Vec<String> = redis::cmd("ZRANGE")
-            .arg(queue)
-            .arg(0)
-            .arg(-1)
-            .query_async(admin)
-            .await
-            .unwrap();
-        if queued.len() == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < bound,
-            "expected {n} queued within {bound:?} ({what}): {queued:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

@@ -186,3 +186,38 @@ pub fn key(k: &str) -> LockKey {
 pub fn opts(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
 }
+
+/// The number of entries in the wait queue `queue`.
+pub async fn queue_len(admin: &mut redis::aio::MultiplexedConnection, queue: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(queue)
+        .query_async(admin)
+        .await
+        .unwrap()
+}
+
+/// Waits until the queue holds `n` entries; fails after 10 s.
+pub async fn until_queued(admin: &mut redis::aio::MultiplexedConnection, queue: &str, n: usize) {
+    until_queued_within(admin, queue, n, Duration::from_secs(10)).await;
+}
+
+/// Waits until the queue holds `n` entries; fails after `bound`.
+pub async fn until_queued_within(
+    admin: &mut redis::aio::MultiplexedConnection,
+    queue: &str,
+    n: usize,
+    bound: Duration,
+) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let len = queue_len(admin, queue).await;
+        if len == n {
+            return;
+        }
+        assert!(
+            start.elapsed() < bound,
+            "{queue} holds {len} entries, expected {n} within {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
