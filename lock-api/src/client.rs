@@ -13,8 +13,8 @@ use tracing::Instrument;
 
 use crate::{
     guard::{run_until_lost, Held},
-    DistributedLock, Error, IntoLockKey, LeaseHandle, LockGuard, LockKey, LockOptions, Result,
-    WaitPolicy,
+    DistributedLock, Error, IntoLockKey, Label, LeaseHandle, LockGuard, LockKey, LockOptions,
+    Result, WaitPolicy,
 };
 
 pub(crate) struct ClientConfig {
@@ -23,6 +23,7 @@ pub(crate) struct ClientConfig {
     pub(crate) renew_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) reentrant: bool,
+    pub(crate) margin: SafetyMargin,
 }
 
 pub(crate) struct ClientInner {
@@ -30,7 +31,9 @@ pub(crate) struct ClientInner {
     /// The backend's name, the `backend` label of the metrics.
     pub(crate) backend: &'static str,
     pub(crate) config: ClientConfig,
-    held: Mutex<HashMap<LockKey, Weak<Held>>>,
+    /// The live holds of this client, by key and the task that took them:
+    /// what re-entry and the same-task check look up.
+    held: Mutex<HashMap<(LockKey, Holder), Weak<Held>>>,
     /// The watchdogs' renewals, batched (renewer.rs).
     pub(crate) renewer: crate::renewer::Renewer,
 }
@@ -39,23 +42,151 @@ impl ClientInner {
     /// Removes a finished hold from the reentrancy map (if it is still the entry).
     pub(crate) fn forget(&self, held: &Arc<Held>) {
         let mut map = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = (held.key.clone(), held.holder);
         if map
-            .get(&held.key)
+            .get(&entry)
             .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(held)))
         {
-            map.remove(&held.key);
+            map.remove(&entry);
         }
     }
 }
 
-/// Takes locks on one store and keeps them: renewal, loss signals, reentrancy,
-/// `max_hold`, tracing. Cheap to clone (clones share held-lock state).
+/// Who asks for a lock inside this process: the tokio task, or — for code
+/// that runs outside any task, such as the future given to `block_on` or
+/// `#[tokio::main]` — the thread.
 ///
-/// A `LockClient` is **one holder identity**: a second `acquire` of a key it
-/// already holds fails at once with [`Error::AlreadyHeld`] (or re-enters, if
-/// built with [`reentrant(true)`](LockClientBuilder::reentrant)) instead of
-/// waiting on itself. Tasks that must exclude *each other* in one process
-/// should use separate clients (`LockClient::new(Arc::clone(&store))` is cheap).
+/// Each acquisition is its own holder on the store (its own random
+/// [`Owner`](crate::Owner)); this identity only serves to recognise a task
+/// asking again for a key it already holds, which would otherwise wait on
+/// itself until its wait bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Holder {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Holder {
+    pub(crate) fn current() -> Holder {
+        match tokio::task::try_id() {
+            Some(id) => Holder::Task(id),
+            None => Holder::Thread(std::thread::current().id()),
+        }
+    }
+}
+
+/// How long before a lease's own deadline a [`LockGuard`] gives it up:
+/// `max(ttl × drift, floor)`, at most a quarter of the TTL.
+///
+/// A lease's deadline on the client is its TTL counted from when the
+/// granting (or renewing) request was *sent*, so it never falls after the
+/// store's expiry on account of the network. Two things can still put it
+/// after that expiry, and the margin covers both:
+///
+/// * **Clock-rate drift.** The store measures the TTL with its clock, the
+///   client with its own; crystal oscillators differ by up to ~100 ppm and
+///   NTP slews a clock by up to 500 ppm. The default drift, 1 %, is twenty
+///   times that, for virtual machines whose clocks are steered in jumps
+///   (the same factor Redlock uses).
+/// * **Reaction time.** Between the deadline and the moment the work has
+///   really stopped lie a timer firing on a busy runtime, the loss signal
+///   reaching the work, and — for `fenced run` — a signal to the command and
+///   the kernel ending it. The default floor, 100 ms, is several times the
+///   scheduling delays seen on a loaded two-core machine.
+///
+/// The cap of a quarter of the TTL keeps room for renewals (sent every
+/// third of the TTL) with very short TTLs, where the floor alone would
+/// leave none: below 400 ms the margin is `ttl / 4`.
+///
+/// ```
+/// use std::time::Duration;
+/// use fenced_api::SafetyMargin;
+///
+/// let m = SafetyMargin::default();
+/// assert_eq!(m.for_ttl(Duration::from_secs(30)), Duration::from_millis(300));
+/// assert_eq!(m.for_ttl(Duration::from_secs(2)), Duration::from_millis(100));
+/// assert_eq!(m.for_ttl(Duration::from_millis(200)), Duration::from_millis(50));
+/// assert!(SafetyMargin::new(0.6, Duration::ZERO).is_err());
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SafetyMargin {
+    drift: f64,
+    floor: Duration,
+}
+
+impl SafetyMargin {
+    /// 1 % of the TTL, at least 100 ms (see the type's docs for why).
+    pub const DEFAULT: SafetyMargin = SafetyMargin {
+        drift: 0.01,
+        floor: Duration::from_millis(100),
+    };
+
+    /// No margin: the guard gives up exactly at the lease's deadline, when
+    /// the store may already be granting the key to someone else. For
+    /// tests that need the bare lease timing.
+    pub const NONE: SafetyMargin = SafetyMargin {
+        drift: 0.0,
+        floor: Duration::ZERO,
+    };
+
+    /// A margin of `drift` × TTL, at least `floor` (and at most a quarter of
+    /// the TTL).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] if `drift` is not a number from 0 to 0.25.
+    pub fn new(drift: f64, floor: Duration) -> Result<Self> {
+        if !(0.0..=0.25).contains(&drift) {
+            return Err(Error::invalid_options(format!(
+                "the clock drift {drift} must be from 0 to 0.25 (0.01 is 1 %)"
+            )));
+        }
+        Ok(SafetyMargin { drift, floor })
+    }
+
+    /// The margin for a lease of this TTL.
+    pub fn for_ttl(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift).max(self.floor).min(ttl / 4)
+    }
+}
+
+impl Default for SafetyMargin {
+    fn default() -> Self {
+        SafetyMargin::DEFAULT
+    }
+}
+
+/// Takes locks on one store and keeps them: renewal, loss signals, reentrancy,
+/// `max_hold`, tracing. Cheap to clone (clones share held-lock state and the
+/// renewal queue).
+///
+/// # Holders
+///
+/// **Every acquisition is its own holder.** Tasks that share one client —
+/// the usual shape of a server, with one client in its state — exclude
+/// each other and wait in turn, exactly as separate processes would.
+///
+/// A task that asks again for a key *it* already holds would wait on
+/// itself until its wait bound; the client recognises it (by the tokio task
+/// id, or the thread outside any task) and answers at once: with
+/// [`Error::AlreadyHeld`], or — on a client built with
+/// [`reentrant(true)`](LockClientBuilder::reentrant) — with a second guard
+/// on the same hold (same token; the last guard released frees the key).
+/// Re-entering from another task is done explicitly, through the guard:
+/// [`LockGuard::reenter`]. Two futures of one task (`join!`) count as one
+/// holder; a task that waits for another task which asks for the key it
+/// holds is a deadlock the client cannot see (the wait bound ends it).
+///
+/// # Holding safely
+///
+/// A guard counts its lock as held until a [`SafetyMargin`] *before* the
+/// lease's own deadline (TTL from the send time of the last successful
+/// grant or renewal): [`LockGuard::valid_for`], [`LockGuard::lost`], the
+/// [`lost_token`](LockGuard::lost_token), [`LockGuard::expiring`] and
+/// [`with_lock`](Self::with_lock)'s cancellation all use that earlier,
+/// safe deadline. Renewal is every ttl/3; a renewal that returns after the
+/// safe deadline does not revive a guard already reported lost.
 ///
 /// # Tracing
 ///
@@ -104,11 +235,14 @@ impl ClientInner {
 #[derive(Clone)]
 pub struct LockClient {
     inner: Arc<ClientInner>,
+    /// Stored with every acquisition of this handle (see [`with_label`](Self::with_label)).
+    label: Option<Label>,
 }
 
 impl LockClient {
-    /// A client with default policy: 30 s TTL renewed every 10 s, wait
-    /// forever, no `max_hold`, not reentrant.
+    /// A client with default policy: 30 s TTL renewed every 10 s, the
+    /// default [`SafetyMargin`] (300 ms at 30 s), wait forever, no
+    /// `max_hold`, not reentrant, labelled [`Label::host_pid`].
     pub fn new(lock: Arc<dyn DistributedLock>) -> Self {
         LockClient::builder(lock).build_valid()
     }
@@ -123,12 +257,45 @@ impl LockClient {
             watchdog: true,
             max_hold: None,
             reentrant: false,
+            margin: SafetyMargin::DEFAULT,
+            label: Some(String::new()),
         }
     }
 
     /// The store behind this client.
     pub fn lock(&self) -> &Arc<dyn DistributedLock> {
         &self.inner.lock
+    }
+
+    /// The lease TTL this client asks for.
+    pub fn ttl(&self) -> Duration {
+        self.inner.config.ttl
+    }
+
+    /// How often the watchdog renews a held lock (`None`: no watchdog).
+    pub fn renew_interval(&self) -> Option<Duration> {
+        self.inner.config.renew_interval
+    }
+
+    /// How long before the lease's deadline a guard of this client gives a
+    /// lock up, for the client's TTL (see [`SafetyMargin`]).
+    pub fn safety_margin(&self) -> Duration {
+        self.inner.config.margin.for_ttl(self.inner.config.ttl)
+    }
+
+    /// The label stored with this handle's acquisitions.
+    pub fn label(&self) -> Option<&Label> {
+        self.label.as_ref()
+    }
+
+    /// The same client (held locks, renewals, policy) labelling its
+    /// acquisitions `label` — for a label per job or request:
+    /// `client.with_label(Label::new("report 2024-11")?).acquire(key)`.
+    pub fn with_label(&self, label: Label) -> LockClient {
+        LockClient {
+            inner: Arc::clone(&self.inner),
+            label: Some(label),
+        }
     }
 
     /// Takes `key`, waiting as configured (see [`LockClientBuilder::wait`]).
@@ -144,7 +311,9 @@ impl LockClient {
     /// # Errors
     ///
     /// * [`Error::InvalidKey`] before any I/O.
-    /// * [`Error::AlreadyHeld`] at once if this client holds `key` and is not reentrant.
+    /// * [`Error::AlreadyHeld`] at once if the calling task already holds
+    ///   `key` through this client and the client is not reentrant (see
+    ///   [Holders](Self#holders)). Other tasks wait in turn.
     /// * [`Error::Timeout`] when the wait bound passes; [`Error::Backend`] when the store fails.
     ///
     /// # Cancel safety
@@ -253,8 +422,10 @@ impl LockClient {
 
     async fn take(&self, key: LockKey, wait: Option<WaitPolicy>) -> Result<Option<LockGuard>> {
         let cfg = &self.inner.config;
-        if let Some(held) = self.current(&key) {
+        let holder = Holder::current();
+        if let Some(held) = self.current(&key, holder) {
             if !cfg.reentrant {
+                tracing::debug!(key = %key, "this task already holds the key; it would wait on itself");
                 return Err(Error::AlreadyHeld { key });
             }
             if held.enter() {
@@ -293,28 +464,30 @@ impl LockClient {
         };
         let backend = self.inner.backend;
         tracing::debug!(key = %key, token = %lease.token, waited_ms = started.elapsed().as_millis() as u64, backend, "lock acquired");
-        let held = Held::new(Arc::clone(&self.inner), lease);
+        let held = Held::new(Arc::clone(&self.inner), lease, holder);
         self.inner
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Arc::downgrade(&held));
+            .insert((key, holder), Arc::downgrade(&held));
         tokio::spawn(Arc::clone(&held).watchdog());
         Ok(Some(LockGuard::new(held)))
     }
 
-    /// A lease whose reply arrived after its own deadline (the process or
-    /// the network stalled for longer than the TTL) may already have been
-    /// given to someone else by the store: it is never handed out as is.
-    /// One renewal, sent now, either proves it is still ours and restarts
-    /// its TTL from now (`Some`), or shows it is gone (`None`).
+    /// A lease whose reply arrived after its safe deadline (the process or
+    /// the network stalled for about the TTL) may already have been given
+    /// to someone else by the store: it is never handed out as is. One
+    /// renewal, sent now, either proves it is still ours and restarts its
+    /// TTL from now (`Some`), or shows it is gone (`None`).
     async fn confirm(&self, lease: crate::Lease) -> Result<Option<crate::Lease>> {
-        if !lease.is_expired() {
+        let margin = self.inner.config.margin;
+        let unsafe_now = |l: &crate::Lease| Instant::now() + margin.for_ttl(l.ttl) >= l.deadline;
+        if !unsafe_now(&lease) {
             return Ok(Some(lease));
         }
-        tracing::warn!(key = %lease.key, token = %lease.token, backend = self.inner.backend, "the store's grant arrived after the lease's deadline; renewing it before use");
+        tracing::warn!(key = %lease.key, token = %lease.token, backend = self.inner.backend, "the store's grant arrived after the lease's safe deadline; renewing it before use");
         match self.inner.lock.extend(&lease, lease.ttl).await {
-            Ok(renewed) if !renewed.is_expired() => Ok(Some(renewed)),
+            Ok(renewed) if !unsafe_now(&renewed) => Ok(Some(renewed)),
             Ok(renewed) => {
                 // Even the renewal came back too late: give it up.
                 let _ = self.inner.lock.release(&renewed).await;
@@ -338,6 +511,9 @@ impl LockClient {
         let mut opts = LockOptions::builder().ttl(cfg.ttl);
         if let Some(w) = wait {
             opts = opts.wait(w);
+        }
+        if let Some(label) = &self.label {
+            opts = opts.label(label.as_str());
         }
         let opts = opts.build()?;
         let lease = async {
@@ -376,10 +552,10 @@ impl LockClient {
         lease
     }
 
-    /// The live, not-lost hold of `key` by this client, if any.
-    fn current(&self, key: &LockKey) -> Option<Arc<Held>> {
+    /// The live, not-lost hold of `key` by `holder` through this client, if any.
+    fn current(&self, key: &LockKey, holder: Holder) -> Option<Arc<Held>> {
         let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(key)
+        map.get(&(key.clone(), holder))
             .and_then(Weak::upgrade)
             .filter(|h| !h.is_lost())
     }
@@ -395,6 +571,8 @@ impl fmt::Debug for LockClient {
             .field("renew_interval", &cfg.renew_interval)
             .field("max_hold", &cfg.max_hold)
             .field("reentrant", &cfg.reentrant)
+            .field("margin", &cfg.margin)
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -409,6 +587,9 @@ pub struct LockClientBuilder {
     watchdog: bool,
     max_hold: Option<Duration>,
     reentrant: bool,
+    margin: SafetyMargin,
+    /// `Some("")` stands for the default, [`Label::host_pid`].
+    label: Option<String>,
 }
 
 impl LockClientBuilder {
@@ -446,10 +627,34 @@ impl LockClientBuilder {
         self
     }
 
-    /// Whether this client may re-enter keys it holds (default false:
-    /// re-acquiring fails at once with [`Error::AlreadyHeld`]).
+    /// Whether a task may re-enter a key it holds through this client
+    /// (default false: asking again fails at once with
+    /// [`Error::AlreadyHeld`]). Re-entry is per task, never across tasks:
+    /// other tasks sharing the client wait in turn (see
+    /// [Holders](LockClient#holders)).
     pub fn reentrant(mut self, yes: bool) -> Self {
         self.reentrant = yes;
+        self
+    }
+
+    /// How long before the lease's deadline a guard gives its lock up
+    /// (default [`SafetyMargin::DEFAULT`]: 1 % of the TTL, at least 100 ms).
+    pub fn safety_margin(mut self, margin: SafetyMargin) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// The label stored with every acquisition and shown by `inspect` and
+    /// `fenced status` (default [`Label::host_pid`]; see [`Label`] for the
+    /// rules, checked by [`build`](Self::build)).
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Stores no label with this client's acquisitions.
+    pub fn no_label(mut self) -> Self {
+        self.label = None;
         self
     }
 
@@ -458,7 +663,8 @@ impl LockClientBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidOptions`] for a TTL out of bounds, a renewal interval
-    /// that is zero or above half the TTL, or a zero `max_hold`.
+    /// that is zero or above half the TTL, a zero `max_hold`, or an invalid
+    /// label.
     pub fn build(self) -> Result<LockClient> {
         LockOptions::validate_ttl(self.ttl)?;
         if let Some(every) = self.renew_interval {
@@ -473,10 +679,19 @@ impl LockClientBuilder {
         if self.max_hold.is_some_and(|m| m.is_zero()) {
             return Err(Error::invalid_options("max_hold is zero"));
         }
+        if let Some(label) = self.label.as_deref().filter(|l| !l.is_empty()) {
+            Label::new(label)?;
+        }
         Ok(self.build_valid())
     }
 
     fn build_valid(self) -> LockClient {
+        let label = match self.label.as_deref() {
+            None => None,
+            Some("") => Some(Label::host_pid()),
+            // Checked by `build`; `new` passes the default.
+            Some(l) => Label::new(l).ok(),
+        };
         let renew_interval = self
             .watchdog
             .then(|| self.renew_interval.unwrap_or(self.ttl / 3));
@@ -490,10 +705,12 @@ impl LockClientBuilder {
                     renew_interval,
                     max_hold: self.max_hold,
                     reentrant: self.reentrant,
+                    margin: self.margin,
                 },
                 held: Mutex::new(HashMap::new()),
                 renewer: crate::renewer::Renewer::new(self.ttl),
             }),
+            label,
         }
     }
 }

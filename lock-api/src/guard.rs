@@ -9,14 +9,20 @@ use std::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{client::ClientInner, Error, FencingToken, Lease, LockKey, ReleaseOutcome, Result};
+use tokio::sync::watch;
+
+use crate::{
+    client::{ClientInner, Holder},
+    Error, FencingToken, Lease, LockKey, ReleaseOutcome, Result,
+};
 
 /// Why a guard considers its lock lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {
-    /// The local deadline (TTL counted from the last successful request's send
-    /// time) passed without a successful renewal: the store may have expired it.
+    /// The safe deadline (the TTL counted from the last successful request's
+    /// send time, less the [`SafetyMargin`](crate::SafetyMargin)) passed
+    /// without a successful renewal: the store may expire it any moment.
     DeadlinePassed,
     /// The store refused a renewal: the lease expired there, was
     /// force-released, or the key belongs to someone else.
@@ -41,7 +47,11 @@ impl fmt::Display for LossReason {
 pub(crate) struct Held {
     pub(crate) client: Arc<ClientInner>,
     pub(crate) key: LockKey,
+    /// The task (or thread) that took it: re-entry is per holder.
+    pub(crate) holder: Holder,
     lease: Mutex<Lease>,
+    /// The safe deadline of the current lease, for [`LeaseHandle::expiring`].
+    safe_deadline: watch::Sender<Instant>,
     count: Mutex<u32>,
     lost: CancellationToken,
     loss: OnceLock<LossReason>,
@@ -53,14 +63,17 @@ pub(crate) struct Held {
 impl Held {
     /// `acquired_at` is the send time of the granting request (deadline − ttl),
     /// so time spent *waiting* for the lock never counts against `max_hold`.
-    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease) -> Arc<Self> {
+    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease, holder: Holder) -> Arc<Self> {
         let acquired_at = lease
             .deadline
             .checked_sub(lease.ttl)
             .unwrap_or_else(Instant::now);
+        let (safe_deadline, _) = watch::channel(safe_deadline_of(&client, &lease));
         Arc::new(Held {
             client,
             key: lease.key.clone(),
+            holder,
+            safe_deadline,
             lease: Mutex::new(lease),
             count: Mutex::new(1),
             lost: CancellationToken::new(),
@@ -76,7 +89,19 @@ impl Held {
     }
 
     fn set_lease(&self, lease: Lease) {
+        self.safe_deadline
+            .send_replace(safe_deadline_of(&self.client, &lease));
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+
+    /// The lease's deadline less the client's safety margin: from here on
+    /// the store may expire the lease before this client could react.
+    pub(crate) fn safe_deadline(&self) -> Instant {
+        *self.safe_deadline.borrow()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.finished.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Adds a reentrant hold; fails if the hold is already over.
@@ -146,7 +171,7 @@ impl Held {
         };
         let mut next = next_after(&self.lease());
         loop {
-            let deadline = self.lease().deadline;
+            let deadline = self.safe_deadline();
             tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
@@ -168,6 +193,12 @@ impl Held {
                 r = self.client.renewer.renew(&self.client.lock, &lease) => r,
             };
             match renewal {
+                // Back after its own safe deadline (a stall between the
+                // reply and this task): too late to count, and the guard is
+                // never revived after its loss was reported.
+                Ok(renewed) if Instant::now() >= safe_deadline_of(&self.client, &renewed) => {
+                    return self.mark_lost(LossReason::DeadlinePassed);
+                }
                 Ok(renewed) => {
                     crate::telemetry::renewed(self.client.backend);
                     tracing::debug!(key = %self.key, token = %renewed.token, valid_ms = renewed.remaining().as_millis() as u64, "lock renewed");
@@ -190,7 +221,7 @@ impl Held {
     }
 
     async fn watch_deadline_only(&self) {
-        let deadline = self.lease().deadline;
+        let deadline = self.safe_deadline();
         tokio::select! {
             _ = self.stop.cancelled() => {}
             _ = tokio::time::sleep_until(deadline) => self.mark_lost(LossReason::DeadlinePassed),
@@ -204,6 +235,12 @@ impl Held {
         self.stop.cancel();
         self.client.forget(self);
     }
+}
+
+/// `lease`'s deadline less the client's margin for its granted TTL.
+fn safe_deadline_of(client: &ClientInner, lease: &Lease) -> Instant {
+    let margin = client.config.margin.for_ttl(lease.ttl);
+    lease.deadline.checked_sub(margin).unwrap_or(lease.deadline)
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -233,19 +270,74 @@ impl LeaseHandle {
         self.held.lease().token
     }
 
-    /// The current lease (its deadline moves forward with each renewal).
+    /// The current lease as this guard counts it: its `deadline` is the
+    /// safe deadline (see [`deadline`](Self::deadline)) and moves forward
+    /// with each renewal.
     pub fn lease(&self) -> Lease {
-        self.held.lease()
+        let mut lease = self.held.lease();
+        lease.deadline = self.held.safe_deadline();
+        lease
     }
 
-    /// How long the lock is certainly still held: time to the local deadline,
-    /// or zero once lost or released. Check it before a side effect that must
-    /// not run without the lock, e.g. `if h.valid_for() > Duration::from_secs(2)`.
+    /// The safe deadline: the lease's deadline (TTL from the send time of
+    /// the last successful grant or renewal) less the client's
+    /// [`SafetyMargin`](crate::SafetyMargin). Until then the store cannot
+    /// have granted the key to anyone else. `None` once lost or released.
+    pub fn deadline(&self) -> Option<Instant> {
+        (!self.held.is_lost() && !self.held.is_finished()).then(|| self.held.safe_deadline())
+    }
+
+    /// How long the lock is certainly still held: time to the safe
+    /// deadline, or zero once lost or released. Check it before a side
+    /// effect that must not run without the lock, e.g.
+    /// `if h.valid_for() > Duration::from_secs(2)`.
     pub fn valid_for(&self) -> Duration {
-        if self.held.is_lost() || self.held.finished.load(std::sync::atomic::Ordering::SeqCst) {
-            Duration::ZERO
-        } else {
-            self.held.lease().remaining()
+        self.deadline().map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// Resolves once the lock is lost or its safe deadline is `lead` or less
+    /// away without a renewal having moved it — the moment to start
+    /// stopping work that needs `lead` to wind down, while the lock is still
+    /// held. With the watchdog renewing normally the deadline keeps moving
+    /// and this never resolves, as long as `lead` is shorter than the TTL
+    /// less the margin and one renewal interval. Never resolves once the
+    /// lock was released normally.
+    ///
+    /// This is how `fenced run` times its SIGTERM: `expiring(grace)`, so
+    /// that the command's grace has run out by the safe deadline.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping it changes nothing.
+    pub async fn expiring(&self, lead: Duration) {
+        let mut deadlines = self.held.safe_deadline.subscribe();
+        loop {
+            if self.held.is_lost() {
+                return;
+            }
+            if self.held.is_finished() {
+                return std::future::pending().await;
+            }
+            let deadline = *deadlines.borrow_and_update();
+            let at = deadline.checked_sub(lead).unwrap_or(deadline);
+            tokio::select! {
+                biased;
+                _ = self.held.lost.cancelled() => return,
+                _ = self.held.stop.cancelled() => {}
+                changed = deadlines.changed() => {
+                    // The sender lives as long as `held`; it cannot be gone.
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+                _ = tokio::time::sleep_until(at) => {
+                    if !self.held.is_finished() && *deadlines.borrow() == deadline {
+                        return;
+                    }
+                }
+            }
         }
     }
 
@@ -324,6 +416,33 @@ impl LockGuard {
     /// See [`LeaseHandle::valid_for`].
     pub fn valid_for(&self) -> Duration {
         self.handle.valid_for()
+    }
+
+    /// See [`LeaseHandle::deadline`].
+    pub fn deadline(&self) -> Option<Instant> {
+        self.handle.deadline()
+    }
+
+    /// See [`LeaseHandle::expiring`].
+    pub async fn expiring(&self, lead: Duration) {
+        self.handle.expiring(lead).await
+    }
+
+    /// A second guard on this same hold — explicit re-entry, for instance
+    /// from another task that this one hands the work to. The key stays
+    /// held (same token, one lease, one watchdog) until the last of the
+    /// guards is released or dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the lock is already lost.
+    pub fn reenter(&self) -> Result<LockGuard> {
+        let held = &self.handle.held;
+        if held.is_lost() || !held.enter() {
+            return Err(held.loss_error());
+        }
+        tracing::debug!(key = %held.key, "lock re-entered through its guard");
+        Ok(LockGuard::new(Arc::clone(held)))
     }
 
     /// See [`LeaseHandle::is_lost`].

@@ -4,7 +4,7 @@ use std::{fmt, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{LockKey, Owner};
+use crate::{Label, LockKey, Owner};
 
 /// A number that strictly increases for a key across every acquisition.
 ///
@@ -150,6 +150,10 @@ pub struct LockInfo {
     pub remaining_ttl: Duration,
     /// How many times the holder has entered the key (1 unless reentrant).
     pub hold_count: u32,
+    /// The holder's human-readable label, when it gave one (see
+    /// [`Label`]); `None` for holders that gave none and for stores that
+    /// do not keep labels.
+    pub label: Option<Label>,
 }
 
 impl LockInfo {
@@ -167,7 +171,15 @@ impl LockInfo {
             token,
             remaining_ttl,
             hold_count,
+            label: None,
         }
+    }
+
+    /// The same description with the holder's label (for backend implementors).
+    #[must_use]
+    pub fn with_label(mut self, label: Option<Label>) -> Self {
+        self.label = label;
+        self
     }
 }
 

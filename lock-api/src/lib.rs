@@ -72,7 +72,7 @@ pub mod wait;
 
 pub use async_trait::async_trait;
 pub use capabilities::Capabilities;
-pub use client::{LockClient, LockClientBuilder};
+pub use client::{LockClient, LockClientBuilder, SafetyMargin};
 pub use driver::{BoxFuture, ConnectFn, Driver, MigrateFn};
 pub use dual::{DualLock, TokenSource};
 pub use error::{BoxError, Error, Result};
@@ -81,7 +81,7 @@ pub use key::{IntoLockKey, LockKey};
 pub use lease::{FencingToken, Lease, LockInfo, ReleaseOutcome};
 pub use lock::{DistributedLock, EXTEND_MANY_CONCURRENCY};
 pub use memory::MemoryLock;
-pub use options::{LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
+pub use options::{Label, LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
 
 /// Compile-time checks that the public types can cross threads and tasks.
 #[allow(dead_code)]

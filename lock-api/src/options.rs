@@ -90,6 +90,99 @@ impl fmt::Debug for Owner {
     }
 }
 
+/// A human-readable name for a holder — `web-3:4242`, `nightly-report` —
+/// stored beside the owner and shown by [`inspect`](crate::DistributedLock::inspect),
+/// [`list`](crate::DistributedLock::list) and `fenced status`.
+///
+/// Unlike the [`Owner`], a label is not a capability and carries no
+/// meaning for the store: it is there so that an operator can tell who holds
+/// a key. Several holders may share a label. [`LockClient`](crate::LockClient)
+/// labels every acquisition with its own label, by default
+/// [`Label::host_pid`].
+///
+/// ```
+/// use fenced_api::Label;
+/// let label = Label::new("billing-worker-2")?;
+/// assert_eq!(label.as_str(), "billing-worker-2");
+/// assert!(Label::new("two\nlines").is_err());
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Label(Arc<str>);
+
+impl Label {
+    /// Longest label accepted, in bytes.
+    pub const MAX_LEN: usize = 128;
+
+    /// Validates a label.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] if it is empty, longer than [`Label::MAX_LEN`]
+    /// bytes or contains control characters.
+    pub fn new(label: impl AsRef<str>) -> Result<Self> {
+        let label = label.as_ref();
+        if label.is_empty() {
+            return Err(Error::invalid_options("the holder label is empty"));
+        }
+        if label.len() > Self::MAX_LEN {
+            return Err(Error::invalid_options(format!(
+                "the holder label is {} bytes long; the maximum is {}",
+                label.len(),
+                Self::MAX_LEN
+            )));
+        }
+        if label.chars().any(char::is_control) {
+            return Err(Error::invalid_options(
+                "the holder label contains control characters",
+            ));
+        }
+        Ok(Label(Arc::from(label)))
+    }
+
+    /// `host:pid` of this process: the host name (`/proc/sys/kernel/hostname`,
+    /// else `$HOSTNAME`, else `localhost`) and the process id. What
+    /// [`LockClient`](crate::LockClient) and `fenced run` label holds with
+    /// unless told otherwise.
+    pub fn host_pid() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty() && !h.chars().any(char::is_control))
+            .unwrap_or_else(|| "localhost".to_owned());
+        let pid = std::process::id();
+        // A host name is at most 64 bytes on Linux; cut on a char boundary
+        // anyway so that an odd one can never make the label invalid.
+        let mut host = host.as_str();
+        while host.len() > Self::MAX_LEN - 11 {
+            let mut end = host.len() - 1;
+            while !host.is_char_boundary(end) {
+                end -= 1;
+            }
+            host = &host[..end];
+        }
+        Label(Arc::from(format!("{host}:{pid}")))
+    }
+
+    /// The label as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 /// Options for one acquisition. Always valid: build them with
 /// [`LockOptions::builder`], which checks every bound before any I/O.
 ///
@@ -112,6 +205,7 @@ pub struct LockOptions {
     ttl: Duration,
     wait: WaitPolicy,
     owner: Option<Owner>,
+    label: Option<Label>,
     reentrant: bool,
 }
 
@@ -132,6 +226,7 @@ impl LockOptions {
             ttl: Self::DEFAULT_TTL,
             wait: WaitPolicy::Forever,
             owner: None,
+            label: None,
             reentrant: false,
         }
     }
@@ -142,6 +237,7 @@ impl LockOptions {
             ttl: Self::DEFAULT_TTL,
             wait: WaitPolicy::Forever,
             owner: None,
+            label: None,
             reentrant: false,
         }
     }
@@ -152,6 +248,7 @@ impl LockOptions {
             ttl: self.ttl,
             wait: self.wait,
             owner: self.owner.as_ref().map(|o| o.as_str().to_owned()),
+            label: self.label.as_ref().map(|l| l.as_str().to_owned()),
             reentrant: self.reentrant,
         }
     }
@@ -169,6 +266,12 @@ impl LockOptions {
     /// The explicit owner, if one was given.
     pub fn owner(&self) -> Option<&Owner> {
         self.owner.as_ref()
+    }
+
+    /// The holder's label, if one was given: stored with the lock and shown
+    /// by `inspect` (see [`Label`]).
+    pub fn label(&self) -> Option<&Label> {
+        self.label.as_ref()
     }
 
     /// Whether the same owner may re-enter a key it holds (counted).
@@ -222,6 +325,7 @@ pub struct LockOptionsBuilder {
     ttl: Duration,
     wait: WaitPolicy,
     owner: Option<String>,
+    label: Option<String>,
     reentrant: bool,
 }
 
@@ -256,18 +360,28 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// A human-readable holder label stored with the lock (default none;
+    /// see [`Label`]).
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] for a TTL outside the bounds or an invalid owner.
+    /// [`Error::InvalidOptions`] for a TTL outside the bounds, an invalid
+    /// owner or an invalid label.
     pub fn build(self) -> Result<LockOptions> {
         let ttl = LockOptions::validate_ttl(self.ttl)?;
         let owner = self.owner.map(Owner::new).transpose()?;
+        let label = self.label.map(Label::new).transpose()?;
         Ok(LockOptions {
             ttl,
             wait: self.wait,
             owner,
+            label,
             reentrant: self.reentrant,
         })
     }
@@ -334,9 +448,23 @@ mod tests {
             .ttl(Duration::from_secs(5))
             .wait_timeout(Duration::from_secs(1))
             .owner("me")
+            .label("host-1:42")
             .reentrant(true)
             .build()
             .unwrap();
         assert_eq!(o.to_builder().build().unwrap(), o);
+        assert_eq!(o.label().unwrap().as_str(), "host-1:42");
+    }
+
+    #[test]
+    fn label_rules() {
+        assert!(Label::new("").is_err());
+        assert!(Label::new("x".repeat(129)).is_err());
+        assert!(Label::new("a\tb").is_err());
+        assert!(LockOptions::builder().label("a\nb").build().is_err());
+        assert_eq!(Label::new("web-1 (eu)").unwrap().as_str(), "web-1 (eu)");
+        let own = Label::host_pid();
+        assert!(own.as_str().ends_with(&format!(":{}", std::process::id())));
+        assert!(Label::new(own.as_str()).is_ok());
     }
 }

@@ -11,6 +11,8 @@ use fenced_api::{
 use tokio::time::{advance, sleep, Instant};
 
 const TTL: Duration = Duration::from_secs(3);
+/// The default safety margin at `TTL`: its floor, 100 ms (1 % would be 30 ms).
+const MARGIN: Duration = Duration::from_millis(100);
 
 fn key(k: &str) -> LockKey {
     LockKey::new(k).unwrap()
@@ -45,9 +47,10 @@ async fn watchdog_keeps_lock_for_many_ttls() {
         .await
         .unwrap()
         .is_none());
-    // Renewed every ttl/3, so at least two thirds of the TTL are always left.
+    // Renewed every ttl/3, so at least two thirds of the TTL (less the
+    // safety margin) are always left.
     assert!(
-        guard.valid_for() >= TTL * 2 / 3 - Duration::from_millis(1),
+        guard.valid_for() >= TTL * 2 / 3 - MARGIN - Duration::from_millis(1),
         "{:?}",
         guard.valid_for()
     );
@@ -129,7 +132,147 @@ async fn without_watchdog_the_lock_is_lost_at_its_deadline() {
     let start = Instant::now();
     let guard = c.acquire("k").await.unwrap();
     assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    // The safety margin before the store's expiry.
+    assert_eq!(start.elapsed(), TTL - MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn loss_is_reported_a_safety_margin_before_the_store_expires_the_lease() {
+    let store = MemoryLock::new();
+    let sent = Instant::now();
+    let guard = client(&store).acquire("k").await.unwrap();
+    let safe = guard.deadline().unwrap();
+    assert_eq!(safe, sent + TTL - MARGIN);
+    assert_eq!(guard.handle().lease().deadline, safe);
+    store.set_available(false);
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(Instant::now(), safe);
+    assert_eq!(guard.valid_for(), Duration::ZERO);
+    assert_eq!(guard.deadline(), None);
+    assert!(guard.handle().lost_token().is_cancelled());
+    // The store still holds the lease for the whole margin: nobody else
+    // can have the key while the holder still believes it holds it.
+    store.set_available(true);
+    sleep(MARGIN - Duration::from_millis(1)).await;
+    assert!(store
+        .try_acquire(&key("k"), &opts())
+        .await
+        .unwrap()
+        .is_none());
+    sleep(Duration::from_millis(2)).await;
+    assert!(store
+        .try_acquire(&key("k"), &opts())
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_margin_is_configurable_and_scales_with_the_ttl() {
+    use fenced_api::SafetyMargin;
+    let store = MemoryLock::new();
+    let ttl = Duration::from_secs(60);
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(ttl)
+        .watchdog(false)
+        .build()
+        .unwrap();
+    // 1 % of 60 s is above the floor.
+    assert_eq!(c.safety_margin(), Duration::from_millis(600));
+    let start = Instant::now();
+    let g = c.acquire("a").await.unwrap();
+    g.lost().await;
+    assert_eq!(start.elapsed(), ttl - Duration::from_millis(600));
+
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .watchdog(false)
+        .safety_margin(SafetyMargin::new(0.1, Duration::from_millis(10)).unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(c.safety_margin(), TTL / 10);
+    let start = Instant::now();
+    let g = c.acquire("b").await.unwrap();
+    g.lost().await;
+    assert_eq!(start.elapsed(), TTL - TTL / 10);
+
+    let c = LockClient::builder(Arc::new(store))
+        .ttl(TTL)
+        .watchdog(false)
+        .safety_margin(SafetyMargin::NONE)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let g = c.acquire("c").await.unwrap();
+    g.lost().await;
     assert_eq!(start.elapsed(), TTL);
+    assert!(SafetyMargin::new(-0.1, Duration::ZERO).is_err());
+    assert!(SafetyMargin::new(f64::NAN, Duration::ZERO).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn expiring_resolves_lead_before_the_safe_deadline_only_when_renewals_fail() {
+    let store = MemoryLock::new();
+    let guard = client(&store).acquire("k").await.unwrap();
+    let lead = Duration::from_millis(800);
+    // Renewing normally: the deadline keeps moving and it never resolves.
+    assert!(
+        tokio::time::timeout(TTL * 5, guard.expiring(lead))
+            .await
+            .is_err(),
+        "expiring resolved while every renewal succeeded"
+    );
+    assert!(!guard.is_lost());
+    // Renewals fail from now on: it resolves `lead` before the safe deadline
+    // of the last successful renewal, while the lock is still held.
+    store.set_available(false);
+    let safe = guard.deadline().unwrap();
+    guard.expiring(lead).await;
+    assert_eq!(Instant::now(), safe - lead);
+    assert!(!guard.is_lost());
+    assert_eq!(guard.valid_for(), lead);
+    // A renewal that succeeds again moves the deadline: not expiring any more.
+    store.set_available(true);
+    sleep(TTL / 12).await; // the next retry (every interval / 4)
+    assert!(guard.deadline().unwrap() > safe);
+    assert!(tokio::time::timeout(TTL, guard.expiring(lead))
+        .await
+        .is_err());
+    // Once lost it resolves at once; after a normal release it never does.
+    store.force_release(&key("k")).await.unwrap();
+    guard.lost().await;
+    assert!(tokio::time::timeout(Duration::ZERO, guard.expiring(lead))
+        .await
+        .is_ok());
+    let other = client(&store).acquire("k").await.unwrap();
+    let handle = other.handle().clone();
+    other.release().await.unwrap();
+    assert!(tokio::time::timeout(TTL * 3, handle.expiring(lead))
+        .await
+        .is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_after_the_safe_deadline_does_not_revive_the_guard() {
+    let store = MemoryLock::new();
+    // Each renewal is applied by the store at once but answered 2.95 s later
+    // (of a 3 s TTL): past the safe deadline of the lease it renews.
+    let slow = SlowExtend {
+        inner: store.clone(),
+        delay: TTL - Duration::from_millis(50),
+    };
+    let c = LockClient::builder(Arc::new(slow))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = c.acquire("k").await.unwrap();
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    let lost_at = Instant::now();
+    sleep(TTL * 2).await;
+    assert!(guard.is_lost(), "a late renewal revived a lost guard");
+    assert_eq!(guard.valid_for(), Duration::ZERO);
+    assert!(guard.deadline().is_none());
+    assert!(lost_at.elapsed() >= TTL * 2);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,194 @@
+//! Every acquisition through a `LockClient` is its own holder: tasks that
+//! share one client exclude each other and wait in turn; a task asking again
+//! for a key it holds is told so at once (or re-enters when asked for).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use fenced_api::{
+    DistributedLock, Error, LockClient, LockKey, LockOptions, MemoryLock, WaitPolicy,
+};
+use tokio::time::{sleep, timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn client(store: &MemoryLock, reentrant: bool) -> LockClient {
+    LockClient::builder(Arc::new(store.clone()))
+        .ttl(TTL)
+        .wait(WaitPolicy::Timeout(Duration::from_secs(60)))
+        .reentrant(reentrant)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_sharing_one_client_take_turns() {
+    for reentrant in [false, true] {
+        let store = MemoryLock::new();
+        let shared = client(&store, reentrant);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (c, inside, most, rounds) = (
+                    shared.clone(),
+                    Arc::clone(&inside),
+                    Arc::clone(&most),
+                    Arc::clone(&rounds),
+                );
+                tokio::spawn(async move {
+                    let mut last = 0;
+                    for _ in 0..10 {
+                        let guard = c.acquire("shared").await?;
+                        assert!(guard.token().get() > last, "a token went backwards");
+                        last = guard.token().get();
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        sleep(Duration::from_millis(1)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        rounds.fetch_add(1, Ordering::SeqCst);
+                        guard.release().await?;
+                    }
+                    Ok::<_, Error>(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            timeout(Duration::from_secs(60), t)
+                .await
+                .expect("a task hung")
+                .expect("a task panicked")
+                .unwrap_or_else(|e| panic!("reentrant={reentrant}: {e}"));
+        }
+        assert_eq!(rounds.load(Ordering::SeqCst), 160, "reentrant={reentrant}");
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "two tasks of one client held the key at once (reentrant={reentrant})"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_task_of_the_same_client_waits_for_the_release() {
+    for reentrant in [false, true] {
+        let store = MemoryLock::new();
+        let c = client(&store, reentrant);
+        let guard = c.acquire("k").await.unwrap();
+        let waiter = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let g = c.acquire("k").await.unwrap();
+                let at = Instant::now();
+                (g.token(), at, g.release().await)
+            })
+        };
+        sleep(TTL * 2).await;
+        assert!(!waiter.is_finished(), "another task got a held key");
+        let released_at = Instant::now();
+        let first = guard.token();
+        guard.release().await.unwrap();
+        let (token, at, released) = waiter.await.unwrap();
+        released.unwrap();
+        assert!(token > first);
+        assert!(at - released_at < Duration::from_secs(1));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_asking_again_for_its_own_key_is_told_at_once() {
+    let store = MemoryLock::new();
+    let c = client(&store, false);
+    let guard = c.acquire("k").await.unwrap();
+    let start = Instant::now();
+    match c.acquire("k").await {
+        Err(Error::AlreadyHeld { key }) => assert_eq!(key.as_str(), "k"),
+        other => panic!("expected AlreadyHeld, got {other:?}"),
+    }
+    assert!(matches!(
+        c.try_acquire("k").await,
+        Err(Error::AlreadyHeld { .. })
+    ));
+    // Not after the wait bound: at once.
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The same task inside a spawned task is a task of its own.
+    let inner = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let g = c.acquire("k2").await.unwrap();
+            let again = c.try_acquire("k2").await;
+            g.release().await.unwrap();
+            again.map(|g| g.is_some())
+        })
+    };
+    assert!(matches!(
+        inner.await.unwrap(),
+        Err(Error::AlreadyHeld { .. })
+    ));
+    guard.release().await.unwrap();
+    // Released: the same task takes it again.
+    c.acquire("k").await.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentry_is_per_task_and_explicit_through_the_guard() {
+    let store = MemoryLock::new();
+    let c = client(&store, true);
+    let g1 = c.acquire("k").await.unwrap();
+    let g2 = c.acquire("k").await.unwrap();
+    assert_eq!(g1.token(), g2.token());
+    let key = LockKey::new("k").unwrap();
+    // Explicit re-entry hands the hold to another task.
+    let g3 = g1.reenter().unwrap();
+    let t = tokio::spawn(async move {
+        sleep(Duration::from_millis(10)).await;
+        let token = g3.token();
+        g3.release().await.unwrap();
+        token
+    });
+    assert_eq!(t.await.unwrap(), g1.token());
+    g2.release().await.unwrap();
+    assert!(
+        store.inspect(&key).await.unwrap().is_some(),
+        "one guard is left"
+    );
+    // Still renewed while a guard is left.
+    sleep(TTL * 2).await;
+    assert!(!g1.is_lost());
+    g1.release().await.unwrap();
+    assert!(store.inspect(&key).await.unwrap().is_none());
+
+    // reenter on a lost guard is an error, not a second guard.
+    let plain = client(&store, false);
+    let g = plain.acquire("k").await.unwrap();
+    let _also = g.reenter().unwrap();
+    store.force_release(&key).await.unwrap();
+    g.lost().await;
+    assert!(matches!(g.reenter(), Err(Error::LeaseLost { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_acquisition_has_its_own_owner_on_the_store() {
+    let store = MemoryLock::new();
+    let c = client(&store, false);
+    let key = LockKey::new("k").unwrap();
+    let a = c.acquire("k").await.unwrap();
+    let first = store.inspect(&key).await.unwrap().unwrap().owner;
+    a.release().await.unwrap();
+    let b = c.acquire("k").await.unwrap();
+    let second = store.inspect(&key).await.unwrap().unwrap().owner;
+    assert_ne!(first, second);
+    // Another acquisition's lease cannot release it.
+    let opts = LockOptions::builder().ttl(TTL).build().unwrap();
+    assert!(store.try_acquire(&key, &opts).await.unwrap().is_none());
+    b.release().await.unwrap();
+}
