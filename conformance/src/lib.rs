@@ -91,6 +91,7 @@ macro_rules! __with_cases {
             c08_waiters_served_in_order: waiting::waiters_served_in_order, "C8";
             c09_acquire_times_out_near_bound: waiting::acquire_times_out_near_bound, "C9";
             c10_mutual_exclusion_under_contention: fencing::mutual_exclusion_under_contention, "C10, C7";
+            c10_tasks_sharing_a_client_take_turns: client::tasks_sharing_a_client_take_turns, "C10, C12";
             c11_different_keys_independent: basic::different_keys_independent, "C11";
             c12_reentrant_owner_counts: owner::reentrant_owner_counts, "C12";
             c12_non_reentrant_owner_already_held: owner::non_reentrant_owner_already_held, "C12";

@@ -214,7 +214,22 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          resource that rejects tokens lower than the highest it has seen. Client 0 suffers the \
          fault while it holds the lock; it runs on its own thread and runtime, so a pause \
          freezes its watchdog too (the in-process SIGSTOP). After the run a fresh client must \
-         get the key (liveness).\n"
+         get the key (liveness).\n\n\
+         The safety margin: every client is a `LockClient` with the default `SafetyMargin`, so a \
+         guard counts its lock held only until its safe deadline — the lease's local deadline \
+         (TTL from the send time of the last successful grant or renewal) less max(TTL × 1 %, \
+         100 ms), at most TTL / 4: 100 ms at the 600 ms and 2 s TTLs used here, 75 ms at the \
+         storm's 300 ms. Its loss signal fires there, at least that long before the store can \
+         expire the lease and grant the key to anyone else. For the belief overlaps this means: \
+         where the victim's runtime keeps running (blackhole, cut connection, delayed replies \
+         and renewals, a lost acquire acknowledgement) a belief ends the margin before the \
+         store's expiry, so an overlap there would need the store to grant early or the clocks \
+         to drift apart by more than the margin — both bugs, and those cells forbid overlaps; \
+         under a freeze (pause past the TTL, SIGSTOP) the frozen process cannot act on any \
+         deadline, so its overlaps are as long as before, bounded by the freeze — the reason \
+         the resource checks tokens. Loss detection is measured from the safe deadline. Runs \
+         on commits before the margin existed (before `a7804e3`) gave up at the lease deadline \
+         itself; their detection figures are then from that deadline.\n"
     );
     let _ = writeln!(
         out,
@@ -400,9 +415,9 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          - **belief overlaps**: times two clients both believed they held the key. Under a pause \
            longer than the TTL these cannot be avoided — the paused process cannot know — which \
            is why the resource checks tokens.\n\
-         - **loss detection**: from the lease's local deadline to the guard's loss signal \
-           (negative: noticed before the deadline, e.g. a refused renewal). After a freeze the \
-           signal can only fire when the process runs again.\n\
+         - **loss detection**: from the guard's safe deadline (the lease's local deadline less \
+           the safety margin) to its loss signal (negative: noticed before, e.g. a refused \
+           renewal). After a freeze the signal can only fire when the process runs again.\n\
          - **live after**: how long a fresh client waited for the key after the run.\n\
          - **retryable errors**: acquires the store answered with \"try again\" (a cut \
            connection, overload); the caller retries them.\n\

@@ -35,9 +35,12 @@
 //!   against by the `fenced-conformance` suite.
 //! * [`LockClient`] / [`LockGuard`] — policy written once: watchdog renewal
 //!   every ttl/3 driven by monotonic deadlines (batched per client through
-//!   [`DistributedLock::extend_many`]; see [`batch`]), `max_hold` circuit breaker,
-//!   per-client reentrancy, the loss signal ([`LockGuard::lost`],
-//!   [`LeaseHandle::lost_token`]) and [`LockClient::with_lock`].
+//!   [`DistributedLock::extend_many`]; see [`batch`]), a [`SafetyMargin`]
+//!   before each lease's deadline, `max_hold` circuit breaker, one holder per
+//!   acquisition (tasks sharing a client wait in turn) with per-task
+//!   reentrancy, holder [`Label`]s, the loss signal ([`LockGuard::lost`],
+//!   [`LeaseHandle::lost_token`], [`LeaseHandle::expiring`]) and
+//!   [`LockClient::with_lock`].
 //! * [`wait`] — the shared waiting helper for stores with no native wait.
 //! * [`telemetry`] — the metric names `LockClient` emits through the
 //!   `metrics` facade (acquire wait, contention, hold time, renewals and
@@ -47,9 +50,10 @@
 //!
 //! Lock expiry is decided by the **store's** clock. The client only keeps a
 //! local, monotonic deadline per lease (TTL counted from when the request was
-//! sent), so it gives up *before* the store could grant the key to someone
-//! else — even after the process was paused. Wall-clock jumps on the client
-//! change nothing.
+//! sent, less a [`SafetyMargin`] for clock-rate drift and reaction time), so
+//! it gives up *before* the store could grant the key to someone else — even
+//! after the process was paused. Wall-clock jumps on the client change
+//! nothing.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 

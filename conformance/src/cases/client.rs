@@ -1,6 +1,13 @@
-//! C13 and C14: the `LockClient` watchdog, `max_hold`, and loss signals.
+//! C10, C13 and C14 through `LockClient`: tasks sharing one client, the
+//! watchdog, `max_hold`, and loss signals.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use fenced_api::{DistributedLock, Error, LockClient, LossReason};
 use tokio::time::Instant;
@@ -10,6 +17,67 @@ use crate::{
     check::{ensure, fail, CaseResult, Failure, Outcome},
     Harness,
 };
+
+/// C10 through one shared `LockClient`: 16 tasks of one process, one
+/// client (one store instance) between them — the shape of a server with
+/// its client in shared state — contend for one key. Each acquisition is its
+/// own holder: every round completes, never two tasks inside at once, tokens
+/// rise, and nobody is told `AlreadyHeld`.
+pub async fn tasks_sharing_a_client_take_turns(h: &dyn Harness) -> CaseResult {
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 4;
+    let key = fresh_key("c10s");
+    let client = LockClient::builder(h.client().await?)
+        .ttl(h.base_ttl() * 10)
+        .wait(fenced_api::WaitPolicy::Timeout(h.base_ttl() * 60))
+        .build()?;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (client, key) = (client.clone(), key.clone());
+        let (inside, most, tokens) = (inside.clone(), most.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let guard = client.acquire(&key).await.map_err(|e| {
+                    Failure(format!("task {task}, round {round}: acquire returned {e}"))
+                })?;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokens
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(guard.token());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard
+                    .release()
+                    .await
+                    .map_err(|e| Failure(format!("task {task}: release returned {e}")))?;
+            }
+            Ok::<(), Failure>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failure(format!("a task panicked: {e}")))??;
+    }
+    let most = most.load(Ordering::SeqCst);
+    ensure!(most == 1, "{most} tasks of one client held the key at once");
+    let tokens = tokens.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    ensure!(
+        tokens.len() == TASKS * ROUNDS,
+        "{} of {} rounds completed",
+        tokens.len(),
+        TASKS * ROUNDS
+    );
+    ensure!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens did not rise from one holder to the next: {tokens:?}"
+    );
+    Ok(Outcome::Passed)
+}
 
 /// C13: the watchdog renews a held lock past several TTLs; contenders fail.
 pub async fn watchdog_renews_past_ttl(h: &dyn Harness) -> CaseResult {

@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use fenced_api::{
-    DistributedLock, Error, FencingToken, Lease, LockClient, LockOptions, Owner, ReleaseOutcome,
+    DistributedLock, Error, FencingToken, Lease, LockClient, LockKey, LockOptions, Owner,
+    ReleaseOutcome,
 };
 use tokio::time::Instant;
 
 use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
 use crate::{
-    check::{ensure, fail, some, CaseResult, Outcome},
+    check::{ensure, fail, some, CaseResult, Failure, Outcome},
     Harness,
 };
 
@@ -211,8 +212,10 @@ pub async fn non_reentrant_owner_already_held(h: &dyn Harness) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// C12: `LockClient` reentrancy is per client and key; a non-reentrant
-/// client gets `AlreadyHeld` at once; another client still contends.
+/// C12: `LockClient` reentrancy is per task: a reentrant client re-enters
+/// a key from the task that holds it, while another task sharing the same
+/// client is refused like any other holder; a non-reentrant client tells the
+/// holding task `AlreadyHeld` at once and other tasks plain contention.
 pub async fn client_reentrancy(h: &dyn Harness) -> CaseResult {
     let key = fresh_key("c12c");
     let ttl = h.base_ttl() * 10;
@@ -228,6 +231,10 @@ pub async fn client_reentrancy(h: &dyn Harness) -> CaseResult {
         plain.try_acquire(&key).await?.is_none(),
         "another client got a held key"
     );
+    ensure!(
+        other_task_try(&reentrant, &key).await?.is_none(),
+        "another task sharing the reentrant client entered the key it holds"
+    );
     g2.release().await?;
     ensure!(
         plain.try_acquire(&key).await?.is_none(),
@@ -241,9 +248,36 @@ pub async fn client_reentrancy(h: &dyn Harness) -> CaseResult {
     match plain.try_acquire(&key).await {
         Err(Error::AlreadyHeld { .. }) => {}
         other => {
-            fail!("a non-reentrant client re-acquiring returned {other:?}, expected AlreadyHeld")
+            fail!("the holding task asking again returned {other:?}, expected AlreadyHeld")
         }
     }
+    ensure!(
+        other_task_try(&plain, &key).await?.is_none(),
+        "another task sharing the client got the key it holds"
+    );
     g3.release().await?;
+    ensure!(
+        other_task_try(&plain, &key).await?.is_some(),
+        "another task of the client could not take the released key"
+    );
     Ok(Outcome::Passed)
+}
+
+/// `try_acquire` of `key` from a task of its own, through `client`; the
+/// guard it may get is released before this returns. `Ok(Some(()))` when
+/// that task got the key.
+async fn other_task_try(client: &LockClient, key: &LockKey) -> Result<Option<()>, Failure> {
+    let (client, key) = (client.clone(), key.clone());
+    tokio::spawn(async move {
+        match client.try_acquire(&key).await? {
+            Some(guard) => {
+                guard.release().await?;
+                Ok(Some(()))
+            }
+            None => Ok(None),
+        }
+    })
+    .await
+    .map_err(|e| Failure(format!("the other task panicked: {e}")))?
+    .map_err(|e: Error| Failure(format!("the other task's try_acquire failed: {e}")))
 }
