@@ -265,6 +265,7 @@ mod config;
 mod conn;
 mod error;
 mod reaper;
+pub mod fence;
 mod schema;
 mod stats;
 mod strategy;

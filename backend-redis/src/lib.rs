@@ -185,6 +185,7 @@ mod error;
 mod keys;
 mod list;
 mod lock;
+pub mod fence;
 mod persistence;
 mod scripts;
 mod wait;

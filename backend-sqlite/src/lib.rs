@@ -112,6 +112,7 @@ mod schema;
 mod unique_key;
 
 use std::{
+pub mod fence;
     fmt,
     path::{Path, PathBuf},
     sync::Arc,

@@ -63,6 +63,7 @@ mod client;
 mod driver;
 mod dual;
 mod error;
+pub mod fence;
 mod guard;
 mod key;
 mod lease;
@@ -99,5 +100,7 @@ fn _assert_send_sync() {
     ok::<LockGuard>();
     ok::<LeaseHandle>();
     ok::<MemoryLock>();
+    ok::<fence::TokenFence>();
+    ok::<fence::Fenced<String>>();
     ok::<std::sync::Arc<dyn DistributedLock>>();
 }
