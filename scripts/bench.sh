@@ -17,8 +17,9 @@ fi
 
 bash scripts/services.sh
 
-# etcd is an opt-in feature of the facade (it needs protoc, which services.sh installs).
-cargo build --release -p fenced --features etcd,bench -j 2
+# The `fenced` binary is the fenced-cli package; etcd is an opt-in feature (it
+# needs protoc, which services.sh installs), bench adds the `fenced bench` command.
+cargo build --release -p fenced-cli --features etcd,bench -j 2
 
 if [ "${1:-}" = "--smoke" ]; then
     exec ./target/release/fenced bench --smoke --out "${TMPDIR:-/tmp}/fenced-bench-smoke"

@@ -35,12 +35,15 @@ cargo fmt --all -- --check
 
 banner "cargo clippy"
 cargo clippy --workspace --all-targets -j 2 -- -D warnings
-# The facade's etcd and bench features are opt-in; lint them too.
-cargo clippy -p fenced --all-targets --features etcd,bench -j 2 -- -D warnings
+# The opt-in features: the facade's etcd, and the CLI's (fenced-cli, the
+# `fenced` binary) etcd and bench.
+cargo clippy -p fenced --all-targets --features etcd -j 2 -- -D warnings
+cargo clippy -p fenced-cli --all-targets --features etcd,bench -j 2 -- -D warnings
 
 banner "cargo test"
-# fenced/etcd: the facade and CLI are tested against every backend.
-cargo test --workspace --features fenced/etcd -j 2
+# fenced/etcd, fenced-cli/etcd: the facade and the CLI are tested against
+# every backend.
+cargo test --workspace --features fenced/etcd,fenced-cli/etcd -j 2
 
 banner "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -j 2

@@ -128,35 +128,59 @@ impl Job {
         }
     }
 
-    /// Passes `sig` to CMD's group and waits up to `grace` for CMD; then
-    /// SIGKILL. Returns CMD's status as an exit code (128 + `sig` if it had
-    /// to be killed).
-    pub(crate) async fn forward(&mut self, sig: Signal, grace: Duration) -> u8 {
+    /// Sends `sig` to CMD's group (and SIGCONT), then waits for CMD to
+    /// exit — for `grace` at most, and no longer than until `deadline`
+    /// resolves; then SIGKILLs the group. The terminal is taken back.
+    pub(crate) async fn wind_down(
+        &mut self,
+        sig: Signal,
+        grace: Duration,
+        deadline: impl std::future::Future<Output = ()>,
+    ) -> WindDown {
         self.signal(sig);
-        let code = match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(Ok(s)) => exit_code(s),
-            _ => {
-                self.stop(Duration::ZERO).await;
-                128 + sig as u8
+        let end = tokio::select! {
+            // An exit that is already there counts, whatever else is due.
+            biased;
+            status = self.child.wait() => match status {
+                Ok(s) => WindDown::Exited(exit_code(s)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for the command failed; killing it");
+                    self.kill().await;
+                    WindDown::GraceOver
+                }
+            },
+            () = deadline => {
+                self.kill().await;
+                WindDown::Deadline
+            }
+            () = tokio::time::sleep(grace) => {
+                self.kill().await;
+                WindDown::GraceOver
             }
         };
         self.take_terminal();
-        code
+        end
     }
 
-    /// SIGTERM to the group, then SIGKILL after `grace`; reaps CMD and
-    /// takes the terminal back.
-    pub(crate) async fn stop(&mut self, grace: Duration) {
-        self.signal(Signal::SIGTERM);
-        if !grace.is_zero() {
-            let _ = tokio::time::timeout(grace, self.child.wait()).await;
-        }
-        // Leftovers of the group get the hard stop too.
+    /// SIGKILL to the group at once (no SIGTERM first); reaps CMD and takes
+    /// the terminal back.
+    pub(crate) async fn kill(&mut self) {
         self.signal(Signal::SIGKILL);
         let _ = self.child.kill().await;
         let _ = self.child.wait().await;
         self.take_terminal();
     }
+}
+
+/// How [`Job::wind_down`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WindDown {
+    /// CMD exited within the time it had, with this code.
+    Exited(u8),
+    /// CMD was still running when `grace` ran out: SIGKILLed.
+    GraceOver,
+    /// CMD was still running when the deadline came: SIGKILLed.
+    Deadline,
 }
 
 impl Drop for Job {

@@ -1,10 +1,68 @@
 //! Argument parsing, exit codes and the small subcommands.
 //!
+//! # `fenced run`: the timeline
+//!
+//! `fenced run` promises "only one of me at a time": CMD must be gone
+//! before the store can grant the key to anyone else. With `--ttl T` the
+//! lease is renewed every `T/3`; its **safe deadline** is `T` after the
+//! send time of the last successful grant or renewal, less the client's
+//! safety margin `m` = max(1 % of T, 100 ms), at most T/4 (see
+//! `fenced::SafetyMargin`: clock-rate drift between fenced and the store,
+//! and fenced's own reaction time). If renewals stop succeeding — the
+//! store or the path to it is dead — with the last good renewal sent at `t`:
+//!
+//! ```text
+//! t          the last renewal that succeeded was sent; renewals go on every T/3
+//!            (failed ones are retried every T/12)
+//! t+T−m−g    SIGTERM to CMD's process group (g = --grace): CMD may finish its step
+//! t+T−m      the safe deadline: SIGKILL to the group if anything is left
+//! t+T        the earliest the store can expire the lease and grant the key again
+//! ```
+//!
+//! So `--grace` has elapsed and SIGKILL has been sent before the safe
+//! deadline, which is the margin `m` before the store can expire the
+//! lease. fenced keeps renewing while CMD winds down; once SIGTERM has
+//! been sent the run ends as lost (exit 76) even if a renewal succeeds
+//! later (CMD is already stopping), but the lock stays held until CMD is
+//! gone, and is released only then.
+//!
+//! **The grace rule.** SIGTERM must not come while renewals are healthy:
+//! the renewal sent `T/3` after the last one must be back (a quarter of
+//! the interval is allowed for its round trip) before `safe deadline − g`.
+//! So `g + m + T/3 + T/12 ≤ T`, i.e. `g ≤ 7/12·T − m` (17.2 s for the
+//! default `--ttl 30s`, whose default `--grace 10s` fits; 3.4 s for
+//! `--ttl 6s`). A longer `--grace` is refused before anything is acquired
+//! (exit 78), naming the largest grace that fits and a TTL that fits the
+//! grace asked for. Without `--grace` the default, 10 s, is shortened to
+//! the largest that fits a shorter `--ttl` (e.g. 5.73 s for `--ttl 10s`).
+//!
+//! **A genuine loss** — a renewal refused (the lease expired on the store,
+//! was force-released, or belongs to someone else), or the safe deadline
+//! passed before fenced could act (fenced frozen or suspended past it) —
+//! means the key may already belong to another holder: the group gets
+//! SIGKILL at once. A SIGTERM first would only let CMD run on beside the
+//! next holder for its grace.
+//!
+//! **`--max-hold`** (counted from the grant) is enforced by fenced, not by
+//! the lock client: SIGTERM to the group, SIGKILL after `--grace` (or at
+//! the safe deadline, if renewals fail meanwhile), the watchdog renewing
+//! all along; then the lock is released and fenced exits 76.
+//!
+//! **Releasing.** After CMD ends fenced releases the lock, waiting for the
+//! store at most 1 s after a loss or a stop for the lock (the store is
+//! likely unreachable, and the lock expires at its TTL anyway) and at most
+//! 5 s after CMD exited by itself or after a signal passed on. When the
+//! bound runs out fenced logs a warning and exits anyway — with CMD's
+//! status after a normal exit — and the lock expires at its TTL on the
+//! store. fenced thus exits within about a second of CMD after a loss.
+//!
 //! # `fenced run`: what it does with the command (CMD)
 //!
 //! * CMD runs in a **process group of its own**, so that stopping it on a
-//!   lost lock reaches everything it started (SIGTERM to the group, SIGKILL
-//!   after `--grace`).
+//!   lost lock reaches everything it started (the timeline above; what is
+//!   left of the group after CMD exited for the lock gets SIGKILL too).
+//!   It gets `FENCED_TOKEN`, `FENCED_KEY` and `FENCED_LABEL` (the holder
+//!   label stored with the lock: `--label`, default `host:pid` of fenced).
 //! * When stdin is a terminal and fenced is its foreground job, CMD's group
 //!   is made the terminal's **foreground group** for as long as it runs (and
 //!   fenced takes the terminal back after): CMD can read the terminal, and
@@ -12,13 +70,14 @@
 //!   write of the terminal) stops CMD; fenced then stops itself with the
 //!   same signal so that the shell sees the job stopped, and on `fg` / `bg`
 //!   hands the terminal back (on `fg`) and continues CMD. A job stopped for
-//!   longer than `--ttl` has lost its lock: when resumed it is terminated and
+//!   longer than `--ttl` has lost its lock: when resumed it is killed and
 //!   fenced exits 76. Without a job-control shell to resume it (fenced's
 //!   process group is orphaned), fenced does not stop itself: it continues
 //!   CMD at once and says so.
 //! * **SIGTERM, SIGINT, SIGHUP and SIGQUIT** sent to fenced are passed to
 //!   CMD's group (followed by SIGCONT, in case it is stopped); fenced waits
-//!   up to `--grace` for CMD, SIGKILLs the group if it is still there,
+//!   up to `--grace` for CMD (less if the lock's safe deadline comes first:
+//!   then SIGKILL and exit 76), SIGKILLs the group if it is still there,
 //!   releases the lock and exits with CMD's status (128+N when CMD died of
 //!   signal N).
 //! * **SIGKILL** of fenced (and the OOM killer) cannot be caught: CMD is
@@ -82,29 +141,52 @@ Examples:
   fenced run --key nightly-report -- ./report.sh --full
   fenced run --key deploy --wait 5m --ttl 30s --max-hold 1h -- make deploy
   fenced run --key cron:cleanup --wait 0s -- sh -c 'echo token $FENCED_TOKEN; ./cleanup'
-  FENCED_URL=redis://127.0.0.1:6379 fenced run --key orders:1001 -- ./fix-order 1001
+  FENCED_URL=redis://127.0.0.1:6379 fenced run --key orders:1001 --label \"$(hostname) cleanup\" -- ./fix-order 1001
+
+CMD gets FENCED_TOKEN, FENCED_KEY and FENCED_LABEL (--label, default host:pid).
+
+Timeline when renewals fail (T = --ttl, g = --grace, m = safety margin = max(1% of T, 100ms), at most T/4):
+  0 ── renew ── T/3 ── renew ── … t: the last renewal that succeeded was sent
+  t+T-m-g  SIGTERM to CMD's process group (it may finish its step); renewals go on
+  t+T-m    the safe deadline: SIGKILL to the group if anything is left
+  t+T      the earliest the store can expire the lease and grant the key again
+  So CMD is gone before anyone else can get the lock. Once SIGTERM was sent the run ends
+  as lost (76), even if a renewal succeeds later; the lock is released only once CMD is gone.
+  --grace must fit: g + m + T/3 + T/12 <= T, i.e. g <= 7/12 T - m (17.2s for --ttl 30s,
+  3.4s for --ttl 6s); a longer --grace is refused (78) with the largest that fits. Without
+  --grace: 10s, or the largest that fits --ttl if that is less.
+  A genuine loss (renewal refused: expired, force-released, held by another; or the safe
+  deadline passed, e.g. fenced was frozen) means the key may already be someone else's:
+  SIGKILL to the group at once, no grace.
+  --max-hold (from the grant): SIGTERM, SIGKILL after --grace (or at the safe deadline),
+  renewing meanwhile; then the lock is released and fenced exits 76.
+  Releasing after CMD ends waits for the store at most 1s after a loss or stop (the lock
+  expires at its TTL anyway), at most 5s after a normal exit (then a warning, CMD's status,
+  and the lock expires at its TTL): fenced exits within about a second of CMD after a loss.
 
 Exit codes: CMD's own (128+N if it died of signal N);
   75 lock held elsewhere for the whole --wait (CMD not run);
-  76 lock lost while CMD ran: renewal refused, deadline passed (also after fenced was frozen
-     past --ttl) or --max-hold reached; CMD got SIGTERM, then SIGKILL after --grace;
-  69 store failed or unreachable; 78 bad URL/key/option or missing schema; 127 CMD could not start.
+  76 lock lost or running out while CMD ran (see the timeline), or --max-hold reached;
+     CMD was stopped for it;
+  69 store failed or unreachable; 78 bad URL/key/option/label, a --grace that does not fit
+     --ttl, or missing schema; 127 CMD could not start.
   CMD's own code can equal one of these: fenced's own failures always print a `fenced:` line on
   stderr, CMD's codes pass through silently.
 
 Signals and terminals:
   SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed to CMD's process group; fenced waits up to
-  --grace, releases the lock and exits with CMD's status.
+  --grace (SIGKILL then, or at the safe deadline if renewals fail meanwhile), releases the lock
+  and exits with CMD's status.
   With stdin a terminal, CMD's group gets the terminal while it runs (it can read input; Ctrl-C
   reaches it). Ctrl-Z stops CMD and fenced together; `fg` resumes both. A job stopped longer than
-  --ttl has lost the lock and is terminated when resumed (76).
+  --ttl has lost the lock and is killed when resumed (76).
   SIGKILL or the OOM killer on fenced cannot be passed on: CMD keeps running without the lock,
   which expires after --ttl. Run fenced where the whole job is killed together (e.g. a systemd
   unit, KillMode=control-group) if that matters.";
 
 const STATUS_HELP: &str = "\
 Examples:
-  fenced status                          # every held lock (stores that can list: SQLite, memory)
+  fenced status                          # every held lock: key, holder, token, TTL, label
   fenced status nightly-report deploy    # these keys, held or free
   fenced status --url redis://127.0.0.1:6379 --json nightly-report
   fenced status --limit 20 --json | jq '.[].key'";
@@ -115,7 +197,8 @@ Examples:
   fenced release --force --url mysql://root@127.0.0.1:3306/test orders:1001
 
 The evicted holder notices at its next renewal (within a third of its TTL); a `fenced run`
-holder then terminates its command and exits 76.";
+holder then kills its command at once (SIGKILL: the key may already be someone else's) and
+exits 76.";
 
 const MIGRATE_HELP: &str = "\
 Examples:
@@ -153,7 +236,7 @@ pub(crate) enum Command {
     /// Hold a lock while a command runs; renew it; stop the command if the lock is lost.
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
-    /// Show who holds the given keys, or every held lock (holder, fencing token, remaining TTL).
+    /// Show who holds the given keys, or every held lock (holder, fencing token, remaining TTL, label).
     #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// Administrative: free a key whoever holds it.
@@ -179,13 +262,19 @@ pub(crate) struct RunArgs {
     /// How long to wait for a held lock: a duration, or `forever`. Default: do not wait.
     #[arg(long, default_value = "0s", value_parser = parse_wait)]
     pub(crate) wait: Wait,
-    /// Stop renewing (and terminate the command) after this long.
+    /// Stop the command after this long (from the grant): SIGTERM, SIGKILL after --grace; exit 76.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub(crate) max_hold: Option<Duration>,
-    /// After SIGTERM, how long the command gets before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub(crate) grace: Duration,
-    /// The command and its arguments (after `--`). It gets FENCED_TOKEN and FENCED_KEY.
+    /// After SIGTERM, how long the command gets before SIGKILL. Once renewals fail, SIGTERM
+    /// comes this long before the lock's safe deadline; at most 7/12 of --ttl less the safety
+    /// margin (a longer one is refused). [default: 10s, or the largest that fits --ttl if less]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) grace: Option<Duration>,
+    /// A human-readable label stored with the lock and shown by `fenced status`
+    /// (also FENCED_LABEL for the command). Default: host:pid of fenced.
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) label: Option<String>,
+    /// The command and its arguments (after `--`). It gets FENCED_TOKEN, FENCED_KEY, FENCED_LABEL.
     #[arg(required = true, trailing_var_arg = true, num_args = 1.., value_name = "CMD")]
     pub(crate) command: Vec<String>,
 }
@@ -347,7 +436,8 @@ fn cannot_list(backend: &str) -> String {
     )
 }
 
-/// `[{"key", "held", "owner", "token", "remaining_ms", "hold_count"}…]`
+/// `[{"key", "held", "owner", "label", "token", "remaining_ms", "hold_count"}…]`
+/// (`label` null when the holder gave none or the store keeps none)
 /// (only `key` and `held` for a free key), one line.
 fn status_json(rows: &[(LockKey, Option<LockInfo>)]) -> String {
     let list: Vec<serde_json::Value> = rows
@@ -355,6 +445,7 @@ fn status_json(rows: &[(LockKey, Option<LockInfo>)]) -> String {
         .map(|(k, info)| match info {
             Some(i) => serde_json::json!({
                 "key": k.as_str(), "held": true, "owner": i.owner.as_str(),
+                "label": i.label.as_ref().map(|l| l.as_str()),
                 "token": i.token.get(),
                 "remaining_ms": u64::try_from(i.remaining_ttl.as_millis()).unwrap_or(u64::MAX),
                 "hold_count": i.hold_count,
@@ -368,10 +459,14 @@ fn status_json(rows: &[(LockKey, Option<LockInfo>)]) -> String {
 }
 
 fn status_table(rows: &[(LockKey, Option<LockInfo>)]) -> String {
-    let line = |k: &str, holder: &str, token: &str, ttl: &str| {
-        format!("{k:<32} {holder:<38} {token:>12} {ttl:>10}\n")
+    // The label last: it is free text of any width.
+    let line = |k: &str, holder: &str, token: &str, ttl: &str, label: &str| {
+        format!("{k:<32} {holder:<38} {token:>12} {ttl:>10}  {label}")
+            .trim_end()
+            .to_owned()
+            + "\n"
     };
-    let mut out = line("KEY", "HOLDER", "TOKEN", "TTL");
+    let mut out = line("KEY", "HOLDER", "TOKEN", "TTL", "LABEL");
     for (k, info) in rows {
         out.push_str(&match info {
             Some(i) => line(
@@ -379,8 +474,9 @@ fn status_table(rows: &[(LockKey, Option<LockInfo>)]) -> String {
                 i.owner.as_str(),
                 &i.token.get().to_string(),
                 &format!("{:.1}s", i.remaining_ttl.as_secs_f64()),
+                i.label.as_ref().map_or("-", |l| l.as_str()),
             ),
-            None => line(k.as_str(), "-", "-", "free"),
+            None => line(k.as_str(), "-", "-", "free", ""),
         });
     }
     out
@@ -534,5 +630,8 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&status_json(&rows)).unwrap();
         assert_eq!(json[1]["key"], "b");
         assert_eq!(json[1]["held"], true);
+        // No label given: the field is there, null; the table shows `-`.
+        assert!(json[1]["label"].is_null(), "{json}");
+        assert!(table.lines().next().unwrap().ends_with("LABEL"), "{table}");
     }
 }

@@ -30,5 +30,10 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::EXIT_STORE);
         }
     };
-    ExitCode::from(runtime.block_on(cli::dispatch(args)))
+    let code = runtime.block_on(cli::dispatch(args));
+    // Whatever is still in flight on the runtime (a release that ran out of
+    // time through a dead path, a connection's background task) must not
+    // hold up the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    ExitCode::from(code)
 }

@@ -5,77 +5,14 @@
 
 use std::{
     path::Path,
-    process::{Command, ExitStatus, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use fenced_conformance::services;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fenced");
-
-/// A test's scratch directory, removed when dropped — whether the test
-/// passed or failed (runs used to leave about 20 behind in `/tmp` each).
-struct Scratch(tempfile::TempDir);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for Scratch {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.path().as_os_str()
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-fn tmpdir(tag: &str) -> Scratch {
-    Scratch(
-        tempfile::Builder::new()
-            .prefix(&format!("fenced-cli-{tag}-"))
-            .tempdir()
-            .unwrap(),
-    )
-}
-
-async fn mysql_url(strategy: &str) -> String {
-    let base = services::mysql_url();
-    services::probe_mysql(&base)
-        .await
-        .unwrap_or_else(|m| panic!("{m}"));
-    let table = format!(
-        "fenced_cli_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let url = format!("{base}?strategy={strategy}&table={table}");
-    let out = Command::new(BIN)
-        .args(["migrate", "--url", &url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "migrate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    url
-}
-
-#[cfg(feature = "etcd")]
-async fn etcd_url() -> String {
-    let base = services::etcd_url();
-    services::probe_etcd(&base)
-        .await
-        .unwrap_or_else(|m| panic!("{m}"));
-    let hp = services::host_port(&base, 2379).unwrap();
-    format!("etcd://{hp}/fenced-cli-{}", uuid::Uuid::new_v4().simple())
-}
+mod common;
+use common::*;
 
 /// N processes × `rounds` each run a shell command that reads a counter,
 /// sleeps, and writes it back +1 — a lost update unless the lock excludes.
@@ -496,59 +433,6 @@ async fn processes_exclude_each_other_on_sqlite() {
         .unwrap();
 }
 
-/// Waits for `child` at most `bound` (a hang bound, not a timing claim);
-/// kills it and fails with `what` if it is still running then.
-fn wait_bounded(child: &mut std::process::Child, bound: Duration, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Polls until `path` exists and holds a pid.
-fn read_pid(path: &Path) -> i32 {
-    let start = Instant::now();
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if let Ok(pid) = s.trim().parse() {
-                return pid;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the command never started"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-}
-
-/// `fenced status --json KEY` → whether KEY is held.
-fn held(url: &str, key: &str) -> bool {
-    let out = Command::new(BIN)
-        .args(["--url", url, "status", "--json", key])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v[0]["held"] == true
-}
-
 /// SIGHUP (a closed terminal or ssh session) and SIGQUIT are passed to the
 /// command like SIGTERM: the command ends, the lock is released at once
 /// (not at its TTL), and fenced exits with the command's status, 128+N.
@@ -924,7 +808,16 @@ fn help_has_examples_and_hides_env_values() {
         assert!(!text.contains("sekrit"), "{args:?}: {text}");
     }
     let run = help(&["run", "--help"]);
-    for documented in ["76", "SIGHUP", "SIGKILL", "Ctrl-Z"] {
+    for documented in [
+        "76",
+        "SIGHUP",
+        "SIGKILL",
+        "Ctrl-Z",
+        "safe deadline",
+        "t+T-m-g  SIGTERM",
+        "FENCED_LABEL",
+        "--label",
+    ] {
         assert!(
             run.contains(documented),
             "run --help lacks {documented}: {run}"

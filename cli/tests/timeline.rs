@@ -1,0 +1,559 @@
+//! `fenced run`'s timeline on a dead path, on every store: the command is
+//! stopped — its grace over, SIGKILL sent — before the store can grant the
+//! key to anyone else, and fenced exits promptly after its command even
+//! though the release cannot reach the store. Plus the options that shape
+//! it: `--grace` that does not fit `--ttl`, `--max-hold`, `--label`, and a
+//! refused renewal (a genuine loss: SIGKILL, no grace).
+//!
+//! A dead path is the fault proxy's blackhole: every byte swallowed, no RST,
+//! no FIN — what a partition or a frozen peer looks like. The holder talks
+//! to the store through the proxy, the second client directly.
+//!
+//! SQLite has no network path to cut (the store is a local file), so the
+//! dead-path tests do not run on it; the SQLite tests here cover the
+//! timeline's other paths (`--max-hold`, a refused renewal).
+
+// The measurements are printed (seen with --nocapture).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use common::*;
+use fenced_conformance::services;
+use fenced_faults::proxy::FaultProxy;
+
+/// The holder's lease: short, so that the tests are quick; the grace fits
+/// it (the largest for 6 s is 3.4 s).
+const TTL: &str = "6s";
+const TTL_SECS: u64 = 6;
+const GRACE: &str = "2s";
+
+/// A store reached two ways: directly, and through a fault proxy.
+struct Paths {
+    direct: String,
+    proxied: String,
+    proxy: Arc<FaultProxy>,
+}
+
+/// Starts a proxy in front of the server of `direct` (its `host:port`,
+/// `default_port` if it names none) and rewrites the URL to go through it.
+async fn through_proxy(direct: String, default_port: u16) -> Paths {
+    let hp = services::host_port(&direct, default_port).unwrap();
+    let upstream = tokio::net::lookup_host(hp.as_str())
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    assert!(direct.contains(&hp), "{direct} does not name {hp}");
+    let proxied = direct.replacen(&hp, &proxy.addr().to_string(), 1);
+    Paths {
+        direct,
+        proxied,
+        proxy: Arc::new(proxy),
+    }
+}
+
+/// `fenced --url URL run --key KEY ARGS… -- sh -c SCRIPT`, stderr into
+/// `stderr` (read on failure).
+fn spawn_run(url: &str, key: &str, args: &[&str], script: &str, stderr: &Path) -> Child {
+    Command::new(BIN)
+        .args(["--url", url, "run", "--key", key])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn until_exists(path: &Path, child: &mut Child, what: &str) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the holder exited before {what}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(30), "{what}: never");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `(event, nanoseconds)` lines of a log written by the commands with
+/// `date +%s%N` (one clock for both holders).
+fn events(log: &Path) -> Vec<(String, u128)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (what, at) = l.rsplit_once(' ').unwrap();
+            (what.to_owned(), at.parse().unwrap())
+        })
+        .collect()
+}
+
+fn at(events: &[(String, u128)], what: &str) -> Option<u128> {
+    events.iter().find(|(w, _)| w == what).map(|(_, t)| *t)
+}
+
+/// A: a graceful command on the proxied path that, on SIGTERM, finishes
+/// its current 1 s step before it exits. Once it runs the path dies; B,
+/// on the direct path, waits for the key. B's command must start only
+/// after A's command exited.
+fn a_graceful_command_exits_before_the_next_holder_starts(store: &str, paths: &Paths) {
+    let dir = tmpdir("graceful");
+    let (log, started) = (dir.join("log"), dir.join("started"));
+    let key = "graceful";
+    let script = format!(
+        r#"trap 'sleep 1; echo "A exit $(date +%s%N)" >> {log}; exit 0' TERM
+echo "A start $(date +%s%N)" >> {log}; touch {started}
+while :; do sleep 0.1; done"#,
+        log = log.display(),
+        started = started.display()
+    );
+    let a_err = dir.join("a.err");
+    let mut a = spawn_run(
+        &paths.proxied,
+        key,
+        &["--ttl", TTL, "--grace", GRACE],
+        &script,
+        &a_err,
+    );
+    until_exists(&started, &mut a, "A's command started");
+    paths.proxy.blackhole(true);
+    let b = Command::new(BIN)
+        .args(["--url", &paths.direct, "run", "--key", key, "--wait", "30s"])
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            r#"echo "B start $(date +%s%N)" >> {}"#,
+            log.display()
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let a_status = wait_bounded(&mut a, Duration::from_secs(30), "A never exited");
+    let a_stderr = std::fs::read_to_string(&a_err).unwrap();
+    assert!(
+        b.status.success(),
+        "{store}: B did not get the lock: {}\nA: {a_stderr}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert_eq!(a_status.code(), Some(76), "{store}: A: {a_stderr}");
+    let ev = events(&log);
+    let a_exit = at(&ev, "A exit").unwrap_or_else(|| {
+        panic!("{store}: A's command never got to exit gracefully: {ev:?}\n{a_stderr}")
+    });
+    let b_start = at(&ev, "B start").unwrap();
+    assert!(
+        b_start > a_exit,
+        "{store}: B's command started {} ms before A's command exited: two holders at once\n\
+         events: {ev:?}\nA: {a_stderr}",
+        (a_exit - b_start) / 1_000_000
+    );
+    eprintln!(
+        "{store}: A's command exited {} ms before B's started",
+        (b_start - a_exit) / 1_000_000
+    );
+}
+
+/// A command that exits at once on SIGTERM: fenced, cut off from its
+/// store, exits within TTL + 2 s of the path's death (it does not wait on
+/// a release through the dead path).
+fn the_holder_exits_promptly_after_the_path_dies(store: &str, paths: &Paths) {
+    let dir = tmpdir("prompt");
+    let started = dir.join("started");
+    let script = format!(
+        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.1; done",
+        started.display()
+    );
+    let err = dir.join("a.err");
+    let mut a = spawn_run(
+        &paths.proxied,
+        "prompt",
+        &["--ttl", TTL, "--grace", GRACE],
+        &script,
+        &err,
+    );
+    until_exists(&started, &mut a, "the command started");
+    paths.proxy.blackhole(true);
+    let dead = Instant::now();
+    let status = wait_bounded(&mut a, Duration::from_secs(60), "the holder never exited");
+    let took = dead.elapsed();
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(76), "{store}: {stderr}");
+    assert!(
+        took < Duration::from_secs(TTL_SECS + 2),
+        "{store}: the holder exited {took:?} after the path died (TTL {TTL}): {stderr}"
+    );
+    eprintln!("{store}: the holder exited {took:?} after the path died");
+}
+
+/// Both scenarios on one store, at once (separate keys and proxies).
+async fn dead_path(
+    store: &'static str,
+    make: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Paths> + Send>>,
+) {
+    let graceful = make().await;
+    let prompt = make().await;
+    let one = tokio::task::spawn_blocking(move || {
+        a_graceful_command_exits_before_the_next_holder_starts(store, &graceful)
+    });
+    let two = tokio::task::spawn_blocking(move || {
+        the_holder_exits_promptly_after_the_path_dies(store, &prompt)
+    });
+    let (one, two) = tokio::join!(one, two);
+    one.unwrap();
+    two.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_on_redis() {
+    dead_path("redis", || {
+        Box::pin(async { through_proxy(redis_url().await, 6379).await })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_on_mysql_unique_key() {
+    dead_path("mysql unique_key", || {
+        Box::pin(async { through_proxy(mysql_url("unique_key").await, 3306).await })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_on_mysql_row_lock() {
+    dead_path("mysql row_lock", || {
+        Box::pin(async { through_proxy(mysql_url("row_lock").await, 3306).await })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_on_mysql_optimistic() {
+    dead_path("mysql optimistic", || {
+        Box::pin(async { through_proxy(mysql_url("optimistic").await, 3306).await })
+    })
+    .await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_on_etcd() {
+    dead_path("etcd", || {
+        Box::pin(async { through_proxy(etcd_url().await, 2379).await })
+    })
+    .await;
+}
+
+/// A `--grace` that cannot fit the TTL is refused before anything is
+/// acquired, naming the largest grace that fits.
+#[test]
+fn a_grace_that_does_not_fit_the_ttl_is_refused() {
+    let dir = tmpdir("grace");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let marker = dir.join("ran");
+    let out = Command::new(BIN)
+        .args([
+            "--url", &url, "run", "--key", "g", "--ttl", "6s", "--grace", "4s",
+        ])
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("--grace 4s does not fit --ttl 6s"), "{err}");
+    assert!(
+        err.contains("the largest --grace for --ttl 6s is 3s 400ms"),
+        "{err}"
+    );
+    assert!(err.contains("--ttl 8s or longer"), "{err}");
+    assert!(!marker.exists(), "the command ran");
+    // Refused before any I/O: the store file was never even created.
+    assert!(!dir.join("locks.db").exists(), "the store was opened");
+    assert!(!held(&url, "g"));
+    // The defaults fit, so does the largest grace named, and without
+    // --grace the default (10 s) is shortened to fit a short --ttl.
+    for args in [
+        &[][..],
+        &["--ttl", "6s", "--grace", "3400ms"],
+        &["--ttl", "6s"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["--url", &url, "run", "--key", "g"])
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `--max-hold`: fenced itself sends SIGTERM, gives the command its grace
+/// while it keeps the lock renewed, then releases and exits 76. The next
+/// holder starts only after the command is gone.
+#[test]
+fn max_hold_stops_the_command_gracefully_and_keeps_the_lock_until_it_is_gone() {
+    let dir = tmpdir("max-hold");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (log, started) = (dir.join("log"), dir.join("started"));
+    // On SIGTERM the command finishes a 2 s step, within its 3 s grace.
+    let script = format!(
+        r#"trap 'sleep 2; echo "A exit $(date +%s%N)" >> {log}; exit 0' TERM
+touch {started}; while :; do sleep 0.1; done"#,
+        log = log.display(),
+        started = started.display()
+    );
+    let err = dir.join("a.err");
+    let mut a = spawn_run(
+        &url,
+        "mh",
+        &["--ttl", "6s", "--grace", "3s", "--max-hold", "1s"],
+        &script,
+        &err,
+    );
+    until_exists(&started, &mut a, "the command started");
+    let b = Command::new(BIN)
+        .args([
+            "--url", &url, "run", "--key", "mh", "--wait", "60s", "--", "sh", "-c",
+        ])
+        .arg(format!(
+            r#"echo "B start $(date +%s%N)" >> {}"#,
+            log.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let status = wait_bounded(&mut a, Duration::from_secs(30), "the holder never exited");
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("--max-hold reached"), "{stderr}");
+    let ev = events(&log);
+    let a_exit = at(&ev, "A exit").unwrap_or_else(|| panic!("no graceful exit: {ev:?} {stderr}"));
+    assert!(at(&ev, "B start").unwrap() > a_exit, "{ev:?}");
+}
+
+/// A renewal refused (here: the lock was force-released) means the key may
+/// already be someone else's: the command is SIGKILLed at once — its
+/// SIGTERM handler never runs.
+#[test]
+fn a_refused_renewal_kills_the_command_without_grace() {
+    let dir = tmpdir("refused");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (log, started) = (dir.join("log"), dir.join("started"));
+    let script = format!(
+        r#"trap 'echo "got TERM 0" >> {log}; sleep 5; exit 0' TERM
+touch {started}; while :; do sleep 0.1; done"#,
+        log = log.display(),
+        started = started.display()
+    );
+    let err = dir.join("a.err");
+    let mut a = spawn_run(
+        &url,
+        "refused",
+        &["--ttl", "3s", "--grace", "1s"],
+        &script,
+        &err,
+    );
+    until_exists(&started, &mut a, "the command started");
+    let out = Command::new(BIN)
+        .args(["--url", &url, "release", "--force", "refused"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let status = wait_bounded(
+        &mut a,
+        Duration::from_secs(30),
+        "the evicted holder kept running",
+    );
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("lost lock"), "{stderr}");
+    assert!(
+        events(&log).is_empty(),
+        "the command got SIGTERM (and ran its handler) after a genuine loss: {stderr}"
+    );
+}
+
+/// `--label` is stored with the lock, shown by `fenced status` (table and
+/// JSON) and given to the command as FENCED_LABEL; without it the label is
+/// fenced's host:pid; a bad label is a usage error (78).
+#[test]
+fn labels_are_shown_by_status() {
+    let dir = tmpdir("label");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let env_file = dir.join("env");
+    let mut labelled = Command::new(BIN)
+        .args([
+            "--url",
+            &url,
+            "run",
+            "--key",
+            "lab-a",
+            "--label",
+            "nightly report #7",
+        ])
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            r#"echo "$FENCED_LABEL" > {}; exec sleep 60"#,
+            env_file.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut plain = Command::new(BIN)
+        .args(["--url", &url, "run", "--key", "lab-b", "--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["--url", &url, "status"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let start = Instant::now();
+    let v = loop {
+        let v: serde_json::Value = serde_json::from_slice(&status(&["--json"]).stdout).unwrap();
+        if v.as_array().unwrap().len() == 2 && env_file.exists() {
+            break v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never saw both locks: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v[0]["key"], "lab-a");
+    assert_eq!(v[0]["label"], "nightly report #7", "{v}");
+    let host_pid = v[1]["label"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no default label: {v}"));
+    assert!(
+        host_pid.ends_with(&format!(":{}", plain.id())),
+        "{host_pid}"
+    );
+    let table = String::from_utf8_lossy(&status(&[]).stdout).into_owned();
+    assert!(table.lines().next().unwrap().ends_with("LABEL"), "{table}");
+    assert!(
+        table.contains("nightly report #7") && table.contains(host_pid),
+        "{table}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap().trim(),
+        "nightly report #7"
+    );
+    for child in [&mut labelled, &mut plain] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        wait_bounded(child, Duration::from_secs(30), "a holder ignored SIGTERM");
+    }
+    let free: serde_json::Value =
+        serde_json::from_slice(&status(&["--json", "lab-a"]).stdout).unwrap();
+    assert_eq!(free[0]["held"], false);
+    let bad = Command::new(BIN)
+        .args([
+            "--url",
+            &url,
+            "run",
+            "--key",
+            "k",
+            "--label",
+            "two\nlines",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        bad.status.code(),
+        Some(78),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+/// The server stores keep the label too (etcd does not yet: its `inspect`
+/// reports none, so it is not checked here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_are_shown_by_status_on_the_server_stores() {
+    let urls = vec![
+        redis_url().await,
+        mysql_url("unique_key").await,
+        mysql_url("row_lock").await,
+        mysql_url("optimistic").await,
+    ];
+    tokio::task::spawn_blocking(move || {
+        for url in urls {
+            let mut holder = Command::new(BIN)
+                .args([
+                    "--url",
+                    &url,
+                    "run",
+                    "--key",
+                    "lab",
+                    "--label",
+                    "deploy eu-1",
+                ])
+                .args(["--", "sleep", "60"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap();
+            let start = Instant::now();
+            let v = loop {
+                let out = Command::new(BIN)
+                    .args(["--url", &url, "status", "--json", "lab"])
+                    .output()
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                if v[0]["held"] == true {
+                    break v;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "{url}: never held"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            assert_eq!(v[0]["label"], "deploy eu-1", "{url}: {v}");
+            let table = Command::new(BIN)
+                .args(["--url", &url, "status", "lab"])
+                .output()
+                .unwrap();
+            assert!(
+                String::from_utf8_lossy(&table.stdout).contains("deploy eu-1"),
+                "{url}"
+            );
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(holder.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .unwrap();
+            wait_bounded(
+                &mut holder,
+                Duration::from_secs(30),
+                "the holder ignored SIGTERM",
+            );
+        }
+    })
+    .await
+    .unwrap();
+}
