@@ -63,7 +63,7 @@ use std::{sync::LazyLock, time::Duration};
 use fenced_api::{Error, FencingToken, Result};
 use redis::{aio::ConnectionLike, Script, Value};
 
-use crate::{error, scripts};
+use crate::{error, keys::hash_tag, scripts};
 
 static FENCE_SET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/fence_set.lua")));
@@ -115,14 +115,6 @@ pub fn fence_key(key: &str) -> Result<String> {
     // The tag holds no `}` and is not empty, so the new name's tag is it;
     // the whole key follows, so distinct keys get distinct fence keys.
     Ok(format!("{{{tag}}}:fence:{key}"))
-}
-
-/// What Redis Cluster hashes: the text between the first `{` and the first
-/// `}` after it, when not empty.
-fn hash_tag(key: &str) -> Option<&str> {
-    let open = key.find('{')?;
-    let len = key[open + 1..].find('}')?;
-    (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
 /// Writes `value` under `key` if `token` is at least the highest token seen
@@ -276,20 +268,8 @@ fn parse_token(token: Option<&str>, fence: &str) -> Result<Option<FencingToken>>
 mod tests {
     use super::*;
 
-    /// CRC16/XMODEM mod 16384 of the hashed part, as Redis Cluster computes slots.
     fn slot(name: &str) -> u16 {
-        let mut crc: u16 = 0;
-        for &b in hash_tag(name).unwrap_or(name).as_bytes() {
-            crc ^= u16::from(b) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc % 16384
+        crate::keys::cluster_slot(name)
     }
 
     #[test]

@@ -58,36 +58,38 @@ pub(crate) fn wake_channel(prefix: &Prefix, client: &str) -> String {
     format!("{{{}/}}:w:{client}", prefix.as_str())
 }
 
+/// What Redis Cluster hashes of a key name: the text between the first `{`
+/// and the first `}` after it, when not empty (the rules of CLUSTER KEYSLOT).
+pub(crate) fn hash_tag(name: &str) -> Option<&str> {
+    let open = name.find('{')?;
+    let len = name[open + 1..].find('}')?;
+    (len > 0).then(|| &name[open + 1..open + 1 + len])
+}
+
+/// The cluster slot of a key name (CRC16/XMODEM of its hashed part, mod
+/// 16384), for tests that check which keys share a slot.
+#[cfg(test)]
+pub(crate) fn cluster_slot(name: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in hash_tag(name).unwrap_or(name).as_bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The part of a key Redis Cluster hashes (the rules of CLUSTER KEYSLOT).
-    fn hash_tag(name: &str) -> &str {
-        if let Some(open) = name.find('{') {
-            if let Some(len) = name[open + 1..].find('}') {
-                if len > 0 {
-                    return &name[open + 1..open + 1 + len];
-                }
-            }
-        }
-        name
-    }
-
-    /// CRC16/XMODEM mod 16384, as Redis Cluster computes slots.
     fn slot(name: &str) -> u16 {
-        let mut crc: u16 = 0;
-        for &b in hash_tag(name).as_bytes() {
-            crc ^= u16::from(b) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc % 16384
+        cluster_slot(name)
     }
 
     #[test]
@@ -96,7 +98,7 @@ mod tests {
         assert_eq!(slot("123456789"), 0x31C3);
         assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
         assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
-        assert_ne!(hash_tag("foo{}{bar}"), "bar");
+        assert_ne!(hash_tag("foo{}{bar}"), Some("bar"));
     }
 
     #[test]

@@ -9,8 +9,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_conformance::services;
-
 mod common;
 use common::*;
 
@@ -121,14 +119,7 @@ async fn processes_exclude_each_other_on_etcd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_redis() {
-    let base = services::redis_url();
-    services::probe_redis(&base)
-        .await
-        .unwrap_or_else(|m| panic!("{m}"));
-    let url = format!(
-        "{base}/0?prefix=fenced-cli-{}",
-        uuid::Uuid::new_v4().simple()
-    );
+    let url = redis_url().await;
     let dir = tmpdir("redis");
     tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
         .await
@@ -340,23 +331,7 @@ async fn status_and_force_release() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let held = loop {
-        let out = Command::new(BIN)
-            .args(["--url", &url, "status", "--json", "admin", "other"])
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        if v[0]["held"] == true {
-            break v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "never saw the lock held"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let held = status_once_held(&url, &["admin", "other"], Duration::from_secs(10));
     assert!(held[0]["token"].as_u64().unwrap() >= 1);
     assert_eq!(held[1]["held"], false);
     let table = Command::new(BIN)

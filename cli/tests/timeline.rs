@@ -517,22 +517,7 @@ async fn labels_are_shown_by_status_on_the_server_stores() {
                 .stdin(Stdio::null())
                 .spawn()
                 .unwrap();
-            let start = Instant::now();
-            let v = loop {
-                let out = Command::new(BIN)
-                    .args(["--url", &url, "status", "--json", "lab"])
-                    .output()
-                    .unwrap();
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                if v[0]["held"] == true {
-                    break v;
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(20),
-                    "{url}: never held"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            };
+            let v = status_once_held(&url, &["lab"], Duration::from_secs(20));
             assert_eq!(v[0]["label"], "deploy eu-1", "{url}: {v}");
             let table = Command::new(BIN)
                 .args(["--url", &url, "status", "lab"])

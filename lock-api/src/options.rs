@@ -40,21 +40,7 @@ impl Owner {
     /// bytes or contains control characters.
     pub fn new(owner: impl AsRef<str>) -> Result<Self> {
         let owner = owner.as_ref();
-        if owner.is_empty() {
-            return Err(Error::invalid_options("the owner is empty"));
-        }
-        if owner.len() > Self::MAX_LEN {
-            return Err(Error::invalid_options(format!(
-                "the owner is {} bytes long; the maximum is {}",
-                owner.len(),
-                Self::MAX_LEN
-            )));
-        }
-        if owner.chars().any(char::is_control) {
-            return Err(Error::invalid_options(
-                "the owner contains control characters",
-            ));
-        }
+        check_name("the owner", owner, Self::MAX_LEN)?;
         Ok(Owner(Arc::from(owner)))
     }
 
@@ -122,21 +108,7 @@ impl Label {
     /// bytes or contains control characters.
     pub fn new(label: impl AsRef<str>) -> Result<Self> {
         let label = label.as_ref();
-        if label.is_empty() {
-            return Err(Error::invalid_options("the holder label is empty"));
-        }
-        if label.len() > Self::MAX_LEN {
-            return Err(Error::invalid_options(format!(
-                "the holder label is {} bytes long; the maximum is {}",
-                label.len(),
-                Self::MAX_LEN
-            )));
-        }
-        if label.chars().any(char::is_control) {
-            return Err(Error::invalid_options(
-                "the holder label contains control characters",
-            ));
-        }
+        check_name("the holder label", label, Self::MAX_LEN)?;
         Ok(Label(Arc::from(label)))
     }
 
@@ -181,6 +153,26 @@ impl fmt::Debug for Label {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
     }
+}
+
+/// The rules owners and labels share: not empty, at most `max` bytes, no
+/// control characters (they end up in logs, tables and terminals).
+fn check_name(what: &str, name: &str, max: usize) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid_options(format!("{what} is empty")));
+    }
+    if name.len() > max {
+        return Err(Error::invalid_options(format!(
+            "{what} is {} bytes long; the maximum is {max}",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::invalid_options(format!(
+            "{what} contains control characters"
+        )));
+    }
+    Ok(())
 }
 
 /// Options for one acquisition. Always valid: build them with

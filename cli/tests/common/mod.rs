@@ -141,3 +141,31 @@ pub fn held(url: &str, key: &str) -> bool {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v[0]["held"] == true
 }
+
+/// `fenced status --json KEYS…` polled until the first key is held (at most
+/// `bound`, a hang bound); the parsed answer.
+pub fn status_once_held(url: &str, keys: &[&str], bound: Duration) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let out = Command::new(BIN)
+            .args(["--url", url, "status", "--json"])
+            .args(keys)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{url}: status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v[0]["held"] == true {
+            return v;
+        }
+        assert!(
+            start.elapsed() < bound,
+            "{url}: never saw `{}` held",
+            keys[0]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
