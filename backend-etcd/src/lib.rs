@@ -29,9 +29,12 @@
 //!   `<prefix>\0lock\0<key>\0<owner>`, entries ordered by create revision.
 //!   Its create revision is the **token**: the oldest entry only ever gets
 //!   younger, so tokens strictly increase — across releases, expiries,
-//!   force releases and server restarts (revisions are durable).
+//!   force releases and server restarts (revisions are durable). The
+//!   entry's value is its owner, then a newline and the holder's
+//!   [`Label`](fenced_api::Label) when it gave one (entries written before
+//!   labels hold the owner alone and read as unlabelled).
 //! * **acquire**, uncontended: one transaction, `If(line empty)
-//!   Then(Put(entry, owner, session lease))`. Contended: the same
+//!   Then(Put(entry, owner and label, session lease))`. Contended: the same
 //!   transaction puts the entry at the end of the line and reads who is
 //!   ahead; the waiter watches only its predecessor — and its own entry
 //!   (module `queue`).
@@ -162,6 +165,7 @@
 
 mod batch;
 mod config;
+mod entry;
 mod error;
 mod list;
 mod lock;

@@ -12,18 +12,18 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use fenced_api::{FencingToken, LockInfo, LockKey, Owner, Result};
+use fenced_api::{FencingToken, LockInfo, LockKey, Result};
 use tokio::time::Instant;
 
-use crate::lock::EtcdLock;
+use crate::{entry, lock::EtcdLock};
 
 /// Entries read per range request.
 pub(crate) const PAGE: i64 = 500;
 
-/// The holder of one line, so far: (key bytes, owner, create revision, lease).
+/// The holder of one line, so far: (key bytes, entry value, create revision, lease).
 struct Line {
     key: Vec<u8>,
-    owner: Vec<u8>,
+    value: Vec<u8>,
     revision: i64,
     lease: i64,
 }
@@ -79,7 +79,7 @@ impl EtcdLock {
                 };
                 let entry = Line {
                     key: rest[..nul].to_vec(),
-                    owner: kv.value().to_vec(),
+                    value: kv.value().to_vec(),
                     revision: kv.create_revision(),
                     lease: kv.lease(),
                 };
@@ -146,22 +146,17 @@ impl EtcdLock {
                     t
                 }
             };
-            if let Some(deadline) = self
-                .inner
-                .tracker
-                .deadline(&self.entry_path(&key, &line.owner), line.revision)
-            {
+            if let Some(deadline) = self.inner.tracker.deadline(
+                &self.entry_path(&key, entry::owner_bytes(&line.value)),
+                line.revision,
+            ) {
                 ttl = ttl.min(deadline.saturating_duration_since(Instant::now()));
             }
-            let owner = Owner::new(String::from_utf8_lossy(&line.owner))
-                .unwrap_or_else(|_| Owner::random());
-            held.push(LockInfo::new(
-                key,
-                owner,
-                FencingToken::new(line.revision as u64),
-                ttl,
-                1,
-            ));
+            let (owner, label) = entry::decode(&key, &line.value);
+            held.push(
+                LockInfo::new(key, owner, FencingToken::new(line.revision as u64), ttl, 1)
+                    .with_label(label),
+            );
         }
         Ok(held)
     }

@@ -16,7 +16,7 @@ use tokio::{task::JoinHandle, time::Instant};
 use crate::{
     batch::{Batches, Kind},
     config::EtcdConfig,
-    error,
+    entry, error,
     queue::Attempt,
     session::{RefreshError, Sessions, View},
     track::{self, Held, KeyState, Tracked, Tracker},
@@ -268,7 +268,8 @@ impl EtcdLock {
         )
     }
 
-    /// The holder of `key` — the oldest entry of its line: (owner, token, lease).
+    /// The holder of `key` — the oldest entry of its line: (value, token,
+    /// lease); the value is decoded by [`entry`](crate::entry).
     async fn holder(&self, key: &LockKey) -> Result<Option<(Vec<u8>, i64, i64)>> {
         let line = self.line_prefix(key);
         let resp = self
@@ -283,19 +284,16 @@ impl EtcdLock {
             .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())))
     }
 
-    /// The guard of extend/release: this owner's entry, from this exact
-    /// acquisition (an entry is only ever a holder once it is the oldest,
-    /// and stays the oldest until it is deleted).
-    fn is_current(&self, lease: &Lease) -> [Compare; 2] {
+    /// The guard of extend/release: this owner's entry (its path names the
+    /// owner), from this exact acquisition (an entry is only ever a holder
+    /// once it is the oldest, and stays the oldest until it is deleted).
+    fn is_current(&self, lease: &Lease) -> [Compare; 1] {
         let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
-        [
-            Compare::create_revision(entry.clone(), CompareOp::Equal, lease.token.get() as i64),
-            Compare::value(
-                entry,
-                CompareOp::Equal,
-                lease.owner.as_str().as_bytes().to_vec(),
-            ),
-        ]
+        [Compare::create_revision(
+            entry,
+            CompareOp::Equal,
+            lease.token.get() as i64,
+        )]
     }
 
     pub(crate) fn check_reentry(
@@ -304,7 +302,7 @@ impl EtcdLock {
         opts: &LockOptions,
         holder: Option<&[u8]>,
     ) -> Result<()> {
-        match (opts.owner(), holder) {
+        match (opts.owner(), holder.map(entry::owner_bytes)) {
             (Some(owner), Some(h)) if h == owner.as_str().as_bytes() => {
                 if opts.is_reentrant() {
                     Err(Error::Unsupported {
@@ -342,7 +340,7 @@ impl EtcdLock {
                 value,
                 lease: on_lease,
             }) if create_revision == lease.token.get() as i64
-                && value == lease.owner.as_str().as_bytes() =>
+                && entry::owner_bytes(&value) == lease.owner.as_str().as_bytes() =>
             {
                 if on_lease != view.id {
                     return Ok(None);
@@ -359,19 +357,19 @@ impl EtcdLock {
 
     /// Puts a current lock on this client's session lease for `ttl`: a new
     /// TTL, or a lock taken through another client. A put keeps the create
-    /// revision, so the token (and the place in line) stays.
+    /// revision, so the token (and the place in line) stays, and keeps the
+    /// value (owner and label, which the lease does not carry).
     async fn extend_by_moving(&self, lease: &Lease, ttl: Duration) -> Result<(Lease, i64)> {
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let owner = lease.owner.as_str().as_bytes().to_vec();
-        let entry = self.entry_path(&lease.key, &owner);
+        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
         for _ in 0..2 {
             let (class, view) = self.session(ttl).await?;
             let txn = Txn::new()
                 .when(self.is_current(lease))
                 .and_then([TxnOp::put(
                     entry.clone(),
-                    owner.clone(),
-                    Some(PutOptions::new().with_lease(view.id)),
+                    Vec::new(),
+                    Some(PutOptions::new().with_ignore_value().with_lease(view.id)),
                 )]);
             let (resp, fresh) =
                 tokio::join!(self.txn("extend txn", txn), self.freshen(&class, view));
@@ -411,11 +409,18 @@ impl DistributedLock for EtcdLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
         let line = self.line_prefix(key);
-        let value = owner.as_str().as_bytes().to_vec();
-        let entry = self.entry_path(key, &value);
+        let value = entry::value(&owner, opts.label());
+        let entry = self.entry_path(key, owner.as_str().as_bytes());
         for _ in 0..2 {
             let (class, view) = self.session(opts.ttl()).await?;
-            let attempt = Attempt::new(self, key, &owner, view.id, opts.owner().is_some());
+            let attempt = Attempt::new(
+                self,
+                key,
+                &owner,
+                opts.label(),
+                view.id,
+                opts.owner().is_some(),
+            );
             // An empty line: nobody holds or waits. Our entry is the lock.
             let txn = Txn::new()
                 .when([Compare::create_revision(line.clone(), CompareOp::Equal, 0).with_prefix()])
@@ -531,9 +536,10 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let Some((owner, rev, lease_id)) = self.holder(key).await? else {
+        let Some((value, rev, lease_id)) = self.holder(key).await? else {
             return Ok(None);
         };
+        let owner = entry::owner_bytes(&value);
         // The store knows the session lease's TTL: the key is gone by then
         // unless its client refreshes it. A lock held through this client
         // also has its own, possibly earlier, deadline.
@@ -549,18 +555,15 @@ impl DistributedLock for EtcdLock {
         if let Some(deadline) = self
             .inner
             .tracker
-            .deadline(&self.entry_path(key, &owner), rev)
+            .deadline(&self.entry_path(key, owner), rev)
         {
             ttl = ttl.min(deadline.saturating_duration_since(Instant::now()));
         }
-        let owner = Owner::new(String::from_utf8_lossy(&owner)).unwrap_or_else(|_| Owner::random());
-        Ok(Some(LockInfo::new(
-            key.clone(),
-            owner,
-            FencingToken::new(rev as u64),
-            ttl,
-            1,
-        )))
+        let (owner, label) = entry::decode(key, &value);
+        Ok(Some(
+            LockInfo::new(key.clone(), owner, FencingToken::new(rev as u64), ttl, 1)
+                .with_label(label),
+        ))
     }
 
     /// The holders under this client's prefix, first `limit` in key order:
@@ -576,12 +579,12 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let Some((owner, rev, _)) = self.holder(key).await? else {
+        let Some((value, rev, _)) = self.holder(key).await? else {
             return Ok(false);
         };
         // The session lease is shared: never revoke it; delete the holder's
         // entry (the next in line then holds).
-        let entry = self.entry_path(key, &owner);
+        let entry = self.entry_path(key, entry::owner_bytes(&value));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.clone(),

@@ -54,12 +54,12 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fenced_api::{
-    wait::wait_deadline, Error, Lease, LockKey, LockOptions, Owner, Result, WaitPolicy,
+    wait::wait_deadline, Error, Label, Lease, LockKey, LockOptions, Owner, Result, WaitPolicy,
 };
 use tokio::{task::JoinHandle, time::Instant};
 
 use crate::{
-    error,
+    entry, error,
     lock::{newest, newest_before, oldest, revision},
     session::{Class, RefreshError, View},
     watch::{Seen, Watch},
@@ -74,7 +74,8 @@ use crate::{
 pub(crate) struct Attempt {
     lock: EtcdLock,
     entry: Vec<u8>,
-    owner: Owner,
+    /// The value the attempt puts (owner and label).
+    value: Vec<u8>,
     lease: i64,
     /// An explicit owner may also hold the key through this client (with
     /// the same entry): never delete that hold.
@@ -87,13 +88,14 @@ impl Attempt {
         lock: &EtcdLock,
         key: &LockKey,
         owner: &Owner,
+        label: Option<&Label>,
         lease: i64,
         explicit: bool,
     ) -> Attempt {
         Attempt {
             lock: lock.clone(),
             entry: lock.entry_path(key, owner.as_str().as_bytes()),
-            owner: owner.clone(),
+            value: entry::value(owner, label),
             lease,
             explicit,
             armed: true,
@@ -104,15 +106,16 @@ impl Attempt {
         self.armed = false;
     }
 
-    /// One cleanup pass: deletes our entry if it is ours (our owner, our
-    /// lease) — unless an explicit owner holds the key through this client.
-    async fn clean(lock: &EtcdLock, entry: &[u8], owner: &Owner, lease: i64, explicit: bool) {
+    /// One cleanup pass: deletes our entry if it is ours (our value — owner
+    /// and label —, our lease) — unless an explicit owner holds the key
+    /// through this client.
+    async fn clean(lock: &EtcdLock, entry: &[u8], value: &[u8], lease: i64, explicit: bool) {
         if explicit && lock.inner.tracker.holds(entry) {
             return;
         }
         let txn = Txn::new()
             .when([
-                Compare::value(entry.to_vec(), CompareOp::Equal, owner.as_str()),
+                Compare::value(entry.to_vec(), CompareOp::Equal, value.to_vec()),
                 Compare::lease(entry.to_vec(), CompareOp::Equal, lease),
             ])
             .and_then([TxnOp::delete(entry.to_vec(), None)]);
@@ -126,7 +129,7 @@ impl Attempt {
         Attempt::clean(
             &self.lock,
             &self.entry,
-            &self.owner,
+            &self.value,
             self.lease,
             self.explicit,
         )
@@ -146,15 +149,15 @@ impl Drop for Attempt {
         // leases, and anything left on them, expire one TTL after its last use.
         let lock = self.lock.clone();
         let weak = Arc::downgrade(&self.lock.inner);
-        let (entry, owner) = (self.entry.clone(), self.owner.clone());
+        let (entry, value) = (self.entry.clone(), self.value.clone());
         let (lease, explicit) = (self.lease, self.explicit);
         let later = self.lock.inner.config.op_timeout * 2;
         let cleanup = async move {
-            Attempt::clean(&lock, &entry, &owner, lease, explicit).await;
+            Attempt::clean(&lock, &entry, &value, lease, explicit).await;
             drop(lock);
             tokio::time::sleep(later).await;
             if let Some(inner) = weak.upgrade() {
-                Attempt::clean(&EtcdLock { inner }, &entry, &owner, lease, explicit).await;
+                Attempt::clean(&EtcdLock { inner }, &entry, &value, lease, explicit).await;
             }
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -165,7 +168,7 @@ impl Drop for Attempt {
 
 /// What the enqueue / line-read transactions saw.
 struct Line {
-    /// The holder's entry: (key, owner).
+    /// The holder's entry: (key, value).
     holder: Option<(Vec<u8>, Vec<u8>)>,
     /// The entry just ahead of ours: (key, the session lease it is on).
     predecessor: Option<(Vec<u8>, i64)>,
@@ -250,10 +253,10 @@ pub(crate) async fn acquire_fifo(
                 owner = Owner::random();
             }
         }
-        let value = owner.as_str().as_bytes().to_vec();
-        let entry = lock.entry_path(key, &value);
+        let value = entry::value(&owner, opts.label());
+        let entry = lock.entry_path(key, owner.as_str().as_bytes());
         let (class, view) = lock.session(opts.ttl()).await?;
-        let attempt = Attempt::new(lock, key, &owner, view.id, explicit);
+        let attempt = Attempt::new(lock, key, &owner, opts.label(), view.id, explicit);
         let put = || {
             TxnOp::put(
                 entry.clone(),

@@ -325,3 +325,69 @@ async fn dead_holder_lock_after_restart_lives_about_one_ttl() {
     assert!(lived <= ttl * 3, "lived far too long: {lived:?}");
     lock.release(&next).await.unwrap();
 }
+
+/// The label is the part of the entry's value after the owner: kept when an
+/// extend moves the lock to another session lease (a new TTL), when a
+/// waiter becomes the holder (and announces it), and read as none from an
+/// entry written before labels existed (value = owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_survive_moves_and_hand_over_and_old_entries_read_unlabelled() {
+    let h = EtcdHarness::new().await;
+    let (a, b) = (h.lock().await, h.lock().await);
+    let k = key("label");
+    let labelled = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .label("holder 1 ü")
+        .build()
+        .unwrap();
+    let held = a.try_acquire(&k, &labelled).await.unwrap().unwrap();
+    // Another TTL class: the entry is put on another session lease.
+    let moved = a.extend(&held, Duration::from_secs(20)).await.unwrap();
+    let info = b.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (info.owner.clone(), info.token),
+        (held.owner.clone(), held.token)
+    );
+    assert_eq!(info.label.unwrap().as_str(), "holder 1 ü");
+
+    let waiting = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(Duration::from_secs(30))
+        .label("waiter 2")
+        .build()
+        .unwrap();
+    let task = {
+        let k = k.clone();
+        tokio::spawn(async move { (b.acquire(&k, &waiting).await.unwrap(), b) })
+    };
+    let mut c = raw().await;
+    line_of(&mut c, &k, 2).await;
+    a.release(&moved).await.unwrap();
+    let (next, b) = task.await.unwrap();
+    // The announcement rewrites the entry in the background, keeping its value.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let info = a.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.owner, next.owner);
+    assert_eq!(info.label.unwrap().as_str(), "waiter 2");
+    let listed = a.list(1000).await.unwrap();
+    let listed = listed.iter().find(|i| i.key == k).unwrap();
+    assert_eq!(listed.label.as_ref().unwrap().as_str(), "waiter 2");
+    b.release(&next).await.unwrap();
+
+    // An entry as a build from before labels wrote it.
+    let old = key("label-old");
+    let mut entry = common::line_prefix(&old);
+    entry.extend_from_slice(b"old-owner");
+    let lease = c.lease_grant(30, None).await.unwrap().id();
+    c.put(
+        entry,
+        "old-owner",
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    let info = a.inspect(&old).await.unwrap().unwrap();
+    assert_eq!((info.owner.as_str(), info.label), ("old-owner", None));
+    assert!(a.force_release(&old).await.unwrap());
+    c.lease_revoke(lease).await.unwrap();
+}

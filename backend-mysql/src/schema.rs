@@ -18,10 +18,15 @@ const MIGRATIONS: &[(u32, &str, &str)] = &[
         "unique_key_by_lock_key",
         include_str!("../migrations/0003_unique_key_by_lock_key.sql"),
     ),
+    (
+        4,
+        "holder_label",
+        include_str!("../migrations/0004_holder_label.sql"),
+    ),
 ];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// How long `migrate` waits for another node's migration of the same tables.
 const MIGRATE_LOCK_WAIT_S: u32 = 120;
@@ -112,6 +117,9 @@ async fn apply_missing(conn: &mut sqlx::MySqlConnection, base: &TableName) -> Re
             );
         } else {
             for stmt in statements(template, base) {
+                if column_in_place(conn, &stmt).await? {
+                    continue;
+                }
                 sqlx::query(AssertSqlSafe(stmt))
                     .execute(&mut *conn)
                     .await
@@ -158,6 +166,33 @@ async fn already_in_place(
     .try_get(0)
     .db()?;
     Ok(primary.is_some_and(|cols| cols.eq_ignore_ascii_case("lock_key")))
+}
+
+/// `ALTER TABLE `t` ADD COLUMN c …` as `(t, c)`.
+fn added_column(stmt: &str) -> Option<(&str, &str)> {
+    let rest = stmt.strip_prefix("ALTER TABLE `")?;
+    let (table, rest) = rest.split_once('`')?;
+    let column = rest.trim_start().strip_prefix("ADD COLUMN ")?;
+    Some((table, column.split_whitespace().next()?))
+}
+
+/// Whether `stmt` adds a column that the table already has: an `ADD
+/// COLUMN` cannot run twice (MySQL has no `IF NOT EXISTS` for it), and a
+/// migration of several of them may have stopped after some.
+async fn column_in_place(conn: &mut sqlx::MySqlConnection, stmt: &str) -> Result<bool> {
+    let Some((table, column)) = added_column(stmt) else {
+        return Ok(false);
+    };
+    let found = sqlx::query(
+        "SELECT 1 FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+    )
+    .bind(table)
+    .bind(column)
+    .fetch_optional(&mut *conn)
+    .await
+    .db()?;
+    Ok(found.is_some())
 }
 
 /// Refuses read-only servers and schemas older than this build needs.
@@ -213,5 +248,16 @@ mod tests {
         assert_eq!(v3.len(), 1);
         assert!(v3[0].starts_with("ALTER TABLE `jobs`"));
         assert!(v3[0].contains("ADD PRIMARY KEY (lock_key)"));
+        assert_eq!(added_column(&v3[0]), None);
+        let v4 = statements(MIGRATIONS[3].2, &base);
+        let added: Vec<_> = v4.iter().filter_map(|s| added_column(s)).collect();
+        assert_eq!(
+            added,
+            [
+                ("jobs", "label"),
+                ("jobs_optimistic", "label"),
+                ("jobs_live", "label")
+            ]
+        );
     }
 }

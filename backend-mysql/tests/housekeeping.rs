@@ -330,7 +330,7 @@ async fn migration_v3_recovers_from_a_migrate_that_died_halfway() {
         other => panic!("an unrecorded v3 must still be refused, got {other:?}"),
     }
 
-    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3]);
+    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3, 4]);
     assert!(MySqlLock::migrate(&url).await.unwrap().is_empty());
     let lock = MySqlLock::connect(&url).await.unwrap();
     let info = lock
@@ -349,5 +349,101 @@ async fn migration_v3_recovers_from_a_migrate_that_died_halfway() {
         .unwrap();
     assert!(next.token.get() > token);
     lock.release(&next).await.unwrap();
+    drop_tables(&pool, &base).await;
+}
+
+/// Tables of schema 3 (before labels) with a held lock in `unique_key` and
+/// `optimistic` and a past `row_lock` grant (an open `row_lock` hold would
+/// make the `ALTER`s wait: it keeps metadata locks on its tables), and a
+/// migrate to 4 that died after its first `ADD COLUMN`: connect refuses
+/// them until `migrate`, which adds the missing columns only and keeps every
+/// row. The old holds read as unlabelled; new grants store their labels,
+/// with tokens above the old ones (where tokens are not per key).
+#[tokio::test]
+async fn migration_v4_adds_labels_to_tables_in_use() {
+    let server = server_url().await;
+    let base = fresh_base("v4");
+    let pool = sqlx::MySqlPool::connect(&server).await.unwrap();
+    let url = |s: Strategy| url_for(&server, s, &base);
+    // Schema 3, made by the previous build, with a lock held in each.
+    MySqlLock::migrate(&url(Strategy::UniqueKey)).await.unwrap();
+    let held = LockKey::new("held-across-the-upgrade").unwrap();
+    let mut old = Vec::new();
+    for s in [Strategy::UniqueKey, Strategy::Optimistic] {
+        let lock = MySqlLock::connect(&url(s)).await.unwrap();
+        old.push(
+            lock.try_acquire(&held, &ttl(Duration::from_secs(60)))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let row_lock = MySqlLock::connect(&url(Strategy::RowLock)).await.unwrap();
+    let row_past = row_lock
+        .try_acquire(&held, &ttl(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .unwrap();
+    row_lock.release(&row_past).await.unwrap();
+    drop(row_lock);
+    for t in ["", "_optimistic", "_live"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE `{base}{t}` DROP COLUMN label"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM `{base}_migrations` WHERE version = 4"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The migrate that died: its first ALTER committed, nothing else.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE `{base}` ADD COLUMN label VARBINARY(128) NULL"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    match MySqlLock::connect(&url(Strategy::Optimistic)).await {
+        Err(Error::Config { reason }) => assert!(reason.contains("version 3"), "{reason}"),
+        other => panic!("schema 3 must be refused, got {other:?}"),
+    }
+
+    assert_eq!(
+        MySqlLock::migrate(&url(Strategy::UniqueKey)).await.unwrap(),
+        vec![4]
+    );
+    let labelled = LockOptions::builder()
+        .ttl(Duration::from_secs(5))
+        .label("after the upgrade ü")
+        .build()
+        .unwrap();
+    let fresh = LockKey::new("after-the-upgrade").unwrap();
+    for (s, before) in [
+        (Strategy::UniqueKey, &old[0]),
+        (Strategy::Optimistic, &old[1]),
+        (Strategy::RowLock, &row_past),
+    ] {
+        let lock = MySqlLock::connect(&url(s)).await.unwrap();
+        if s != Strategy::RowLock {
+            let info = lock.inspect(&held).await.unwrap().expect("the old hold");
+            assert_eq!((info.token, info.label), (before.token, None), "{s}");
+        }
+        let lease = lock.try_acquire(&fresh, &labelled).await.unwrap().unwrap();
+        // Tokens of optimistic are versions of one key's row: per key.
+        if s != Strategy::Optimistic {
+            assert!(lease.token > before.token, "{s}");
+        }
+        let info = lock.inspect(&fresh).await.unwrap().unwrap();
+        assert_eq!(
+            info.label.as_ref().map(|l| l.as_str()),
+            Some("after the upgrade ü"),
+            "{s}"
+        );
+        lock.release(&lease).await.unwrap();
+    }
     drop_tables(&pool, &base).await;
 }

@@ -478,10 +478,11 @@ async fn upgrade_to_v3_keeps_held_locks_and_tokens() {
         Err(Error::Config { reason }) => assert!(reason.contains("version 2"), "{reason}"),
         other => panic!("a v2 schema must be refused until migrated, got {other:?}"),
     }
-    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3]);
+    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3, 4]);
     let lock = MySqlLock::connect(&url).await.unwrap();
     let info = lock.inspect(&held).await.unwrap().expect("the v2 holder");
     assert_eq!(info.owner.as_str(), "v2-holder");
+    assert_eq!(info.label, None);
     assert_eq!(info.token.get(), v2_token);
     assert!(lock
         .try_acquire(&held, &ttl(Duration::from_secs(5)))

@@ -5,7 +5,7 @@
 -- ARGV[3]  ttl in ms
 --
 -- Returns 1 extended, 0 the lease is not current (expired, released, or another holder).
-local tok, cnt, exp, q, hwid, hown = load()
+local tok, cnt, exp, q, hwid, hown, hlab = load()
 local now_ms = clock()
 if cnt == 0 or exp <= now_ms or hown ~= ARGV[1] or tok ~= ARGV[2] then
   return 0
@@ -15,5 +15,5 @@ local e = now_ms + tonumber(ARGV[3])
 if cnt > 1 and exp > e then
   e = exp
 end
-save(tok, cnt, e, q, hwid, hown)
+save(tok, cnt, e, q, hwid, hown, hlab)
 return 1

@@ -1,7 +1,7 @@
 -- fenced-redis: shared by every script (the crate puts it in front of each).
 --
 -- KEYS[1]  state  {prefix/key}:l  a string, kept RETAIN ms after its last write:
---            token|count|expiry|queued|waiter|owner
+--            token|count|expiry|queued|waiter|holder
 --          token   the last fencing token granted for the key; kept while the
 --                  key is free, so it is also the fence
 --          count   hold count (re-entries); 0 = free
@@ -9,10 +9,13 @@
 --                  count > 0 and expiry > now
 --          queued  1 if the queue may hold entries, 0 if it is known empty
 --          waiter  id of the queued waiter the lease was handed to, or empty
---          owner   the holder (last: it may contain '|')
+--          holder  the holder's owner, then a newline and its label when it
+--                  gave one (last: both may contain '|'; neither contains a
+--                  control character, so the newline is unambiguous, and a
+--                  state written before labels existed reads as unlabelled)
 -- KEYS[2]  queue  {prefix/key}:q  zset of waiters in arrival order, kept
 --          RETAIN ms after it was started or a waiter last refreshed:
---            member deadline|ttl|waiter id|wake-up channel|owner
+--            member deadline|ttl|waiter id|wake-up channel|holder
 --            score  arrival time in server µs (kept when a waiter refreshes)
 --          deadline is the entry's liveness deadline in server ms; dead
 --          entries are dropped when the key passes on.
@@ -35,23 +38,41 @@ local function clock()
   return s * 1000 + math.floor(us / 1000), s * 1000000 + us, t[1] .. string.sub('00000' .. t[2], -6)
 end
 
+-- A holder field (see above) as owner and label ('' for none).
+local function split_holder(h)
+  local own, lab = string.match(h, '^([^\n]*)\n(.*)$')
+  if own then
+    return own, lab
+  end
+  return h, ''
+end
+
+local function holder(own, lab)
+  if lab and lab ~= '' then
+    return own .. '\n' .. lab
+  end
+  return own
+end
+
 -- The state; the token stays a decimal string (it is only ever compared and
 -- copied), the other numbers are below 10^14, where Lua prints them exactly.
 local function load()
   local v = redis.call('GET', S)
   if not v then
-    return '0', 0, 0, 0, '', ''
+    return '0', 0, 0, 0, '', '', ''
   end
-  local tok, cnt, exp, q, wid, own = string.match(v, '^(%d+)|(%d+)|(%d+)|([01])|(%x*)|(.*)$')
+  local tok, cnt, exp, q, wid, h = string.match(v, '^(%d+)|(%d+)|(%d+)|([01])|(%x*)|(.*)$')
   if not tok then
     error({err = 'fenced: unexpected value under ' .. S})
   end
-  return tok, tonumber(cnt), tonumber(exp), tonumber(q), wid, own
+  local own, lab = split_holder(h)
+  return tok, tonumber(cnt), tonumber(exp), tonumber(q), wid, own, lab
 end
 
-local function save(tok, cnt, exp, q, wid, own)
-  redis.call('SET', S, tok .. '|' .. cnt .. '|' .. exp .. '|' .. q .. '|' .. wid .. '|' .. own,
-    'PX', RETAIN)
+-- `lab` may be left out (free states, which have no holder).
+local function save(tok, cnt, exp, q, wid, own, lab)
+  redis.call('SET', S, tok .. '|' .. cnt .. '|' .. exp .. '|' .. q .. '|' .. wid .. '|' ..
+    holder(own, lab), 'PX', RETAIN)
 end
 
 -- The next token as a decimal string.
@@ -82,12 +103,13 @@ local function hand_over(tok, now_ms, now_us, now_us_s, self)
     if m == self then
       return 'self'
     end
-    local dl, ttl, id, ch, own = string.match(m, '^(%d+)|(%d+)|(%x+)|([^|]+)|(.+)$')
+    local dl, ttl, id, ch, h = string.match(m, '^(%d+)|(%d+)|(%x+)|([^|]+)|(.+)$')
     if dl and tonumber(dl) > now_ms then
       local t = next_token(tok, now_us, now_us_s)
       if redis.call('PUBLISH', ch, 'g|' .. t .. '|' .. id .. '|' .. S) > 0 then
         ttl = tonumber(ttl)
-        save(t, 1, now_ms + ttl, 1, id, own)
+        local own, lab = split_holder(h)
+        save(t, 1, now_ms + ttl, 1, id, own, lab)
         return 'other', ttl
       end
     end

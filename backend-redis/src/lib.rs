@@ -72,9 +72,12 @@
 //! Each lock key has two Redis keys sharing one hash tag, `{prefix/key}`:
 //! the state (`:l`, one string: last token, hold count, lease expiry on the
 //! **server's** clock, whether waiters may be queued, the waiter the lease
-//! was handed to, the holder) and the waiter queue (`:q`, a zset in arrival
-//! order). The tag puts both in one cluster slot, so every script touches
-//! one key slot — but this crate connects to a single node and does not
+//! was handed to, the holder — its owner and, after a newline, its
+//! [`Label`](fenced_api::Label) if it gave one: neither can contain a
+//! newline; a re-entry keeps the first entry's label) and the waiter queue
+//! (`:q`, a zset in arrival order, each entry carrying the waiter's owner
+//! and label the same way). The tag puts both in one cluster slot, so every
+//! script touches one key slot — but this crate connects to a single node and does not
 //! follow redirections: a **multi-shard Redis Cluster is not supported**
 //! (see above; a key on another shard is a configuration error). Use a
 //! standalone server, or a single-shard cluster through its primary. Keys
@@ -182,10 +185,10 @@
 
 mod config;
 mod error;
+pub mod fence;
 mod keys;
 mod list;
 mod lock;
-pub mod fence;
 mod persistence;
 mod scripts;
 mod wait;

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use fenced_api::{LockInfo, LockKey, Owner, Result};
+use fenced_api::{LockInfo, LockKey, Result};
 use redis::Value;
 
 use crate::{config::Prefix, error, lock::RedisLock, scripts};
@@ -107,13 +107,7 @@ impl RedisLock {
                     let Some(h) = scripts::parse_inspect(reply)? else {
                         continue;
                     };
-                    let owner = Owner::new(&h.owner).map_err(|e| {
-                        error::protocol(format!(
-                            "`{}` holds an invalid owner: {e}",
-                            String::from_utf8_lossy(&name)
-                        ))
-                    })?;
-                    let info = LockInfo::new(key.clone(), owner, h.token, h.pttl, h.count);
+                    let info = h.info(&key, &String::from_utf8_lossy(&name))?;
                     held.insert(key, info);
                 }
             }

@@ -4,8 +4,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
-    Owner, ReleaseOutcome, Result,
+    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
+    LockOptions, Owner, ReleaseOutcome, Result,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
@@ -250,6 +250,7 @@ impl RedisLock {
     ) -> Result<Attempt> {
         let args = AcquireArgs {
             owner: owner.as_str(),
+            label: opts.label().map_or("", Label::as_str),
             ttl_ms: millis_ceil(opts.ttl()),
             reentrant: opts.is_reentrant(),
             queued,
@@ -376,15 +377,7 @@ impl DistributedLock for RedisLock {
         let Some(held) = scripts::parse_inspect(reply)? else {
             return Ok(None);
         };
-        let owner = Owner::new(&held.owner)
-            .map_err(|e| error::protocol(format!("`{}` holds an invalid owner: {e}", keys.lock)))?;
-        Ok(Some(LockInfo::new(
-            key.clone(),
-            owner,
-            held.token,
-            held.pttl,
-            held.count,
-        )))
+        held.info(key, &keys.lock).map(Some)
     }
 
     /// The held locks under this prefix, sorted by key: `SCAN … MATCH

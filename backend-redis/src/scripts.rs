@@ -9,7 +9,7 @@
 
 use std::{sync::LazyLock, time::Duration};
 
-use fenced_api::{FencingToken, Result};
+use fenced_api::{FencingToken, Label, LockInfo, LockKey, Owner, Result};
 use redis::{aio::ConnectionManager, Script, Value};
 
 use crate::{error, keys::Keys};
@@ -87,6 +87,8 @@ pub(crate) struct Queued<'a> {
 
 pub(crate) struct AcquireArgs<'a> {
     pub(crate) owner: &'a str,
+    /// The holder's label, "" for none.
+    pub(crate) label: &'a str,
     pub(crate) ttl_ms: u64,
     pub(crate) reentrant: bool,
     pub(crate) queued: Option<Queued<'a>>,
@@ -101,7 +103,8 @@ pub(crate) async fn acquire(
     inv.key(&keys.queue)
         .arg(a.owner)
         .arg(a.ttl_ms)
-        .arg(if a.reentrant { "1" } else { "0" });
+        .arg(if a.reentrant { "1" } else { "0" })
+        .arg(a.label);
     if let Some(q) = &a.queued {
         inv.arg(q.id).arg(q.channel).arg(q.lease_ms);
         match q.entry {
@@ -169,6 +172,26 @@ pub(crate) struct Held {
     pub(crate) token: FencingToken,
     pub(crate) count: u32,
     pub(crate) pttl: Duration,
+    /// `None` when the holder gave no label.
+    pub(crate) label: Option<String>,
+}
+
+impl Held {
+    /// The description of `key`, whose state is stored under `name`.
+    pub(crate) fn info(self, key: &LockKey, name: &str) -> Result<LockInfo> {
+        let owner = Owner::new(&self.owner)
+            .map_err(|e| error::protocol(format!("`{name}` holds an invalid owner: {e}")))?;
+        // A label is for people, not for the lock: one the state should
+        // never hold is shown as none rather than failing the call.
+        let label = self.label.and_then(|l| {
+            Label::new(l)
+                .inspect_err(
+                    |e| tracing::warn!(key = %key, error = %e, "ignoring an invalid stored label"),
+                )
+                .ok()
+        });
+        Ok(LockInfo::new(key.clone(), owner, self.token, self.pttl, self.count).with_label(label))
+    }
 }
 
 pub(crate) fn parse_inspect(v: Value) -> Result<Option<Held>> {
@@ -189,6 +212,7 @@ pub(crate) fn parse_inspect(v: Value) -> Result<Option<Held>> {
                 .and_then(|ms| u64::try_from(ms).ok())
                 .map(Duration::from_millis)
                 .unwrap_or_default(),
+            label: items.get(5).and_then(text).filter(|l| !l.is_empty()),
         })),
         _ => Err(error::protocol(format!(
             "unexpected reply to the inspect script: {items:?}"
@@ -331,6 +355,18 @@ mod tests {
         assert_eq!(held.token, FencingToken::new(42));
         assert_eq!(held.count, 3);
         assert_eq!(held.pttl, Duration::from_millis(900));
+        assert_eq!(held.label, None);
+        let labelled = parse_inspect(Value::Array(vec![
+            Value::Int(1),
+            bulk("me"),
+            bulk("42"),
+            Value::Int(1),
+            Value::Int(900),
+            bulk("web 1|x"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(labelled.label.as_deref(), Some("web 1|x"));
     }
 
     #[test]

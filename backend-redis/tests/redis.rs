@@ -596,3 +596,94 @@ async fn list_walks_every_scan_batch_and_stops_at_the_limit() {
     other.release(&elsewhere).await.unwrap();
     assert!(lock.list(10).await.unwrap().is_empty());
 }
+
+/// The label travels with a queued waiter: a release that hands the key
+/// over stores the waiter's label (and owner) from its queue entry; a
+/// re-entry keeps the first entry's label. Labels may hold `|`.
+#[tokio::test]
+async fn labels_survive_hand_over_and_re_entry() {
+    let url = url_for(&server_url().await, common::run_prefix());
+    let (holder, waiter) = (
+        RedisLock::connect(&url).await.unwrap(),
+        RedisLock::connect(&url).await.unwrap(),
+    );
+    let k = key("label-handover");
+    let first = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .owner("o|1")
+        .label("holder|1 ü")
+        .reentrant(true)
+        .build()
+        .unwrap();
+    let held = holder.try_acquire(&k, &first).await.unwrap().unwrap();
+    let again = first.to_builder().label("second entry").build().unwrap();
+    let entered = holder.try_acquire(&k, &again).await.unwrap().unwrap();
+    let info = waiter.inspect(&k).await.unwrap().unwrap();
+    assert_eq!((info.hold_count, info.owner.as_str()), (2, "o|1"));
+    assert_eq!(info.label.unwrap().as_str(), "holder|1 ü");
+
+    let next = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(Duration::from_secs(10))
+        .label("waiter|2")
+        .build()
+        .unwrap();
+    let task = {
+        let k = k.clone();
+        tokio::spawn(async move { (waiter.acquire(&k, &next).await.unwrap(), waiter) })
+    };
+    let mut admin = admin(&server_url().await).await;
+    let queue = format!("{{{}/{}}}:q", common::run_prefix(), k.as_str());
+    until_queued(&mut admin, &queue, 1).await;
+    holder.release(&entered).await.unwrap();
+    holder.release(&held).await.unwrap();
+    let (lease, waiter) = task.await.unwrap();
+    let info = holder.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.owner, lease.owner, "handed over");
+    assert_eq!(info.label.unwrap().as_str(), "waiter|2");
+    waiter.release(&lease).await.unwrap();
+}
+
+/// A state written before labels existed (`token|count|expiry|queued|waiter|owner`,
+/// kept for days) still reads: held, no label, and its holder can release.
+#[tokio::test]
+async fn a_state_without_a_label_still_reads() {
+    let url = url_for(&server_url().await, common::run_prefix());
+    let lock = RedisLock::connect(&url).await.unwrap();
+    let k = key("label-old-state");
+    let mut admin = admin(&server_url().await).await;
+    let time: Vec<String> = redis::cmd("TIME").query_async(&mut admin).await.unwrap();
+    let now_ms = time[0].parse::<u64>().unwrap() * 1000;
+    let state = format!("{{{}/{}}}:l", common::run_prefix(), k.as_str());
+    let () = redis::cmd("SET")
+        .arg(&state)
+        .arg(format!("1000|1|{}|0||old|owner", now_ms + 60_000))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let info = lock.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.owner.as_str(), "old|owner");
+    assert_eq!(info.label, None);
+    assert_eq!(
+        lock.list(1000)
+            .await
+            .unwrap()
+            .iter()
+            .find(|i| i.key == k)
+            .unwrap()
+            .label,
+        None
+    );
+    let lease = fenced_api::Lease::new(
+        k.clone(),
+        Owner::new("old|owner").unwrap(),
+        FencingToken::new(1000),
+        Duration::from_secs(60),
+        tokio::time::Instant::now(),
+    );
+    assert_eq!(
+        lock.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(lock.inspect(&k).await.unwrap().is_none());
+}

@@ -42,6 +42,7 @@
 //! | `id INTEGER PRIMARY KEY AUTOINCREMENT` | the fencing token |
 //! | `lock_key BLOB NOT NULL UNIQUE` | the key, compared byte for byte |
 //! | `owner BLOB`, `reentrant_count INTEGER` | holder and hold count |
+//! | `label TEXT` | the holder's [`Label`](fenced_api::Label), NULL without one |
 //! | `expire_at INTEGER` | µs since the Unix epoch, on SQLite's clock |
 //!
 //! * **Acquire** is one `INSERT … ON CONFLICT DO NOTHING RETURNING id`. No
@@ -100,7 +101,10 @@
 //! per-user file has neither problem, and being zero-config is its purpose (a
 //! fresh machine runs `fenced run` with no set-up). Creation is idempotent and
 //! serialised by `BEGIN IMMEDIATE`, so processes starting together are safe.
-//! Upgrading an existing, *older* schema is still an explicit
+//! A step that processes built against the older schema tolerate — such as
+//! version 2's nullable `label` column, which their statements never name —
+//! is applied on connect too, so files made by an older build keep opening.
+//! Any other upgrade of an existing, *older* schema is an explicit
 //! [`SqliteLock::migrate`], because processes built against it may still be
 //! using the file.
 #![forbid(unsafe_code)]
@@ -108,11 +112,11 @@
 
 mod config;
 mod error;
+pub mod fence;
 mod schema;
 mod unique_key;
 
 use std::{
-pub mod fence;
     fmt,
     path::{Path, PathBuf},
     sync::Arc,

@@ -5,17 +5,42 @@ use sqlx::{AssertSqlSafe, Row, SqlitePool};
 
 use crate::{config::TableName, error::SqlResultExt};
 
-/// The migrations, in order. Each is a list of `;`-separated statements.
-const MIGRATIONS: &[(u32, &str, &str)] =
-    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+/// One schema step: a list of `;`-separated statements.
+struct Migration {
+    version: u32,
+    name: &'static str,
+    sql: &'static str,
+    /// Whether processes built against the previous version keep working
+    /// once it is applied (a nullable column they never name, for
+    /// instance). `connect` applies such steps itself, so files made by an
+    /// older build open without a `migrate`; any other step needs one.
+    compatible: bool,
+}
+
+/// The migrations, in order.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: include_str!("../migrations/0001_initial.sql"),
+        compatible: false,
+    },
+    Migration {
+        version: 2,
+        name: "holder_label",
+        sql: include_str!("../migrations/0002_holder_label.sql"),
+        compatible: true,
+    },
+];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// What to do when the tables of a name are older than this build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Upgrade {
-    /// Create missing tables; refuse to touch an existing older schema
+    /// Create missing tables and apply steps that older processes
+    /// tolerate; refuse any other change to an existing older schema
     /// (processes built against it may still be running).
     CreateOnly,
     /// Apply every missing migration.
@@ -68,7 +93,10 @@ pub(crate) async fn ensure(pool: &SqlitePool, base: &TableName, mode: Upgrade) -
     if current >= SCHEMA_VERSION {
         return Ok(Vec::new());
     }
-    if current > 0 && mode == Upgrade::CreateOnly {
+    let needs_migrate = MIGRATIONS
+        .iter()
+        .any(|m| m.version > current && !m.compatible);
+    if current > 0 && mode == Upgrade::CreateOnly && needs_migrate {
         return Err(Error::config(format!(
             "the fenced tables for `{base}` are at schema version {current}, this build needs \
              {SCHEMA_VERSION}; stop older processes, then run `SqliteLock::migrate()` \
@@ -93,11 +121,14 @@ pub(crate) async fn ensure(pool: &SqlitePool, base: &TableName, mode: Upgrade) -
         .collect::<Result<_, _>>()
         .db()?;
     let mut applied = Vec::new();
-    for (version, name, template) in MIGRATIONS {
+    for Migration {
+        version, name, sql, ..
+    } in MIGRATIONS
+    {
         if done.contains(&i64::from(*version)) {
             continue;
         }
-        for stmt in statements(template, base) {
+        for stmt in statements(sql, base) {
             sqlx::query(AssertSqlSafe(stmt))
                 .execute(&mut *tx)
                 .await
@@ -127,7 +158,7 @@ mod tests {
     #[test]
     fn statements_are_split_and_named() {
         let base = TableName::new("jobs").unwrap();
-        let stmts = statements(MIGRATIONS[0].2, &base);
+        let stmts = statements(MIGRATIONS[0].sql, &base);
         assert_eq!(stmts.len(), 2);
         assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS \"jobs\" ("));
         assert!(stmts[0].contains("AUTOINCREMENT"));
@@ -135,5 +166,15 @@ mod tests {
             .iter()
             .all(|s| !s.contains("{base}") && !s.contains("--")));
         assert!(stmts[1].contains("\"jobs_expire_at\""));
+        let label = statements(MIGRATIONS[1].sql, &base);
+        assert_eq!(label, ["ALTER TABLE \"jobs\" ADD COLUMN label TEXT"]);
+    }
+
+    #[test]
+    fn versions_are_consecutive_up_to_the_schema_version() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1, "{}", m.name);
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
     }
 }

@@ -8,6 +8,8 @@
 //!   an id out twice, even after rows are deleted or the file is reopened.
 //! * release / extend match `id` **and** `owner` (and, for extend, that the
 //!   row has not expired on SQLite's clock).
+//! * the holder's label is written by the INSERT that grants the key (NULL
+//!   without one); a re-entry keeps the first entry's label.
 //!
 //! Every statement is a single autocommit statement: SQLite runs it atomically
 //! under its one write lock, waiting up to `busy_timeout` for that lock.
@@ -20,8 +22,8 @@ use async_trait::async_trait;
 use fenced_api::{
     batch::{ChunkVerdict, ExtendChunk},
     wait::{acquire_polling, notify_released, Backoff},
-    Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
-    Owner, ReleaseOutcome, Result,
+    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
+    LockOptions, Owner, ReleaseOutcome, Result,
 };
 use sqlx::{sqlite::SqliteRow, Row, SqlStr, SqlitePool};
 use tokio::time::Instant;
@@ -81,8 +83,8 @@ impl UniqueKey {
             pool,
             scope,
             insert: sql!(
-                "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_at, created_at) \
-                 VALUES (?1, ?2, 1, {NOW} + ?3, {NOW}) \
+                "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_at, created_at, label) \
+                 VALUES (?1, ?2, 1, {NOW} + ?3, {NOW}, ?4) \
                  ON CONFLICT (lock_key) DO NOTHING RETURNING id"
             ),
             delete_expired: sql!("DELETE FROM {t} WHERE lock_key = ?1 AND expire_at <= {NOW}"),
@@ -116,23 +118,30 @@ impl UniqueKey {
             ),
             delete_own: sql!("DELETE FROM {t} WHERE id = ?1 AND owner = ?2"),
             inspect: sql!(
-                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}) \
+                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), label \
                  FROM {t} WHERE lock_key = ?1 AND expire_at > {NOW}"
             ),
             // The unique index on lock_key gives the order (byte order).
             list: sql!(
-                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), lock_key \
+                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), label, \
+                 lock_key \
                  FROM {t} WHERE expire_at > {NOW} ORDER BY lock_key LIMIT ?1"
             ),
             force: sql!("DELETE FROM {t} WHERE lock_key = ?1 RETURNING expire_at > {NOW}"),
         }
     }
 
-    async fn insert(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<Option<i64>> {
+    async fn insert(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        opts: &LockOptions,
+    ) -> Result<Option<i64>> {
         let res = sqlx::query(self.insert.clone())
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
-            .bind(expiry_us(ttl))
+            .bind(expiry_us(opts.ttl()))
+            .bind(opts.label().map(Label::as_str))
             .fetch_optional(&self.pool)
             .await;
         match res {
@@ -198,6 +207,7 @@ fn info_from_row(key: &LockKey, row: &SqliteRow) -> Result<LockInfo> {
     let id: i64 = row.try_get(1).db()?;
     let count: i64 = row.try_get(2).db()?;
     let remaining_us: i64 = row.try_get(3).db()?;
+    let label: Option<String> = row.try_get(4).db()?;
     let owner = std::str::from_utf8(&owner)
         .ok()
         .and_then(|o| Owner::new(o).ok())
@@ -214,7 +224,16 @@ fn info_from_row(key: &LockKey, row: &SqliteRow) -> Result<LockInfo> {
         token(id),
         Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0)),
         u32::try_from(count).unwrap_or(u32::MAX),
-    ))
+    )
+    .with_label(label.and_then(|l| stored_label(key, &l))))
+}
+
+/// A stored label; one that is no longer valid (edited by hand) is shown
+/// as none rather than failing `inspect` — it is for people, not for the lock.
+fn stored_label(key: &LockKey, label: &str) -> Option<Label> {
+    Label::new(label)
+        .inspect_err(|e| tracing::warn!(key = %key, error = %e, "ignoring an invalid stored label"))
+        .ok()
 }
 
 #[async_trait]
@@ -224,7 +243,7 @@ impl DistributedLock for UniqueKey {
         let ttl = opts.ttl();
         for attempt in 0..2 {
             let sent = Instant::now();
-            if let Some(id) = self.insert(key, &owner, ttl).await? {
+            if let Some(id) = self.insert(key, &owner, opts).await? {
                 tracing::debug!(key = %key, token = id, "lock acquired");
                 return Ok(Some(Lease::new(key.clone(), owner, token(id), ttl, sent)));
             }
@@ -332,7 +351,7 @@ impl DistributedLock for UniqueKey {
             .db()?;
         let mut held = Vec::with_capacity(rows.len());
         for row in &rows {
-            let raw: Vec<u8> = row.try_get(4).db()?;
+            let raw: Vec<u8> = row.try_get(5).db()?;
             let key = std::str::from_utf8(&raw)
                 .ok()
                 .and_then(|k| LockKey::new(k).ok())

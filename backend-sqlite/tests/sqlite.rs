@@ -502,17 +502,17 @@ async fn concurrent_first_opens_of_a_new_file_all_succeed() {
 async fn schema_is_created_on_connect_and_migrate_is_idempotent() {
     let file = fresh_file("schema");
     let url = url_for(&file, "fenced_schema", "");
-    assert_eq!(SqliteLock::migrate(&url).await.unwrap(), vec![1]);
+    assert_eq!(SqliteLock::migrate(&url).await.unwrap(), vec![1, 2]);
     assert!(SqliteLock::migrate(&url).await.unwrap().is_empty());
     let other = url_for(&file, "fenced_other", "");
     SqliteLock::connect(&other).await.unwrap();
     assert!(
         SqliteLock::migrate(&other).await.unwrap().is_empty(),
-        "connect created v1"
+        "connect created the current schema"
     );
 
     let pool = raw(&file).await;
-    sqlx::query("INSERT INTO fenced_schema_migrations VALUES (2, 'from a newer build', 0)")
+    sqlx::query("INSERT INTO fenced_schema_migrations VALUES (1000, 'from a newer build', 0)")
         .execute(&pool)
         .await
         .unwrap();
@@ -524,6 +524,53 @@ async fn schema_is_created_on_connect_and_migrate_is_idempotent() {
         .await
         .unwrap();
     assert!(l.is_some());
+}
+
+/// A file made by a build of schema version 1 (no `label` column) opens on
+/// connect, without a `migrate`: its held row stays held and shows no label,
+/// and new grants store theirs.
+#[tokio::test]
+async fn a_version_1_file_opens_and_gains_labels() {
+    let file = fresh_file("v1");
+    let pool = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&file)
+            .create_if_missing(true),
+    )
+    .await
+    .unwrap();
+    let v1 = include_str!("../migrations/0001_initial.sql").replace("{base}", "fenced_v1");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "{v1}; CREATE TABLE fenced_v1_migrations (version INTEGER PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT; \
+         INSERT INTO fenced_v1_migrations VALUES (1, 'initial', 0); \
+         INSERT INTO fenced_v1 (lock_key, owner, expire_at, created_at) \
+         VALUES (CAST('old' AS BLOB), CAST('old-owner' AS BLOB), \
+         (unixepoch() + 600) * 1000000, 0)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let lock = open(&file, "fenced_v1").await;
+    let old = lock.inspect(&LockKey::new("old").unwrap()).await.unwrap();
+    let old = old.expect("the v1 row is still held");
+    assert_eq!(old.owner.as_str(), "old-owner");
+    assert_eq!(old.label, None);
+    let k = key("v1");
+    let opts = LockOptions::builder().label("after v2").build().unwrap();
+    let lease = lock.try_acquire(&k, &opts).await.unwrap().unwrap();
+    let info = lock.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.label.as_ref().map(|l| l.as_str()), Some("after v2"));
+    lock.release(&lease).await.unwrap();
+    assert!(
+        SqliteLock::migrate(&url_for(&file, "fenced_v1", ""))
+            .await
+            .unwrap()
+            .is_empty(),
+        "connect applied version 2"
+    );
 }
 
 /// The driver entry serves sqlite:// URLs and connects and migrates through them.

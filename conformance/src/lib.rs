@@ -105,6 +105,7 @@ macro_rules! __with_cases {
             c16_cancellation_storm_leaves_no_lock: expiry::cancellation_storm_leaves_no_lock, "C16";
             c17_inspect_shows_holder: basic::inspect_shows_holder, "C17";
             c17_list_shows_held_locks: basic::list_shows_held_locks, "C17";
+            c17_inspect_shows_the_label: label::inspect_shows_the_label, "C17";
             c18_awkward_keys_distinct_and_exact: input::awkward_keys_distinct_and_exact, "C18";
             c18_bad_input_rejected_and_changes_nothing: input::bad_input_rejected_and_changes_nothing, "C18";
             c18_wildcards_are_literal: input::wildcards_are_literal, "C18";

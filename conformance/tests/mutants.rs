@@ -31,6 +31,9 @@ enum Bug {
     NoExclusion,
     /// Declares fifo but serves waiters last come, first served.
     Lifo,
+    /// `inspect` shows the label of the key's first grant, ever: a store
+    /// that never clears a label when the holder changes.
+    StaleLabel,
 }
 
 #[derive(Debug)]
@@ -39,6 +42,8 @@ struct Mutant {
     bug: Bug,
     /// The waiters of every client of the harness, newest last (`Lifo`).
     stack: Arc<Mutex<Vec<u64>>>,
+    /// The first label seen per key (`StaleLabel`).
+    labels: Arc<Mutex<std::collections::HashMap<LockKey, fenced_api::Label>>>,
 }
 
 static WAITER_IDS: AtomicU64 = AtomicU64::new(0);
@@ -160,6 +165,13 @@ impl DistributedLock for Mutant {
             if self.bug == Bug::TokensDecrease {
                 i.token = FencingToken::new(FLIP.wrapping_sub(i.token.get()));
             }
+            if self.bug == Bug::StaleLabel {
+                let mut labels = self.labels.lock().unwrap();
+                if let Some(l) = &i.label {
+                    labels.entry(i.key.clone()).or_insert_with(|| l.clone());
+                }
+                i.label = labels.get(&i.key).cloned();
+            }
             i
         }))
     }
@@ -177,6 +189,7 @@ struct MutantHarness {
     inner: MemoryHarness,
     bug: Bug,
     stack: Arc<Mutex<Vec<u64>>>,
+    labels: Arc<Mutex<std::collections::HashMap<LockKey, fenced_api::Label>>>,
 }
 
 #[async_trait]
@@ -186,11 +199,21 @@ impl Harness for MutantHarness {
             inner: self.inner.memory_client(),
             bug: self.bug,
             stack: Arc::clone(&self.stack),
+            labels: Arc::clone(&self.labels),
         }))
     }
 
     async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
-        self.inner.client_in_namespace(suffix).await
+        // The harness's store is its own, so any namespace name is unique.
+        Ok(Arc::new(Mutant {
+            inner: self
+                .inner
+                .memory_client()
+                .with_namespace(format!("ns-{suffix}")),
+            bug: self.bug,
+            stack: Arc::clone(&self.stack),
+            labels: Arc::clone(&self.labels),
+        }))
     }
 
     fn base_ttl(&self) -> Duration {
@@ -205,6 +228,7 @@ async fn check(bug: Bug, must_fail: &[&str], must_pass: &[&str]) {
         inner: MemoryHarness::new(),
         bug,
         stack: Arc::default(),
+        labels: Arc::default(),
     };
     for name in must_fail {
         let result = run_case(&h, name).await;
@@ -295,6 +319,16 @@ async fn waiters_served_out_of_order_are_caught() {
             "c01_free_key_grants_token",
             "c08_waiter_gets_lock_on_release",
         ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_labels_are_caught() {
+    check(
+        Bug::StaleLabel,
+        &["c17_inspect_shows_the_label"],
+        &["c17_inspect_shows_holder", "c01_free_key_grants_token"],
     )
     .await;
 }

@@ -186,11 +186,13 @@ impl DualLock {
     fn merge(&self, old: Option<LockInfo>, new: Option<LockInfo>) -> Option<LockInfo> {
         match (old, new) {
             (Some(o), Some(n)) => {
-                let mut info = match self.tokens {
-                    TokenSource::Old => o.clone(),
-                    TokenSource::New => n.clone(),
+                let (mut info, other) = match self.tokens {
+                    TokenSource::Old => (o.clone(), n.label),
+                    TokenSource::New => (n.clone(), o.label),
                 };
                 info.remaining_ttl = o.remaining_ttl.min(n.remaining_ttl);
+                // One of the stores may keep no labels (a third-party backend).
+                info.label = info.label.or(other);
                 Some(info)
             }
             // Held by a node that uses only one of the stores.

@@ -14,7 +14,7 @@ use tokio::{sync::Notify, time::Instant};
 
 use crate::{
     lease::deadline_after, wait::wait_deadline, Capabilities, DistributedLock, Error, FencingToken,
-    Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
+    Label, Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
 };
 
 const BACKEND: &str = "memory";
@@ -24,6 +24,8 @@ const BACKEND: &str = "memory";
 /// * TTLs are measured with tokio's clock, so tests can pause and advance time.
 /// * Tokens come from one counter per store, so they strictly increase per key.
 /// * Waiters are served in arrival order (FIFO hand-off on release or expiry).
+/// * The holder's [`Label`] is kept with the grant; a re-entry keeps the
+///   label of the first entry.
 /// * Handles made with [`Clone`] or [`MemoryLock::with_namespace`] share the
 ///   store, like separate clients of one server.
 ///
@@ -84,6 +86,20 @@ struct Holder {
     token: FencingToken,
     expires_at: Instant,
     count: u32,
+    label: Option<Label>,
+}
+
+impl Holder {
+    fn info(&self, key: &LockKey, now: Instant) -> LockInfo {
+        LockInfo::new(
+            key.clone(),
+            self.owner.clone(),
+            self.token,
+            self.expires_at - now,
+            self.count,
+        )
+        .with_label(self.label.clone())
+    }
 }
 
 #[derive(Debug)]
@@ -237,6 +253,7 @@ impl MemoryLock {
                     token,
                     expires_at: deadline_after(now, opts.ttl()),
                     count: 1,
+                    label: opts.label().cloned(),
                 });
                 if let Some(id) = me {
                     entry.waiters.retain(|w| w.id != id);
@@ -472,15 +489,7 @@ impl DistributedLock for MemoryLock {
             .entries
             .get(&slot)
             .and_then(|e| e.holder.as_ref())
-            .map(|h| {
-                LockInfo::new(
-                    key.clone(),
-                    h.owner.clone(),
-                    h.token,
-                    h.expires_at - now,
-                    h.count,
-                )
-            }))
+            .map(|h| h.info(key, now)))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
@@ -513,13 +522,7 @@ impl DistributedLock for MemoryLock {
             .filter(|((ns, _), _)| *ns == self.namespace)
             .filter_map(|((_, key), e)| {
                 let h = e.holder.as_ref().filter(|h| h.expires_at > now)?;
-                Some(LockInfo::new(
-                    key.clone(),
-                    h.owner.clone(),
-                    h.token,
-                    h.expires_at - now,
-                    h.count,
-                ))
+                Some(h.info(key, now))
             })
             .collect();
         held.sort_by(|a, b| a.key.cmp(&b.key));
@@ -646,6 +649,37 @@ mod tests {
             m.inspect(&k).await.unwrap().is_some(),
             "the 8 s entry was cut short"
         );
+    }
+
+    #[tokio::test]
+    async fn a_re_entry_keeps_the_first_label() {
+        let m = MemoryLock::new();
+        let k = key("label");
+        let first = LockOptions::builder()
+            .owner("me")
+            .reentrant(true)
+            .label("first")
+            .build()
+            .unwrap();
+        let a = m.try_acquire(&k, &first).await.unwrap().unwrap();
+        let again = first.to_builder().label("second").build().unwrap();
+        m.try_acquire(&k, &again).await.unwrap().unwrap();
+        let info = m.inspect(&k).await.unwrap().unwrap();
+        assert_eq!(
+            (info.hold_count, info.label.unwrap().as_str()),
+            (2, "first")
+        );
+        assert_eq!(
+            m.list(10).await.unwrap()[0]
+                .label
+                .as_ref()
+                .unwrap()
+                .as_str(),
+            "first"
+        );
+        m.release(&a).await.unwrap();
+        m.release(&a).await.unwrap();
+        assert!(m.inspect(&k).await.unwrap().is_none());
     }
 
     /// Polls a future exactly once.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fenced_api::{FencingToken, LockInfo, LockKey, Owner, Result};
+use fenced_api::{FencingToken, Label, LockInfo, LockKey, Owner, Result};
 use sqlx::{mysql::MySqlRow, Row};
 
 use crate::error::{self, SqlResultExt};
@@ -17,12 +17,14 @@ pub(crate) fn micros(ttl: Duration) -> u64 {
     ttl.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
-/// Builds a `LockInfo` from a row `(owner, token, hold_count, remaining_us)`.
+/// Builds a `LockInfo` from a row `(owner, token, hold_count, remaining_us,
+/// label)`.
 pub(crate) fn info_from_row(key: &LockKey, row: &MySqlRow) -> Result<LockInfo> {
     let owner: Vec<u8> = row.try_get(0).db()?;
     let token: u64 = row.try_get(1).db()?;
     let count: u32 = row.try_get(2).db()?;
     let remaining_us: i64 = row.try_get(3).db()?;
+    let label: Option<Vec<u8>> = row.try_get(4).db()?;
     let owner = Owner::new(String::from_utf8_lossy(&owner)).unwrap_or_else(|_| Owner::random());
     Ok(LockInfo::new(
         key.clone(),
@@ -30,16 +32,33 @@ pub(crate) fn info_from_row(key: &LockKey, row: &MySqlRow) -> Result<LockInfo> {
         FencingToken::new(token),
         Duration::from_micros(remaining_us.max(0) as u64),
         count,
-    ))
+    )
+    .with_label(label.and_then(|l| stored_label(key, &l))))
+}
+
+/// A label column's value. One that is no valid label (edited by hand) is
+/// shown as none rather than failing `inspect`: it is for people, not for
+/// the lock.
+pub(crate) fn stored_label(key: &LockKey, raw: &[u8]) -> Option<Label> {
+    std::str::from_utf8(raw)
+        .map_err(|e| fenced_api::Error::config(e.to_string()))
+        .and_then(Label::new)
+        .inspect_err(|e| tracing::warn!(key = %key, error = %e, "ignoring an invalid stored label"))
+        .ok()
+}
+
+/// The label to store for an acquisition: NULL without one.
+pub(crate) fn label_param(opts: &fenced_api::LockOptions) -> Option<&[u8]> {
+    opts.label().map(|l| l.as_str().as_bytes())
 }
 
 /// Builds the `LockInfo`s of a listing: rows `(owner, token, hold_count,
-/// remaining_us, lock_key)`. A `lock_key` that is no valid key (the table was
+/// remaining_us, label, lock_key)`. A `lock_key` that is no valid key (the table was
 /// edited by hand) is an error naming it, never a panic.
 pub(crate) fn infos_from_rows(rows: &[MySqlRow]) -> Result<Vec<LockInfo>> {
     let mut held = Vec::with_capacity(rows.len());
     for row in rows {
-        let raw: Vec<u8> = row.try_get(4).db()?;
+        let raw: Vec<u8> = row.try_get(5).db()?;
         let key = std::str::from_utf8(&raw)
             .ok()
             .and_then(|k| LockKey::new(k).ok())

@@ -10,6 +10,9 @@
 //!   and creates it with `INSERT IGNORE` before trying again.
 //! * release clears the holder (matching holder **and** version); the row
 //!   stays, so the table never grows with traffic, only with distinct keys.
+//! * the holder's label is a column of the row, set by the `UPDATE` that
+//!   takes the key (NULL without one) and cleared with the holder; a re-entry
+//!   keeps the first entry's label.
 
 use std::time::Duration;
 
@@ -23,7 +26,7 @@ use fenced_api::{
 use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use super::{info_from_row, infos_from_rows, micros, retry_lock_conflicts, sql_limit};
+use super::{info_from_row, infos_from_rows, label_param, micros, retry_lock_conflicts, sql_limit};
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::sql;
@@ -79,6 +82,7 @@ impl Optimistic {
                  LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
                  reentrant_count = IF(LAST_INSERT_ID() > 0, 1, reentrant_count), \
                  holder = IF(LAST_INSERT_ID() > 0, ?, holder), \
+                 label = IF(LAST_INSERT_ID() > 0, ?, label), \
                  expire_time = IF(LAST_INSERT_ID() > 0, \
                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expire_time) \
                  WHERE lock_key = ?"
@@ -105,7 +109,7 @@ impl Optimistic {
                  WHERE holder = ? AND expire_time > UTC_TIMESTAMP(6) AND lock_key IN ("
             ),
             release_last: sql!(
-                "UPDATE {t} SET holder = NULL, expire_time = NULL, reentrant_count = 0 \
+                "UPDATE {t} SET holder = NULL, label = NULL, expire_time = NULL, reentrant_count = 0 \
                  WHERE lock_key = ? AND {current} AND reentrant_count <= 1"
             ),
             release_one: sql!(
@@ -117,19 +121,19 @@ impl Optimistic {
             ),
             inspect: sql!(
                 "SELECT holder, version, reentrant_count, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time) \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), label \
                  FROM {t} WHERE lock_key = ? AND holder IS NOT NULL AND expire_time > UTC_TIMESTAMP(6)"
             ),
             // Walks the primary key (lock_key) in order, skipping free and
             // expired rows, until `limit` held ones.
             list: sql!(
                 "SELECT holder, version, reentrant_count, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), lock_key \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), label, lock_key \
                  FROM {t} WHERE holder IS NOT NULL AND expire_time > UTC_TIMESTAMP(6) \
                  ORDER BY lock_key LIMIT ?"
             ),
             force: sql!(
-                "UPDATE {t} SET holder = NULL, expire_time = NULL, reentrant_count = 0 \
+                "UPDATE {t} SET holder = NULL, label = NULL, expire_time = NULL, reentrant_count = 0 \
                  WHERE lock_key = ? AND holder IS NOT NULL AND expire_time > UTC_TIMESTAMP(6)"
             ),
         }
@@ -137,7 +141,7 @@ impl Optimistic {
 
     /// One try: `Some(token)` if taken, `None` if held. Creates the key's
     /// row first if it has none (its first acquisition ever).
-    async fn take(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<Option<u64>> {
+    async fn take(&self, key: &LockKey, owner: &Owner, opts: &LockOptions) -> Result<Option<u64>> {
         let mut deadlocks = 0;
         let mut created = false;
         loop {
@@ -146,7 +150,8 @@ impl Optimistic {
                 .execute(
                     sqlx::query(self.take.clone())
                         .bind(owner.as_str().as_bytes())
-                        .bind(micros(ttl))
+                        .bind(label_param(opts))
+                        .bind(micros(opts.ttl()))
                         .bind(key.as_bytes()),
                 )
                 .await;
@@ -296,7 +301,7 @@ impl DistributedLock for Optimistic {
         let owner = opts.owner_or_random();
         let ttl = opts.ttl();
         let sent = Instant::now();
-        if let Some(version) = self.take(key, &owner, ttl).await? {
+        if let Some(version) = self.take(key, &owner, opts).await? {
             return Ok(Some(Lease::new(
                 key.clone(),
                 owner,

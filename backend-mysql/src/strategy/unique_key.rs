@@ -41,6 +41,10 @@
 //!   row changes the OK packet's insert id.
 //! * release / extend match `id` **and** `owner` (and, for extend, that the
 //!   row has not expired on the server's clock).
+//! * the holder's label is a column of the row, written by the granting
+//!   INSERT (NULL without one); a re-entry keeps the first entry's label. An
+//!   expired row is deleted before the key is granted again, so a label never
+//!   outlives its grant.
 
 use std::time::Duration;
 
@@ -54,7 +58,7 @@ use fenced_api::{
 use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use super::{info_from_row, infos_from_rows, micros, retry_lock_conflicts, sql_limit};
+use super::{info_from_row, infos_from_rows, label_param, micros, retry_lock_conflicts, sql_limit};
 use crate::conn::Conns;
 use crate::error::{self, SqlResultExt};
 use crate::reaper::{Pass, REAPER_KEY};
@@ -134,8 +138,9 @@ impl UniqueKey {
             // count (found rows: 1 unchanged, 2 changed) tells an expired
             // holder from a live one. A live row is left as it is.
             insert: sql!(
-                "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_time, create_time) \
-                 SELECT ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6) FROM DUAL \
+                "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_time, create_time, label) \
+                 SELECT ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), ? \
+                 FROM DUAL \
                  ON DUPLICATE KEY UPDATE reentrant_count = \
                  IF(expire_time <= UTC_TIMESTAMP(6), reentrant_count + 1, reentrant_count) + LAST_INSERT_ID(0)"
             ),
@@ -180,14 +185,14 @@ impl UniqueKey {
             ),
             inspect: sql!(
                 "SELECT owner, id, reentrant_count, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time) \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), label \
                  FROM {t} WHERE lock_key = ? AND expire_time > UTC_TIMESTAMP(6)"
             ),
             // lock_key is the primary key: the rows come in key (byte)
             // order, and the scan stops after `limit` unexpired ones.
             list: sql!(
                 "SELECT owner, id, reentrant_count, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), lock_key \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), label, lock_key \
                  FROM {t} WHERE expire_time > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT ?"
             ),
             force_current: sql!(
@@ -209,7 +214,7 @@ impl UniqueKey {
             }
     }
 
-    async fn insert(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<Insert> {
+    async fn insert(&self, key: &LockKey, owner: &Owner, opts: &LockOptions) -> Result<Insert> {
         let mut deadlocks = 0;
         loop {
             let res = self
@@ -218,7 +223,8 @@ impl UniqueKey {
                     sqlx::query(self.insert.clone())
                         .bind(key.as_bytes())
                         .bind(owner.as_str().as_bytes())
-                        .bind(micros(ttl)),
+                        .bind(micros(opts.ttl()))
+                        .bind(label_param(opts)),
                 )
                 .await;
             return match res {
@@ -451,7 +457,7 @@ impl DistributedLock for UniqueKey {
         let ttl = opts.ttl();
         for attempt in 0..2 {
             let sent = Instant::now();
-            let expired = match self.insert(key, &owner, ttl).await? {
+            let expired = match self.insert(key, &owner, opts).await? {
                 Insert::Acquired(id) => {
                     return Ok(Some(Lease::new(
                         key.clone(),

@@ -13,6 +13,7 @@ pub mod client;
 pub mod expiry;
 pub mod fencing;
 pub mod input;
+pub mod label;
 pub mod owner;
 pub mod waiting;
 

@@ -6,7 +6,8 @@
 //! script is atomic: nothing else runs in between). The state of a lock is
 //! one string written only by `SET` inside fenced-redis's scripts
 //! (`scripts/prelude.lua`): `token|count|expiry|queued|waiter|owner`, the
-//! expiry in server milliseconds. Every such write is a fact the server
+//! expiry in server milliseconds (the owner followed, after a newline, by
+//! the holder's label when it gave one). Every such write is a fact the server
 //! committed; from them, per key:
 //!
 //! * a **grant** starts with a write of a held state (`count > 0`) whose
@@ -248,7 +249,13 @@ fn parse_state(v: &str) -> Option<State> {
     let expiry_ms = it.next()?.parse().ok()?;
     let _queued = it.next()?;
     let waiter = it.next()?.to_owned();
-    let owner = it.next()?.to_owned();
+    // The holder is the owner, then a newline and the label when it gave
+    // one; only the owner identifies the grant.
+    let holder = it.next()?;
+    let owner = holder
+        .split_once('\n')
+        .map_or(holder, |(o, _)| o)
+        .to_owned();
     Some(State {
         token,
         count,
@@ -414,18 +421,22 @@ mod tests {
     #[test]
     fn a_correct_history_has_no_violation() {
         let calls = [
-            script(1_000_000, &["o1", "600", "0", "", "", "", "", ""]),
-            set(1_000_010, "1000010|1|1600|0||o1"),
+            // o1 is labelled (the label follows the owner after a newline)
+            script(1_000_000, &["o1", "600", "0", "web:1", "", "", "", "", ""]),
+            set(1_000_010, "1000010|1|1600|0||o1\nweb:1"),
             script(1_200_000, &["o1", "1000010", "600"]),
-            set(1_200_010, "1000010|1|1800|0||o1"),
+            set(1_200_010, "1000010|1|1800|0||o1\nweb:1"),
             // o2 queues (same grant, queued flag set)
-            script(1_300_000, &["o2", "600", "0", "ab", "ch", "900", "", ""]),
-            set(1_300_010, "1000010|1|1800|1||o1"),
+            script(
+                1_300_000,
+                &["o2", "600", "0", "", "ab", "ch", "900", "", ""],
+            ),
+            set(1_300_010, "1000010|1|1800|1||o1\nweb:1"),
             // o1 releases; the lease is handed to waiter ab (o2)
             script(1_400_000, &["o1", "1000010"]),
             set(1_400_010, "1400010|1|2000|1|ab|o2"),
             // o2 freezes; o3 takes over after the expiry (2000 ms)
-            script(2_000_500, &["o3", "600", "0", "", "", "", "", ""]),
+            script(2_000_500, &["o3", "600", "0", "", "", "", "", "", ""]),
             set(2_000_510, "2000510|1|2600|0||o3"),
             script(2_100_000, &["o3", "2000510"]),
             set(2_100_010, "2000510|0|0|0||"),
@@ -443,10 +454,10 @@ mod tests {
     #[test]
     fn a_takeover_of_a_current_lease_and_a_token_going_back_are_caught() {
         let calls = [
-            script(1_000_000, &["o1", "600", "0", "", "", "", "", ""]),
+            script(1_000_000, &["o1", "600", "0", "", "", "", "", "", ""]),
             set(1_000_010, "50|1|1600|0||o1"),
             // o2's acquire writes a new holder while o1's lease runs to 1600 ms
-            script(1_100_000, &["o2", "600", "0", "", "", "", "", ""]),
+            script(1_100_000, &["o2", "600", "0", "", "", "", "", "", ""]),
             set(1_100_010, "49|1|1700|0||o2"),
         ];
         let g = grants(&calls).unwrap();
@@ -454,11 +465,11 @@ mod tests {
         assert_eq!((t.overlaps, t.token_regressions), (1, 1), "{g:?}");
         // A release by someone else (wrong token) does not end o1's grant either.
         let calls = [
-            script(1_000_000, &["o1", "600", "0", "", "", "", "", ""]),
+            script(1_000_000, &["o1", "600", "0", "", "", "", "", "", ""]),
             set(1_000_010, "50|1|1600|0||o1"),
             script(1_050_000, &["o1", "49"]),
             set(1_050_010, "50|0|0|0||"),
-            script(1_100_000, &["o2", "600", "0", "", "", "", "", ""]),
+            script(1_100_000, &["o2", "600", "0", "", "", "", "", "", ""]),
             set(1_100_010, "51|1|1700|0||o2"),
         ];
         let t = check_server_grants(&grants(&calls).unwrap());

@@ -192,7 +192,7 @@ impl RowLock {
             match r.db()? {
                 Some(row) => Some((
                     row.try_get::<u64, _>(1).db()?,
-                    row.try_get::<Option<u64>, _>(4).db()?,
+                    row.try_get::<Option<u64>, _>(5).db()?,
                 )),
                 None => None,
             }

@@ -22,8 +22,9 @@
 //!
 //! 1. `SET STATEMENT innodb_lock_wait_timeout = 0 FOR REPLACE INTO <base>_live
 //!    … SELECT … FROM <base>_rows r JOIN <base>_live l … FOR UPDATE`: the row
-//!    lock, the fencing token and the holder's description (owner, expiry,
-//!    connection id, for `inspect` and `force_release`) in one statement.
+//!    lock, the fencing token and the holder's description (owner, label,
+//!    expiry, connection id, for `inspect` and `force_release`) in one
+//!    statement.
 //!    The connection runs with `autocommit = 0`, so it opens the
 //!    transaction (no `START TRANSACTION`). A held row refuses it at once —
 //!    a refused `try_acquire` waits for this one statement. The refusal
@@ -111,7 +112,7 @@ use std::{
 
 use async_trait::async_trait;
 use fenced_api::{
-    wait::wait_deadline, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    wait::wait_deadline, Capabilities, DistributedLock, Error, Label, Lease, LockInfo, LockKey,
     LockOptions, Owner, ReleaseOutcome, Result,
 };
 use sqlx::{MySqlPool, Row, SqlStr};
@@ -141,6 +142,29 @@ pub enum RowMode {
     /// Keys hashed onto N rows (the seeds' §5.3): bounded table size, but two
     /// keys on the same shard exclude each other.
     Shards(u32),
+}
+
+/// Who a grant is for, as its description in `<base>_live` records it.
+#[derive(Clone, Copy)]
+struct Grant<'a> {
+    owner: &'a Owner,
+    /// The effective TTL (whole seconds, see [`effective_ttl`]).
+    ttl: Duration,
+    label: Option<&'a Label>,
+}
+
+impl<'a> Grant<'a> {
+    fn new(owner: &'a Owner, ttl: Duration, opts: &'a LockOptions) -> Self {
+        Grant {
+            owner,
+            ttl,
+            label: opts.label(),
+        }
+    }
+
+    fn label_param(&self) -> Option<&'a [u8]> {
+        self.label.map(|l| l.as_str().as_bytes())
+    }
 }
 
 /// A fresh grant, before the token.
@@ -267,8 +291,8 @@ impl RowLock {
                 // token statement has that table for a few microseconds.
                 lock_token: sql!(
                     "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-                     REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id) \
-                     SELECT ?, ?, 1, {now_plus}, CONNECTION_ID() \
+                     REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id, label) \
+                     SELECT ?, ?, 1, {now_plus}, CONNECTION_ID(), ? \
                      FROM {rows} r JOIN {live} l ON l.lock_key = ? WHERE r.lock_key = ? FOR UPDATE"
                 ),
                 ensure_row: sql!("INSERT IGNORE INTO {rows} (lock_key) VALUES (?)"),
@@ -282,16 +306,16 @@ impl RowLock {
                 // Writes only while the lifetime row exists (0 rows otherwise);
                 // the new AUTO_INCREMENT id comes back in the OK packet.
                 token: sql!(
-                    "REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id) \
-                     SELECT ?, ?, 1, {now_plus}, ? FROM {live} WHERE lock_key = ?"
+                    "REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id, label) \
+                     SELECT ?, ?, 1, {now_plus}, ?, ? FROM {live} WHERE lock_key = ?"
                 ),
                 touch: sql!(
                     "UPDATE {live} SET expire_time = {now_plus}, hold_count = ? WHERE lock_key = ? AND id = ?"
                 ),
                 read_live: sql!(
                     "SELECT owner, id, hold_count, \
-                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), 0), conn_id \
-                     FROM {live} WHERE lock_key = ?"
+                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), 0), label, \
+                     conn_id FROM {live} WHERE lock_key = ?"
                 ),
                 // Candidates for `list` (see `list.rs`): each key's latest
                 // grant whose connection has not gone on to a later grant,
@@ -299,16 +323,16 @@ impl RowLock {
                 // those whose connection is inside a transaction.
                 list_in_trx: sql!(
                     "SELECT l.owner, l.id, l.hold_count, \
-                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.lock_key \
-                     FROM {live} l JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
+                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.label, \
+                     l.lock_key FROM {live} l JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
                      WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
                      AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
                      ORDER BY l.lock_key"
                 ),
                 list_described: sql!(
                     "SELECT l.owner, l.id, l.hold_count, \
-                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.lock_key \
-                     FROM {live} l WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
+                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.label, \
+                     l.lock_key FROM {live} l WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
                      AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
                      ORDER BY l.lock_key"
                 ),
@@ -487,7 +511,7 @@ impl RowLock {
     async fn lock_row(
         &self,
         key: &LockKey,
-        grant: Option<(&Owner, Duration)>,
+        grant: Option<Grant<'_>>,
         ttl_secs: Option<u64>,
         wait: Option<Instant>,
     ) -> Result<Option<Locked<'_>>> {
@@ -506,13 +530,13 @@ impl RowLock {
             };
             let reused = lc.reused;
             let mut held = HeldConn(Some(lc));
-            if let Some((owner, ttl)) = grant.filter(|_| self.one_statement.load(Ordering::Relaxed))
-            {
+            if let Some(g) = grant.filter(|_| self.one_statement.load(Ordering::Relaxed)) {
                 let sent = Instant::now();
                 let res = sqlx::query(self.sql.lock_token.clone())
                     .bind(key.as_bytes())
-                    .bind(owner.as_str().as_bytes())
-                    .bind(micros(ttl))
+                    .bind(g.owner.as_str().as_bytes())
+                    .bind(micros(g.ttl))
+                    .bind(g.label_param())
                     .bind(token::LIFETIME_KEY)
                     .bind(&row)
                     .execute(held.conn()?)
@@ -683,8 +707,7 @@ impl RowLock {
     async fn wait_for_row(
         &self,
         key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
+        grant: Grant<'_>,
         ttl_secs: u64,
         deadline: Option<Instant>,
         start: Instant,
@@ -700,7 +723,7 @@ impl RowLock {
                 Some(d) => Some(d.min(chunk_end)),
             };
             if let Some(locked) = self
-                .lock_row(key, Some((owner, ttl)), Some(ttl_secs), wait)
+                .lock_row(key, Some(grant), Some(ttl_secs), wait)
                 .await?
             {
                 return Ok(locked);
@@ -752,15 +775,16 @@ impl DistributedLock for RowLock {
             Some(None) | None => {}
         }
         let owner = opts.owner_or_random();
+        let grant = Grant::new(&owner, ttl, opts);
         for _ in 0..3 {
             let Some(locked) = self
-                .lock_row(key, Some((&owner, ttl)), Some(ttl_secs), None)
+                .lock_row(key, Some(grant), Some(ttl_secs), None)
                 .await?
             else {
                 self.refuse_same_owner(key, opts).await?;
                 return Ok(None);
             };
-            if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
+            if let Granted::Lease(l) = self.register(key, grant, locked).await? {
                 return Ok(Some(l));
             }
         }
@@ -789,12 +813,13 @@ impl DistributedLock for RowLock {
             }
         }
         let owner = opts.owner_or_random();
+        let grant = Grant::new(&owner, ttl, opts);
         let deadline = wait_deadline(opts.wait(), start);
         loop {
             let locked = self
-                .wait_for_row(key, &owner, ttl, ttl_secs, deadline, start)
+                .wait_for_row(key, grant, ttl_secs, deadline, start)
                 .await?;
-            if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
+            if let Granted::Lease(l) = self.register(key, grant, locked).await? {
                 return Ok(l);
             }
         }

@@ -2,13 +2,13 @@
 //! right after the grant, inside the holder's transaction when the token
 //! table is `MEMORY`, with a lifetime epoch that survives server restarts.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::sync::atomic::Ordering;
 
-use fenced_api::{Error, FencingToken, Lease, LockKey, Owner, Result};
+use fenced_api::{Error, FencingToken, Lease, LockKey, Result};
 use sqlx::{MySqlConnection, MySqlPool, Row};
 use tokio::time::Instant;
 
-use super::{conn::HeldConn, HeldRow, Locked, RowLock};
+use super::{conn::HeldConn, Grant, HeldRow, Locked, RowLock};
 use crate::error::{self, SqlResultExt};
 use crate::strategy::micros;
 
@@ -73,10 +73,10 @@ impl RowLock {
     pub(super) async fn register(
         &self,
         key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
+        grant: Grant<'_>,
         locked: Locked<'_>,
     ) -> Result<Granted> {
+        let Grant { owner, ttl, .. } = grant;
         let Locked {
             mut held,
             sent: lock_sent,
@@ -89,7 +89,7 @@ impl RowLock {
             // the hold was alive when it was sent.
             Some(t) => Ok(Token::Taken(t, lock_sent)),
             None => {
-                self.take_token(&mut held, side.as_mut(), key, owner, ttl, lock_sent, waited)
+                self.take_token(&mut held, side.as_mut(), key, grant, lock_sent, waited)
                     .await
             }
         };
@@ -139,14 +139,12 @@ impl RowLock {
 
     /// The token statement: inside the holding transaction when possible,
     /// else in autocommit on the reserved side connection.
-    #[allow(clippy::too_many_arguments)]
     async fn take_token(
         &self,
         held: &mut HeldConn,
         mut side: Option<&mut crate::conn::Conn<'_>>,
         key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
+        grant: Grant<'_>,
         lock_sent: Instant,
         waited: bool,
     ) -> Result<Token> {
@@ -155,9 +153,10 @@ impl RowLock {
             let in_txn = self.token_in_txn.load(Ordering::Relaxed) || side.is_none();
             let q = sqlx::query(self.sql.token.clone())
                 .bind(key.as_bytes())
-                .bind(owner.as_str().as_bytes())
-                .bind(micros(ttl))
+                .bind(grant.owner.as_str().as_bytes())
+                .bind(micros(grant.ttl))
                 .bind(conn_id)
+                .bind(grant.label_param())
                 .bind(LIFETIME_KEY);
             let sent = Instant::now();
             let res = match side.as_deref_mut() {

@@ -6,7 +6,7 @@ use fenced_api::{wait::wait_deadline, Error, FencingToken, Lease, LockKey, LockO
 use sqlx::MySqlConnection;
 use tokio::time::Instant;
 
-use super::{conn::HeldConn, effective_ttl, token::Granted, RowLock};
+use super::{conn::HeldConn, effective_ttl, token::Granted, Grant, RowLock};
 use crate::error::{self, SqlResultExt};
 
 impl RowLock {
@@ -31,11 +31,12 @@ impl RowLock {
                 return Err(Error::AlreadyHeld { key: key.clone() });
             }
         }
+        let grant = Grant::new(&owner, ttl, opts);
         let lease = loop {
             let locked = self
-                .wait_for_row(key, &owner, ttl, ttl_secs, deadline, start)
+                .wait_for_row(key, grant, ttl_secs, deadline, start)
                 .await?;
-            if let Granted::Lease(l) = self.register(key, &owner, ttl, locked).await? {
+            if let Granted::Lease(l) = self.register(key, grant, locked).await? {
                 break l;
             }
         };

@@ -1,0 +1,70 @@
+//! The value of a line entry: who holds or waits.
+//!
+//! The owner, then — when the holder gave one — a newline and its label.
+//! Neither an owner nor a label contains a control character, so the first
+//! newline always ends the owner. Entries written before labels existed hold
+//! the owner alone and read as unlabelled. The entry's path names the owner
+//! too (`<prefix>\0lock\0<key>\0<owner>`), so guards compare paths and
+//! create revisions, never values.
+
+use fenced_api::{Label, LockKey, Owner};
+
+/// The value to put for an entry.
+pub(crate) fn value(owner: &Owner, label: Option<&Label>) -> Vec<u8> {
+    let mut v = owner.as_str().as_bytes().to_vec();
+    if let Some(label) = label {
+        v.push(b'\n');
+        v.extend_from_slice(label.as_str().as_bytes());
+    }
+    v
+}
+
+/// The owner part of a value, as bytes.
+pub(crate) fn owner_bytes(value: &[u8]) -> &[u8] {
+    value.split(|b| *b == b'\n').next().unwrap_or(value)
+}
+
+/// The owner and label of a value. A value no valid owner (the store was
+/// written by hand) gives a random owner, as before labels; an invalid label
+/// is shown as none — it is for people, not for the lock.
+pub(crate) fn decode(key: &LockKey, value: &[u8]) -> (Owner, Option<Label>) {
+    let owner = owner_bytes(value);
+    let owner = Owner::new(String::from_utf8_lossy(owner)).unwrap_or_else(|_| Owner::random());
+    let label = value.get(owner_len(value) + 1..).and_then(|l| {
+        std::str::from_utf8(l).ok().and_then(|l| {
+            Label::new(l)
+                .inspect_err(
+                    |e| tracing::warn!(key = %key, error = %e, "ignoring an invalid stored label"),
+                )
+                .ok()
+        })
+    });
+    (owner, label)
+}
+
+fn owner_len(value: &[u8]) -> usize {
+    owner_bytes(value).len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_old_values_read_unlabelled() {
+        let key = LockKey::new("k").unwrap();
+        let owner = Owner::new("o|1 é").unwrap();
+        let label = Label::new("web 1\u{a0}%_'\"日本").unwrap();
+        let v = value(&owner, Some(&label));
+        assert_eq!(owner_bytes(&v), owner.as_str().as_bytes());
+        assert_eq!(decode(&key, &v), (owner.clone(), Some(label)));
+        // Written without a label, or by a build from before labels.
+        let plain = value(&owner, None);
+        assert_eq!(plain, owner.as_str().as_bytes());
+        assert_eq!(decode(&key, &plain), (owner.clone(), None));
+        // An empty label part is no label.
+        let mut empty = plain.clone();
+        empty.push(b'\n');
+        assert_eq!(decode(&key, &empty), (owner, None));
+    }
+}
