@@ -109,6 +109,12 @@
 //! next to the rows it protects, which is often not the database that holds
 //! the locks, and one fence table serves every lock namespace.
 //!
+//! A resource name stands for **one sequence of tokens**: fence it with the
+//! tokens of one lock key of one store only. Tokens of different keys (or
+//! stores) are unrelated numbers, so a resource fenced by two of them would
+//! refuse writes that are current and accept ones that are stale. Name the
+//! resource after the lock key that guards it.
+//!
 //! [`Error::Backend`]: fenced_api::Error::Backend
 //! [`RowLockTransaction::connection`]: crate::RowLockTransaction::connection
 

@@ -94,6 +94,12 @@
 //! `i64::MAX` is refused ([`Error::Unsupported`]). No built-in store comes
 //! near it (Redis tokens, the largest, are server microseconds, about 2^51).
 //!
+//! A resource name stands for **one sequence of tokens**: fence it with the
+//! tokens of one lock key of one store only. Tokens of different keys (or
+//! stores) are unrelated numbers, so a resource fenced by two of them would
+//! refuse writes that are current and accept ones that are stale. Name the
+//! resource after the lock key that guards it.
+//!
 //! # Keeping the token on the business row instead
 //!
 //! Where every write to a resource touches one row, the row can carry the

@@ -389,6 +389,71 @@ touch {started}; while :; do sleep 0.1; done"#,
     );
 }
 
+/// What the command leaves running in its process group ends before the
+/// lock is released: a background child that stops on SIGTERM is gone when
+/// fenced exits, and one that ignores SIGTERM is SIGKILLed after --grace.
+/// The command's own status is still fenced's.
+#[test]
+fn background_children_end_before_the_lock_is_released() {
+    let dir = tmpdir("leftovers");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (polite, stubborn) = (dir.join("polite.pid"), dir.join("stubborn.pid"));
+    let script = format!(
+        r#"sleep 60 & echo $! > {polite}
+(trap '' TERM; exec sleep 60) & echo $! > {stubborn}
+exit 3"#,
+        polite = polite.display(),
+        stubborn = stubborn.display()
+    );
+    let err = dir.join("err");
+    let mut a = spawn_run(&url, "leftovers", &["--grace", "1s"], &script, &err);
+    let status = wait_bounded(&mut a, Duration::from_secs(30), "fenced did not exit");
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    for pidfile in [&polite, &stubborn] {
+        let pid = read_pid(pidfile);
+        assert!(
+            !alive(pid),
+            "{} (pid {pid}) still runs after fenced released the lock: {stderr}",
+            pidfile.display()
+        );
+    }
+    assert!(!held(&url, "leftovers"), "the lock was not released");
+    assert!(stderr.contains("outlived --grace"), "{stderr}");
+}
+
+/// A signal passed on to the command, which then exits 0, while the store
+/// had already taken the lock away (a force release the next renewal would
+/// only have noticed seconds later): the run did not hold the lock to the
+/// end, so fenced exits 76, not the command's 0.
+#[test]
+fn a_signal_after_the_lock_was_taken_away_exits_lost() {
+    let dir = tmpdir("signal-lost");
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let started = dir.join("started");
+    let script = format!(
+        r#"trap 'exit 0' TERM; touch {started}; while :; do sleep 0.1; done"#,
+        started = started.display()
+    );
+    let err = dir.join("err");
+    // 30 s TTL: the next renewal is 10 s away, long after the SIGTERM.
+    let mut a = spawn_run(&url, "signal-lost", &["--ttl", "30s"], &script, &err);
+    until_exists(&started, &mut a, "the command started");
+    let out = Command::new(BIN)
+        .args(["--url", &url, "release", "--force", "signal-lost"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(a.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = wait_bounded(&mut a, Duration::from_secs(30), "fenced did not exit");
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(76), "{stderr}");
+}
+
 /// `--label` is stored with the lock, shown by `fenced status` (table and
 /// JSON) and given to the command as FENCED_LABEL; without it the label is
 /// fenced's host:pid; a bad label is a usage error (78).

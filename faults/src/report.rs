@@ -223,13 +223,12 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          expire the lease and grant the key to anyone else. For the belief overlaps this means: \
          where the victim's runtime keeps running (blackhole, cut connection, delayed replies \
          and renewals, a lost acquire acknowledgement) a belief ends the margin before the \
-         store's expiry, so an overlap there would need the store to grant early or the clocks \
-         to drift apart by more than the margin — both bugs, and those cells forbid overlaps; \
-         under a freeze (pause past the TTL, SIGSTOP) the frozen process cannot act on any \
-         deadline, so its overlaps are as long as before, bounded by the freeze — the reason \
-         the resource checks tokens. Loss detection is measured from the safe deadline. Runs \
-         on commits before the margin existed (before `a7804e3`) gave up at the lease deadline \
-         itself; their detection figures are then from that deadline.\n"
+         store's expiry, so an overlap there needs the store to grant early or the clocks to \
+         drift apart by more than the margin (the checker counts them in these cells, it does \
+         not forbid them); under a freeze (pause past the TTL, SIGSTOP) the frozen process \
+         cannot act on any deadline, so its overlaps last as long as the freeze allows — the \
+         reason the resource checks tokens. Loss detection is measured from the safe \
+         deadline.\n"
     );
     let _ = writeln!(
         out,

@@ -13,8 +13,9 @@ use tracing::Instrument;
 
 use crate::{
     guard::{run_until_lost, Held},
+    holder::Holder,
     DistributedLock, Error, IntoLockKey, Label, LeaseHandle, LockGuard, LockKey, LockOptions,
-    Result, WaitPolicy,
+    Result, SafetyMargin, WaitPolicy,
 };
 
 pub(crate) struct ClientConfig {
@@ -52,111 +53,6 @@ impl ClientInner {
     }
 }
 
-/// Who asks for a lock inside this process: the tokio task, or — for code
-/// that runs outside any task, such as the future given to `block_on` or
-/// `#[tokio::main]` — the thread.
-///
-/// Each acquisition is its own holder on the store (its own random
-/// [`Owner`](crate::Owner)); this identity only serves to recognise a task
-/// asking again for a key it already holds, which would otherwise wait on
-/// itself until its wait bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Holder {
-    Task(tokio::task::Id),
-    Thread(std::thread::ThreadId),
-}
-
-impl Holder {
-    pub(crate) fn current() -> Holder {
-        match tokio::task::try_id() {
-            Some(id) => Holder::Task(id),
-            None => Holder::Thread(std::thread::current().id()),
-        }
-    }
-}
-
-/// How long before a lease's own deadline a [`LockGuard`] gives it up:
-/// `max(ttl × drift, floor)`, at most a quarter of the TTL.
-///
-/// A lease's deadline on the client is its TTL counted from when the
-/// granting (or renewing) request was *sent*, so it never falls after the
-/// store's expiry on account of the network. Two things can still put it
-/// after that expiry, and the margin covers both:
-///
-/// * **Clock-rate drift.** The store measures the TTL with its clock, the
-///   client with its own; crystal oscillators differ by up to ~100 ppm and
-///   NTP slews a clock by up to 500 ppm. The default drift, 1 %, is twenty
-///   times that, for virtual machines whose clocks are steered in jumps
-///   (the same factor Redlock uses).
-/// * **Reaction time.** Between the deadline and the moment the work has
-///   really stopped lie a timer firing on a busy runtime, the loss signal
-///   reaching the work, and — for `fenced run` — a signal to the command and
-///   the kernel ending it. The default floor, 100 ms, is several times the
-///   scheduling delays seen on a loaded two-core machine.
-///
-/// The cap of a quarter of the TTL keeps room for renewals (sent every
-/// third of the TTL) with very short TTLs, where the floor alone would
-/// leave none: below 400 ms the margin is `ttl / 4`.
-///
-/// ```
-/// use std::time::Duration;
-/// use fenced_api::SafetyMargin;
-///
-/// let m = SafetyMargin::default();
-/// assert_eq!(m.for_ttl(Duration::from_secs(30)), Duration::from_millis(300));
-/// assert_eq!(m.for_ttl(Duration::from_secs(2)), Duration::from_millis(100));
-/// assert_eq!(m.for_ttl(Duration::from_millis(200)), Duration::from_millis(50));
-/// assert!(SafetyMargin::new(0.6, Duration::ZERO).is_err());
-/// # Ok::<(), fenced_api::Error>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SafetyMargin {
-    drift: f64,
-    floor: Duration,
-}
-
-impl SafetyMargin {
-    /// 1 % of the TTL, at least 100 ms (see the type's docs for why).
-    pub const DEFAULT: SafetyMargin = SafetyMargin {
-        drift: 0.01,
-        floor: Duration::from_millis(100),
-    };
-
-    /// No margin: the guard gives up exactly at the lease's deadline, when
-    /// the store may already be granting the key to someone else. For
-    /// tests that need the bare lease timing.
-    pub const NONE: SafetyMargin = SafetyMargin {
-        drift: 0.0,
-        floor: Duration::ZERO,
-    };
-
-    /// A margin of `drift` × TTL, at least `floor` (and at most a quarter of
-    /// the TTL).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidOptions`] if `drift` is not a number from 0 to 0.25.
-    pub fn new(drift: f64, floor: Duration) -> Result<Self> {
-        if !(0.0..=0.25).contains(&drift) {
-            return Err(Error::invalid_options(format!(
-                "the clock drift {drift} must be from 0 to 0.25 (0.01 is 1 %)"
-            )));
-        }
-        Ok(SafetyMargin { drift, floor })
-    }
-
-    /// The margin for a lease of this TTL.
-    pub fn for_ttl(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.drift).max(self.floor).min(ttl / 4)
-    }
-}
-
-impl Default for SafetyMargin {
-    fn default() -> Self {
-        SafetyMargin::DEFAULT
-    }
-}
-
 /// Takes locks on one store and keeps them: renewal, loss signals, reentrancy,
 /// `max_hold`, tracing. Cheap to clone (clones share held-lock state and the
 /// renewal queue).
@@ -167,16 +63,30 @@ impl Default for SafetyMargin {
 /// the usual shape of a server, with one client in its state — exclude
 /// each other and wait in turn, exactly as separate processes would.
 ///
-/// A task that asks again for a key *it* already holds would wait on
-/// itself until its wait bound; the client recognises it (by the tokio task
-/// id, or the thread outside any task) and answers at once: with
-/// [`Error::AlreadyHeld`], or — on a client built with
-/// [`reentrant(true)`](LockClientBuilder::reentrant) — with a second guard
-/// on the same hold (same token; the last guard released frees the key).
-/// Re-entering from another task is done explicitly, through the guard:
-/// [`LockGuard::reenter`]. Two futures of one task (`join!`) count as one
-/// holder; a task that waits for another task which asks for the key it
-/// holds is a deadlock the client cannot see (the wait bound ends it).
+/// Asking again for a key the asker already holds would wait on itself
+/// until the wait bound. The client answers such a request at once:
+///
+/// * **Inside the work of a hold** — the closure of
+///   [`with_lock`](Self::with_lock), or a future run by
+///   [`LockGuard::scope`] — asking for the same key through this client is
+///   re-entry on a client built with
+///   [`reentrant(true)`](LockClientBuilder::reentrant) (a second guard on
+///   the same hold: same token, the last guard released frees the key), and
+///   [`Error::AlreadyHeld`] otherwise. The scope travels with the future and
+///   ends with it; a task spawned from inside it is another holder and
+///   waits in turn.
+/// * **Outside any scope**, a task (or, outside any task, a thread) asking
+///   again for a key it acquired and still holds gets
+///   [`Error::AlreadyHeld`] — reentrant or not: re-entry is never implied by
+///   the task alone, since a guard may have been handed to another task.
+///   Two futures of one task (`join!`, `buffer_unordered`) meet this check
+///   too: give each its own task to make them wait in turn. A task that
+///   handed its guard to another task and asks again gets it as well;
+///   acquire in the task that uses the guard instead.
+///
+/// Re-entry from anywhere else is explicit: [`LockGuard::reenter`]. A task
+/// that waits for another task which asks for the key it holds is a
+/// deadlock no client can see (the wait bound ends it).
 ///
 /// # Holding safely
 ///
@@ -258,7 +168,7 @@ impl LockClient {
             max_hold: None,
             reentrant: false,
             margin: SafetyMargin::DEFAULT,
-            label: Some(String::new()),
+            label: LabelChoice::HostPid,
         }
     }
 
@@ -277,9 +187,15 @@ impl LockClient {
         self.inner.config.renew_interval
     }
 
+    /// The safety margin policy of this client's guards.
+    pub fn safety_margin(&self) -> SafetyMargin {
+        self.inner.config.margin
+    }
+
     /// How long before the lease's deadline a guard of this client gives a
-    /// lock up, for the client's TTL (see [`SafetyMargin`]).
-    pub fn safety_margin(&self) -> Duration {
+    /// lock up at the client's TTL: [`safety_margin`](Self::safety_margin)
+    /// applied to [`ttl`](Self::ttl).
+    pub fn margin(&self) -> Duration {
         self.inner.config.margin.for_ttl(self.inner.config.ttl)
     }
 
@@ -300,9 +216,9 @@ impl LockClient {
 
     /// Takes `key`, waiting as configured (see [`LockClientBuilder::wait`]).
     ///
-    /// A grant whose reply arrives after its own deadline (the process or
-    /// the network stalled for longer than the TTL) is never handed out as
-    /// is: the store may have given the key to someone else meanwhile. One
+    /// A grant whose reply arrives after its safe deadline (the process or
+    /// the network stalled for about the TTL) is never handed out as is:
+    /// the store may have given the key to someone else meanwhile. One
     /// renewal sent on arrival either proves it is still this client's and
     /// restarts its TTL, or shows it is gone — then the acquisition goes on
     /// as if refused (waiting again within the bound; `None` from
@@ -311,9 +227,10 @@ impl LockClient {
     /// # Errors
     ///
     /// * [`Error::InvalidKey`] before any I/O.
-    /// * [`Error::AlreadyHeld`] at once if the calling task already holds
-    ///   `key` through this client and the client is not reentrant (see
-    ///   [Holders](Self#holders)). Other tasks wait in turn.
+    /// * [`Error::AlreadyHeld`] at once if the caller already holds `key`
+    ///   through this client (see [Holders](Self#holders)), unless it asks
+    ///   from inside that hold's scope on a reentrant client, which
+    ///   re-enters. Other tasks wait in turn.
     /// * [`Error::Timeout`] when the wait bound passes; [`Error::Backend`] when the store fails.
     ///
     /// # Cancel safety
@@ -369,7 +286,10 @@ impl LockClient {
     ///
     /// `work` receives a [`LeaseHandle`] (fencing token, validity, loss
     /// signal). If the lock is lost first, `work` is dropped — cancelled at
-    /// its next `.await` — and the result is [`Error::LeaseLost`].
+    /// its next `.await` — and the result is [`Error::LeaseLost`]. `work`
+    /// runs in the hold's scope: asking for `key` again through this client
+    /// from inside it re-enters on a reentrant client, and is
+    /// [`Error::AlreadyHeld`] otherwise (see [Holders](Self#holders)).
     ///
     /// # Errors
     ///
@@ -401,7 +321,8 @@ impl LockClient {
     {
         let guard = self.acquire(key).await?;
         let handle = guard.handle().clone();
-        match run_until_lost(&handle, work(handle.clone())).await {
+        let work = crate::holder::within(guard.held(), work(handle.clone()));
+        match run_until_lost(&handle, work).await {
             Ok(out) => match guard.release().await {
                 Ok(()) => Ok(out),
                 Err(lost @ Error::LeaseLost { .. }) => Err(lost),
@@ -422,16 +343,20 @@ impl LockClient {
 
     async fn take(&self, key: LockKey, wait: Option<WaitPolicy>) -> Result<Option<LockGuard>> {
         let cfg = &self.inner.config;
-        let holder = Holder::current();
-        if let Some(held) = self.current(&key, holder) {
+        if let Some(held) = crate::holder::scoped_hold(&self.inner, &key) {
             if !cfg.reentrant {
-                tracing::debug!(key = %key, "this task already holds the key; it would wait on itself");
+                tracing::debug!(key = %key, "asked for again inside its own hold's scope; it would wait on itself");
                 return Err(Error::AlreadyHeld { key });
             }
             if held.enter() {
-                tracing::debug!(key = %key, "lock re-entered");
+                tracing::debug!(key = %key, "lock re-entered inside its scope");
                 return Ok(Some(LockGuard::new(held)));
             }
+        }
+        let holder = Holder::current();
+        if self.current(&key, holder).is_some() {
+            tracing::debug!(key = %key, "this task already holds the key; it would wait on itself (re-enter through a scope or LockGuard::reenter)");
+            return Err(Error::AlreadyHeld { key });
         }
         let started = Instant::now();
         let bound = wait.map(|w| crate::wait::wait_deadline(w, started));
@@ -588,8 +513,18 @@ pub struct LockClientBuilder {
     max_hold: Option<Duration>,
     reentrant: bool,
     margin: SafetyMargin,
-    /// `Some("")` stands for the default, [`Label::host_pid`].
-    label: Option<String>,
+    label: LabelChoice,
+}
+
+/// What a [`LockClientBuilder`] was told to label acquisitions with.
+#[derive(Debug)]
+enum LabelChoice {
+    /// [`Label::host_pid`], the default.
+    HostPid,
+    /// No label.
+    None,
+    /// This one, checked by `build`.
+    Given(String),
 }
 
 impl LockClientBuilder {
@@ -613,7 +548,8 @@ impl LockClientBuilder {
     }
 
     /// Turns the watchdog off (default on): the lock is then reported lost at
-    /// its deadline unless the caller extends it through the store.
+    /// its safe deadline. Extending the lease directly through the store
+    /// ([`DistributedLock::extend`]) does not move the guard's deadline.
     pub fn watchdog(mut self, on: bool) -> Self {
         self.watchdog = on;
         self
@@ -627,10 +563,11 @@ impl LockClientBuilder {
         self
     }
 
-    /// Whether a task may re-enter a key it holds through this client
-    /// (default false: asking again fails at once with
-    /// [`Error::AlreadyHeld`]). Re-entry is per task, never across tasks:
-    /// other tasks sharing the client wait in turn (see
+    /// Whether asking for a key again from inside its own hold's scope
+    /// ([`LockClient::with_lock`]'s work, [`LockGuard::scope`]) re-enters it
+    /// (default false: [`Error::AlreadyHeld`] at once). Never across
+    /// holders: other tasks sharing the client wait in turn, and outside a
+    /// scope asking again is always `AlreadyHeld` (see
     /// [Holders](LockClient#holders)).
     pub fn reentrant(mut self, yes: bool) -> Self {
         self.reentrant = yes;
@@ -648,13 +585,13 @@ impl LockClientBuilder {
     /// `fenced status` (default [`Label::host_pid`]; see [`Label`] for the
     /// rules, checked by [`build`](Self::build)).
     pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
+        self.label = LabelChoice::Given(label.into());
         self
     }
 
     /// Stores no label with this client's acquisitions.
     pub fn no_label(mut self) -> Self {
-        self.label = None;
+        self.label = LabelChoice::None;
         self
     }
 
@@ -679,18 +616,18 @@ impl LockClientBuilder {
         if self.max_hold.is_some_and(|m| m.is_zero()) {
             return Err(Error::invalid_options("max_hold is zero"));
         }
-        if let Some(label) = self.label.as_deref().filter(|l| !l.is_empty()) {
+        if let LabelChoice::Given(label) = &self.label {
             Label::new(label)?;
         }
         Ok(self.build_valid())
     }
 
     fn build_valid(self) -> LockClient {
-        let label = match self.label.as_deref() {
-            None => None,
-            Some("") => Some(Label::host_pid()),
+        let label = match &self.label {
+            LabelChoice::HostPid => Some(Label::host_pid()),
+            LabelChoice::None => None,
             // Checked by `build`; `new` passes the default.
-            Some(l) => Label::new(l).ok(),
+            LabelChoice::Given(l) => Label::new(l).ok(),
         };
         let renew_interval = self
             .watchdog

@@ -78,7 +78,7 @@
 //! assert_eq!(put(&doc, Some("0"), "?"), (400, None));
 //! assert_eq!(put(&doc, None, "?"), (428, None));
 //! assert_eq!(doc.read(String::clone), "from the new holder");
-//! //! ```
+//! ```
 
 use std::{
     fmt,

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tokio::sync::watch;
 
 use crate::{
-    client::{ClientInner, Holder},
-    Error, FencingToken, Lease, LockKey, ReleaseOutcome, Result,
+    client::ClientInner, holder::Holder, Error, FencingToken, Lease, LockKey, ReleaseOutcome,
+    Result,
 };
 
 /// Why a guard considers its lock lost.
@@ -34,7 +34,9 @@ pub enum LossReason {
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            LossReason::DeadlinePassed => "the lease deadline passed without a successful renewal",
+            LossReason::DeadlinePassed => {
+                "the safe deadline (the lease's, less the safety margin) passed without a successful renewal"
+            }
             LossReason::RenewalRefused => {
                 "the store refused the renewal (expired, force-released or taken over)"
             }
@@ -184,6 +186,11 @@ impl Held {
                 _ = tokio::time::sleep_until(next) => {}
             }
             let lease = self.lease();
+            // The safe deadline is checked before the renewal's answer: a
+            // renewal still out when it passes is dropped and the loss
+            // stands, so a late answer never revives the guard (a renewal
+            // answered before it always carries a later safe deadline: it
+            // was sent after the one it replaces).
             let renewal = tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
@@ -193,12 +200,6 @@ impl Held {
                 r = self.client.renewer.renew(&self.client.lock, &lease) => r,
             };
             match renewal {
-                // Back after its own safe deadline (a stall between the
-                // reply and this task): too late to count, and the guard is
-                // never revived after its loss was reported.
-                Ok(renewed) if Instant::now() >= safe_deadline_of(&self.client, &renewed) => {
-                    return self.mark_lost(LossReason::DeadlinePassed);
-                }
                 Ok(renewed) => {
                     crate::telemetry::renewed(self.client.backend);
                     tracing::debug!(key = %self.key, token = %renewed.token, valid_ms = renewed.remaining().as_millis() as u64, "lock renewed");
@@ -302,8 +303,11 @@ impl LeaseHandle {
     /// stopping work that needs `lead` to wind down, while the lock is still
     /// held. With the watchdog renewing normally the deadline keeps moving
     /// and this never resolves, as long as `lead` is shorter than the TTL
-    /// less the margin and one renewal interval. Never resolves once the
-    /// lock was released normally.
+    /// less the margin, one renewal interval and that renewal's round trip
+    /// (`fenced run` allows a quarter of the interval for it: `lead ≤ ttl −
+    /// margin − interval × 5/4`). The longer `lead` is within that bound,
+    /// the fewer failed renewals it takes to resolve: at the bound, one.
+    /// Never resolves once the lock was released normally.
     ///
     /// This is how `fenced run` times its SIGTERM: `expiring(grace)`, so
     /// that the command's grace has run out by the safe deadline.
@@ -321,7 +325,10 @@ impl LeaseHandle {
                 return std::future::pending().await;
             }
             let deadline = *deadlines.borrow_and_update();
-            let at = deadline.checked_sub(lead).unwrap_or(deadline);
+            // A lead longer than the clock can go back: already within it.
+            let Some(at) = deadline.checked_sub(lead) else {
+                return;
+            };
             tokio::select! {
                 biased;
                 _ = self.held.lost.cancelled() => return,
@@ -426,6 +433,43 @@ impl LockGuard {
     /// See [`LeaseHandle::expiring`].
     pub async fn expiring(&self, lead: Duration) {
         self.handle.expiring(lead).await
+    }
+
+    /// Runs `work` in this hold's scope: inside it, asking for this key
+    /// again through the same [`LockClient`](crate::LockClient) re-enters on
+    /// a reentrant client and is [`Error::AlreadyHeld`] otherwise, instead
+    /// of a wait on itself (see [Holders](crate::LockClient#holders)). The
+    /// scope is the future's: it follows `work` wherever it is polled and
+    /// ends with it; tasks spawned from inside it are other holders.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use fenced_api::{LockClient, MemoryLock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fenced_api::Result<()> {
+    /// let client = LockClient::builder(Arc::new(MemoryLock::new())).reentrant(true).build()?;
+    /// let guard = client.acquire("ledger").await?;
+    /// let inner = guard
+    ///     .scope(async {
+    ///         // Code that takes the lock itself, called while it is held.
+    ///         let again = client.acquire("ledger").await?;
+    ///         let token = again.token();
+    ///         again.release().await?;
+    ///         Ok::<_, fenced_api::Error>(token)
+    ///     })
+    ///     .await?;
+    /// assert_eq!(inner, guard.token());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn scope<F: std::future::Future>(&self, work: F) -> F::Output {
+        crate::holder::within(self.held(), work).await
+    }
+
+    /// The shared hold behind this guard.
+    pub(crate) fn held(&self) -> Arc<Held> {
+        Arc::clone(&self.handle.held)
     }
 
     /// A second guard on this same hold — explicit re-entry, for instance
@@ -534,6 +578,9 @@ impl LockGuard {
     /// Stops renewing and forgets the guard without releasing: the lock
     /// expires after its TTL, unless released later with the returned lease
     /// through [`DistributedLock::release`](crate::DistributedLock::release).
+    /// The lease is the store's, as the last grant or renewal returned it:
+    /// its `deadline` is the lease's own, without the safety margin that
+    /// [`LeaseHandle::lease`] takes off.
     pub fn leak(mut self) -> Lease {
         self.done = true;
         let held = Arc::clone(&self.handle.held);

@@ -65,9 +65,11 @@ mod dual;
 mod error;
 pub mod fence;
 mod guard;
+mod holder;
 mod key;
 mod lease;
 mod lock;
+mod margin;
 mod memory;
 mod options;
 mod renewer;
@@ -77,7 +79,7 @@ pub mod wait;
 
 pub use async_trait::async_trait;
 pub use capabilities::Capabilities;
-pub use client::{LockClient, LockClientBuilder, SafetyMargin};
+pub use client::{LockClient, LockClientBuilder};
 pub use driver::{BoxFuture, ConnectFn, Driver, MigrateFn};
 pub use dual::{DualLock, TokenSource};
 pub use error::{BoxError, Error, Result};
@@ -85,6 +87,7 @@ pub use guard::{LeaseHandle, LockGuard, LossReason};
 pub use key::{IntoLockKey, LockKey};
 pub use lease::{FencingToken, Lease, LockInfo, ReleaseOutcome};
 pub use lock::{DistributedLock, EXTEND_MANY_CONCURRENCY};
+pub use margin::SafetyMargin;
 pub use memory::MemoryLock;
 pub use options::{Label, LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
 

@@ -178,7 +178,7 @@ async fn the_margin_is_configurable_and_scales_with_the_ttl() {
         .build()
         .unwrap();
     // 1 % of 60 s is above the floor.
-    assert_eq!(c.safety_margin(), Duration::from_millis(600));
+    assert_eq!(c.margin(), Duration::from_millis(600));
     let start = Instant::now();
     let g = c.acquire("a").await.unwrap();
     g.lost().await;
@@ -190,7 +190,7 @@ async fn the_margin_is_configurable_and_scales_with_the_ttl() {
         .safety_margin(SafetyMargin::new(0.1, Duration::from_millis(10)).unwrap())
         .build()
         .unwrap();
-    assert_eq!(c.safety_margin(), TTL / 10);
+    assert_eq!(c.margin(), TTL / 10);
     let start = Instant::now();
     let g = c.acquire("b").await.unwrap();
     g.lost().await;
@@ -318,9 +318,15 @@ async fn reentrant_client_counts_holds() {
         .build()
         .unwrap();
     let g1 = c.acquire("k").await.unwrap();
-    let g2 = c.acquire("k").await.unwrap();
-    let g3 = c.try_acquire("k").await.unwrap().unwrap();
+    let (g2, g3) = g1
+        .scope(async {
+            let g2 = c.acquire("k").await.unwrap();
+            let g3 = c.try_acquire("k").await.unwrap().unwrap();
+            (g2, g3)
+        })
+        .await;
     assert_eq!(g1.token(), g3.token());
+    assert_eq!(g2.token(), g3.token());
     drop(g2);
     g1.release().await.unwrap();
     settle().await;
@@ -915,4 +921,28 @@ async fn a_late_grant_the_store_still_holds_is_renewed_before_use() {
         .unwrap()
         .unwrap();
     assert_eq!(info.token, guard.token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_arriving_inside_the_safety_margin_is_renewed_before_use() {
+    let store = MemoryLock::new();
+    // The reply comes 50 ms before the lease's deadline: past its safe
+    // deadline (100 ms before), so it must be confirmed first.
+    let late = LateGrant::new(store.clone(), TTL - Duration::from_millis(50), false);
+    let extends = Arc::clone(&late.extends);
+    let c = LockClient::builder(Arc::new(late))
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = c
+        .try_acquire("k")
+        .await
+        .unwrap()
+        .expect("still held on the store");
+    assert_eq!(
+        extends.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "a grant inside the margin was handed out without a renewal"
+    );
+    assert!(guard.valid_for() > TTL / 2, "{:?}", guard.valid_for());
 }

@@ -140,13 +140,19 @@ async fn a_task_asking_again_for_its_own_key_is_told_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn reentry_is_per_task_and_explicit_through_the_guard() {
+async fn reentry_is_through_a_scope_or_the_guard_never_the_task_alone() {
     let store = MemoryLock::new();
     let c = client(&store, true);
-    let g1 = c.acquire("k").await.unwrap();
-    let g2 = c.acquire("k").await.unwrap();
-    assert_eq!(g1.token(), g2.token());
     let key = LockKey::new("k").unwrap();
+    let g1 = c.acquire("k").await.unwrap();
+    // The same task, outside any scope: told, not re-entered.
+    assert!(matches!(
+        c.try_acquire("k").await,
+        Err(Error::AlreadyHeld { .. })
+    ));
+    // Inside the hold's scope: re-entry, same token.
+    let g2 = g1.scope(c.acquire("k")).await.unwrap();
+    assert_eq!(g1.token(), g2.token());
     // Explicit re-entry hands the hold to another task.
     let g3 = g1.reenter().unwrap();
     let t = tokio::spawn(async move {
@@ -174,6 +180,106 @@ async fn reentry_is_per_task_and_explicit_through_the_guard() {
     store.force_release(&key).await.unwrap();
     g.lost().await;
     assert!(matches!(g.reenter(), Err(Error::LeaseLost { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lock_work_re_enters_or_is_told_and_its_spawned_tasks_wait() {
+    for reentrant in [false, true] {
+        let store = MemoryLock::new();
+        let c = client(&store, reentrant);
+        let (inner, spawned) = c
+            .with_lock("k", |lease| {
+                let c = c.clone();
+                async move {
+                    let inner = match c.try_acquire("k").await {
+                        Ok(Some(g)) => {
+                            assert_eq!(g.token(), lease.token());
+                            g.release().await.unwrap();
+                            "re-entered"
+                        }
+                        Err(Error::AlreadyHeld { .. }) => "told",
+                        other => panic!("inside with_lock: {other:?}"),
+                    };
+                    // A task spawned from the work is another holder.
+                    let c2 = c.clone();
+                    let spawned = tokio::spawn(async move { c2.try_acquire("k").await })
+                        .await
+                        .unwrap();
+                    (inner, spawned.map(|g| g.is_some()))
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(inner, if reentrant { "re-entered" } else { "told" });
+        assert!(
+            matches!(spawned, Ok(false)),
+            "reentrant={reentrant}: a spawned task got {spawned:?}"
+        );
+    }
+}
+
+/// A guard handed to a worker task stays that worker's: the task that
+/// acquired it asking again is told at once — never let in beside the
+/// worker, on a reentrant client too.
+#[tokio::test(start_paused = true)]
+async fn a_handed_off_guard_never_lets_its_acquiring_task_in_again() {
+    for reentrant in [false, true] {
+        let store = MemoryLock::new();
+        let c = client(&store, reentrant);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let g = c.acquire("k").await.unwrap();
+        let worker = {
+            let inside = Arc::clone(&inside);
+            tokio::spawn(async move {
+                inside.fetch_add(1, Ordering::SeqCst);
+                sleep(Duration::from_millis(100)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            })
+        };
+        sleep(Duration::from_millis(10)).await;
+        match c.try_acquire("k").await {
+            Err(Error::AlreadyHeld { .. }) => {}
+            Ok(Some(_)) => panic!("reentrant={reentrant}: let in beside the worker"),
+            other => panic!("reentrant={reentrant}: {other:?}"),
+        }
+        assert_eq!(inside.load(Ordering::SeqCst), 1);
+        worker.await.unwrap();
+        // Once the worker released it, the dispatcher takes it normally.
+        c.acquire("k").await.unwrap().release().await.unwrap();
+    }
+}
+
+/// Two futures of one task both asking for the key: never both inside.
+#[tokio::test(start_paused = true)]
+async fn futures_of_one_task_are_never_both_inside() {
+    for reentrant in [false, true] {
+        let store = MemoryLock::new();
+        let c = client(&store, reentrant);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let one = |delay: u64| {
+            let (c, inside, most) = (c.clone(), Arc::clone(&inside), Arc::clone(&most));
+            async move {
+                sleep(Duration::from_millis(delay)).await;
+                match c.acquire("k").await {
+                    Ok(g) => {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        sleep(Duration::from_millis(100)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        g.release().await.unwrap();
+                        true
+                    }
+                    Err(Error::AlreadyHeld { .. }) => false,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        };
+        let (a, b) = tokio::join!(one(0), one(10));
+        assert!(a && !b, "reentrant={reentrant}: {a} {b}");
+        assert_eq!(most.load(Ordering::SeqCst), 1, "reentrant={reentrant}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -162,6 +162,56 @@ impl Job {
         end
     }
 
+    /// Whether anything of CMD's process group is still there (CMD itself
+    /// may be gone: what it started in the background stays in its group).
+    pub(crate) fn group_alive(&self) -> bool {
+        let Some(group) = self.group else {
+            return false;
+        };
+        if killpg(group, None).is_err() {
+            return false;
+        }
+        // A dead member whose new parent has not reaped it yet (a zombie)
+        // still answers kill(0) but runs nothing: only live members count.
+        // Without /proc, every member counts.
+        live_members_in_proc(group).unwrap_or(true)
+    }
+
+    /// After CMD exited: what it left in its group (background children)
+    /// gets SIGTERM (and SIGCONT) and up to `grace` to exit — less if
+    /// `deadline` resolves first — then SIGKILL. The lock covers the whole
+    /// group, so nothing of it may outlive the release. A process that left
+    /// the group (`setsid`, `setpgid`) is beyond reach: it is on its own.
+    pub(crate) async fn end_leftovers(
+        &mut self,
+        grace: Duration,
+        deadline: impl std::future::Future<Output = ()>,
+    ) -> Leftovers {
+        if !self.group_alive() {
+            return Leftovers::None;
+        }
+        self.signal(Signal::SIGTERM);
+        let end = tokio::select! {
+            biased;
+            () = self.group_gone() => Leftovers::Ended,
+            () = deadline => Leftovers::KilledAtDeadline,
+            () = tokio::time::sleep(grace) => Leftovers::Killed,
+        };
+        if end != Leftovers::Ended {
+            self.signal(Signal::SIGKILL);
+            // SIGKILL cannot be refused; the bound only covers the moment
+            // it takes the orphans' new parent to reap them.
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.group_gone()).await;
+        }
+        end
+    }
+
+    async fn group_gone(&self) {
+        while self.group_alive() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGKILL to the group at once (no SIGTERM first); reaps CMD and takes
     /// the terminal back.
     pub(crate) async fn kill(&mut self) {
@@ -170,6 +220,19 @@ impl Job {
         let _ = self.child.wait().await;
         self.take_terminal();
     }
+}
+
+/// What [`Job::end_leftovers`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leftovers {
+    /// Nothing of the group was left.
+    None,
+    /// Processes were left; they ended after SIGTERM within the grace.
+    Ended,
+    /// Processes were left and outlived the grace: SIGKILLed.
+    Killed,
+    /// Processes were left and still there when the lock ran out: SIGKILLed.
+    KilledAtDeadline,
 }
 
 /// How [`Job::wind_down`] ended.
@@ -187,6 +250,37 @@ impl Drop for Job {
     fn drop(&mut self) {
         self.take_terminal();
     }
+}
+
+/// Whether `/proc` shows a process of `group` that is not a zombie;
+/// `None` when `/proc` cannot be read.
+fn live_members_in_proc(group: Pid) -> Option<bool> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    let mut seen_any = false;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        // `pid (comm) state ppid pgrp …`; comm may hold spaces and ')'.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        seen_any = true;
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if pgrp == group.as_raw().to_string() && state != "Z" && state != "X" {
+            return Some(true);
+        }
+    }
+    seen_any.then_some(false)
 }
 
 /// Whether stdin is a terminal whose foreground group is fenced's own.

@@ -59,8 +59,12 @@
 //! # `fenced run`: what it does with the command (CMD)
 //!
 //! * CMD runs in a **process group of its own**, so that stopping it on a
-//!   lost lock reaches everything it started (the timeline above; what is
-//!   left of the group after CMD exited for the lock gets SIGKILL too).
+//!   lost lock reaches everything it started (the timeline above). The
+//!   lock covers the whole group: what CMD leaves running in it when it
+//!   exits by itself gets SIGTERM, and SIGKILL after `--grace` (or at the
+//!   safe deadline), before the lock is released; after a stop for the
+//!   lock the group gets SIGKILL. A process that leaves the group
+//!   (`setsid`, a daemon) is beyond reach.
 //!   It gets `FENCED_TOKEN`, `FENCED_KEY` and `FENCED_LABEL` (the holder
 //!   label stored with the lock: `--label`, default `host:pid` of fenced).
 //! * When stdin is a terminal and fenced is its foreground job, CMD's group
@@ -132,9 +136,10 @@ Store URLs: sqlite:///path/locks.db (default), mysql://user:pw@host/db?strategy=
   redis://host:6379, rediss://, etcd://h1:2379,h2:2379/prefix, etcds://, memory:// (this process only).
 
 Exit codes of `run`: the command's own code (128+N if killed by signal N);
-  75 lock held elsewhere for the whole --wait; 76 lock lost while the command ran (command terminated);
-  69 store failed or unreachable; 78 bad URL/key/option or missing schema; 127 command could not start.
-  See `fenced run --help` for signals and terminals.";
+  75 lock held elsewhere for the whole --wait; 76 lock lost or running out while the command ran, or
+  --max-hold reached (the command was stopped for it); 69 store failed or unreachable; 78 bad
+  URL/key/label/option, a --grace that does not fit --ttl, or missing schema; 127 command could not
+  start. See `fenced run --help` for the stop timeline, signals and terminals.";
 
 const RUN_HELP: &str = "\
 Examples:
@@ -160,14 +165,17 @@ Timeline when renewals fail (T = --ttl, g = --grace, m = safety margin = max(1% 
   SIGKILL to the group at once, no grace.
   --max-hold (from the grant): SIGTERM, SIGKILL after --grace (or at the safe deadline),
   renewing meanwhile; then the lock is released and fenced exits 76.
+  What CMD leaves running in its process group (background children) gets SIGTERM when CMD
+  exits, SIGKILL after --grace (or at the safe deadline), before the lock is released.
   Releasing after CMD ends waits for the store at most 1s after a loss or stop (the lock
   expires at its TTL anyway), at most 5s after a normal exit (then a warning, CMD's status,
   and the lock expires at its TTL): fenced exits within about a second of CMD after a loss.
 
 Exit codes: CMD's own (128+N if it died of signal N);
   75 lock held elsewhere for the whole --wait (CMD not run);
-  76 lock lost or running out while CMD ran (see the timeline), or --max-hold reached;
-     CMD was stopped for it;
+  76 lock lost or running out while CMD ran (see the timeline), or --max-hold reached
+     (CMD was stopped for it); also when CMD finished but the store had taken the lock
+     away meanwhile (a force release not yet noticed);
   69 store failed or unreachable; 78 bad URL/key/option/label, a --grace that does not fit
      --ttl, or missing schema; 127 CMD could not start.
   CMD's own code can equal one of these: fenced's own failures always print a `fenced:` line on

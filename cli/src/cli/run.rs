@@ -14,7 +14,7 @@ use tokio::{
 
 use super::{
     connect, fail,
-    job::{self, Job, WindDown},
+    job::{self, Job, Leftovers, WindDown},
     say, RunArgs, Wait, EXIT_BUSY, EXIT_CONFIG, EXIT_LOST, EXIT_SPAWN, EXIT_STORE,
 };
 
@@ -94,26 +94,48 @@ pub(crate) fn check_grace(
     if grace <= largest {
         return Ok(());
     }
-    // The shortest TTL (whole seconds) with fenced's default margin and
-    // ttl/3 renewals that fits this grace.
-    let default_fits = |t: Duration| grace <= max_grace(t, SafetyMargin::DEFAULT.for_ttl(t), t / 3);
-    let mut secs = (grace.as_secs_f64() * 12.0 / 7.0).ceil().max(1.0) as u64;
-    while !default_fits(Duration::from_secs(secs)) {
-        secs += 1;
-    }
+    let longer = match shortest_ttl_for(grace) {
+        Some(secs) => format!("or use --ttl {secs}s or longer"),
+        None => format!(
+            "no --ttl up to the maximum {} fits it",
+            fmt_duration(fenced::LockOptions::MAX_TTL)
+        ),
+    };
     Err(format!(
         "--grace {} does not fit --ttl {}: once renewals fail the command gets SIGTERM at the safe \
          deadline less --grace and SIGKILL at the safe deadline, so --grace + the safety margin \
          ({}) + one renewal interval ({}) and a quarter of it must not exceed the TTL; the largest \
-         --grace for --ttl {} is {} (or use --ttl {}s or longer)",
+         --grace for --ttl {} is {} ({longer})",
         fmt_duration(grace),
         fmt_duration(ttl),
         fmt_duration(margin),
         fmt_duration(interval),
         fmt_duration(ttl),
         fmt_duration(largest),
-        secs,
     ))
+}
+
+/// The shortest TTL in whole seconds, at most [`fenced::LockOptions::MAX_TTL`],
+/// whose largest grace (default margin, ttl/3 renewals) is at least `grace`.
+fn shortest_ttl_for(grace: Duration) -> Option<u64> {
+    let fits = |secs: u64| {
+        let t = Duration::from_secs(secs);
+        grace <= max_grace(t, SafetyMargin::DEFAULT.for_ttl(t), t / 3)
+    };
+    // The largest grace is 7/12 of the TTL less the margin, and the margin
+    // is at most max(1 % of the TTL, 100 ms): this TTL always fits.
+    let g = grace.as_secs_f64();
+    let enough = ((g + 0.1) * 12.0 / 7.0).max(g / (7.0 / 12.0 - 0.01)).ceil();
+    let max = fenced::LockOptions::MAX_TTL.as_secs();
+    if enough > max as f64 {
+        return fits(max).then_some(max);
+    }
+    let mut secs = (enough as u64).max(1);
+    // The bound above is within a second or two of the shortest.
+    while secs > 1 && fits(secs - 1) {
+        secs -= 1;
+    }
+    Some(secs)
 }
 
 /// A duration in milliseconds precision, humantime style (`3s 400ms`).
@@ -170,7 +192,7 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         Err(e) => return fail(&e),
     };
     let interval = client.renew_interval().unwrap_or(args.ttl / 3);
-    if let Err(msg) = check_grace(client.ttl(), grace, client.safety_margin(), interval) {
+    if let Err(msg) = check_grace(client.ttl(), grace, client.margin(), interval) {
         say(&msg);
         return EXIT_CONFIG;
     }
@@ -310,6 +332,32 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
             }
         }
     };
+    // The lock covers the command's whole process group: what it left
+    // running in the background ends before the lock is released. (After a
+    // stop for the lock the group was SIGKILLed already.)
+    let end = match end {
+        End::Lost => End::Lost,
+        done => match job
+            .end_leftovers(grace, guard.expiring(Duration::ZERO))
+            .await
+        {
+            Leftovers::None => done,
+            Leftovers::Ended => {
+                say("the command left processes running in its group; they got SIGTERM and ended before the lock was released");
+                done
+            }
+            Leftovers::Killed => {
+                say("the command left processes running in its group that outlived --grace after SIGTERM: killed them (SIGKILL) before releasing the lock");
+                done
+            }
+            Leftovers::KilledAtDeadline => {
+                say(&format!(
+                    "the command left processes running in its group, still there when lock `{key}` ran out: killed them (SIGKILL)"
+                ));
+                End::Lost
+            }
+        },
+    };
     drop(job);
 
     match end {
@@ -317,17 +365,18 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
             release(guard, RELEASE_AFTER_LOSS).await;
             EXIT_LOST
         }
-        End::Signalled(code) => {
-            release(guard, RELEASE_AFTER_EXIT).await;
-            code
-        }
-        End::Exited(code) => match release(guard, RELEASE_AFTER_EXIT).await {
-            Some(Err(e @ Error::LeaseLost { .. })) => {
-                say(&format!("the command finished, but {e}"));
-                EXIT_LOST
+        // The command ran to its end (or to a signal passed on); if the
+        // store says the lease was gone by then, the lock did not cover it
+        // to the end: that is a loss, whatever the command's own status.
+        End::Signalled(code) | End::Exited(code) => {
+            match release(guard, RELEASE_AFTER_EXIT).await {
+                Some(Err(e @ Error::LeaseLost { .. })) => {
+                    say(&format!("the command finished, but {e}"));
+                    EXIT_LOST
+                }
+                _ => code,
             }
-            _ => code,
-        },
+        }
     }
 }
 
@@ -445,6 +494,29 @@ mod tests {
         assert!(
             check_grace(t - s(1), s(3600), margin(t - s(1)), (t - s(1)) / 3).is_err(),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_grace_no_ttl_can_fit_is_said_so_at_once() {
+        let s = Duration::from_secs;
+        for grace in [s(30 * 24 * 3600), s(u64::MAX / 2), Duration::MAX] {
+            let msg = check_grace(s(30), grace, s(1), s(10)).unwrap_err();
+            assert!(msg.contains("no --ttl up to the maximum"), "{msg}");
+        }
+        // Just below a day still has an answer, and it fits.
+        let msg = check_grace(s(30), s(40_000), s(1), s(10)).unwrap_err();
+        assert!(msg.contains("or use --ttl"), "{msg}");
+        let secs = shortest_ttl_for(s(40_000)).unwrap();
+        let t = s(secs);
+        assert!(s(40_000) <= max_grace(t, SafetyMargin::DEFAULT.for_ttl(t), t / 3));
+        assert!(
+            s(40_000)
+                > max_grace(
+                    t - s(1),
+                    SafetyMargin::DEFAULT.for_ttl(t - s(1)),
+                    (t - s(1)) / 3
+                )
         );
     }
 }

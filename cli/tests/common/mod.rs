@@ -123,8 +123,19 @@ pub fn read_pid(path: &Path) -> i32 {
     }
 }
 
+/// Whether `pid` runs: exists and is not a zombie (a killed orphan stays
+/// one until its new parent reaps it, which on some machines is never).
 pub fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 /// `fenced status --json KEY` → whether KEY is held.

@@ -1,0 +1,84 @@
+//! Who asks for a lock inside this process, and which holds the running
+//! code works under — what lets [`LockClient`](crate::LockClient) tell a
+//! task asking again for its own key (which would wait on itself) from
+//! another holder (which must wait in turn).
+//!
+//! Two sources, one precise and one a fallback:
+//!
+//! * **Scopes.** [`LockClient::with_lock`](crate::LockClient::with_lock)
+//!   and [`LockGuard::scope`](crate::LockGuard::scope) run their work with
+//!   the hold recorded in a tokio task-local. The record travels with the
+//!   future, wherever it is polled, and ends with it: inside it, asking for
+//!   the same key through the same client is re-entry (or `AlreadyHeld`),
+//!   never a wait. A task spawned from inside does not inherit it, and
+//!   waits in turn like any other holder.
+//! * **The acquiring task.** Outside any scope, a hold remembers the task
+//!   (or, outside any task, the thread) that took it. The same task asking
+//!   again gets `AlreadyHeld` at once rather than a silent wait until its
+//!   bound. This is a check, never a grant: a guard handed to another task
+//!   still counts as its acquiring task's here, so re-entry is only ever
+//!   through a scope or [`LockGuard::reenter`](crate::LockGuard::reenter).
+
+use std::{future::Future, sync::Arc};
+
+use crate::{client::ClientInner, guard::Held, LockKey};
+
+/// The task that takes a lock (by its tokio task id), or — for code that
+/// runs outside any task, such as the future given to `block_on` or
+/// `#[tokio::main]` — the thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Holder {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Holder {
+    pub(crate) fn current() -> Holder {
+        match tokio::task::try_id() {
+            Some(id) => Holder::Task(id),
+            None => Holder::Thread(std::thread::current().id()),
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The holds whose work the current future runs under (innermost first).
+    static SCOPE: Scope;
+}
+
+/// A chain of holds, innermost first.
+#[derive(Clone, Default)]
+struct Scope(Option<Arc<Node>>);
+
+struct Node {
+    held: Arc<Held>,
+    outer: Scope,
+}
+
+impl Scope {
+    fn current() -> Scope {
+        SCOPE.try_with(Scope::clone).unwrap_or_default()
+    }
+}
+
+/// The hold of `key` through `client` that the running code works under,
+/// if any and not lost.
+pub(crate) fn scoped_hold(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<Held>> {
+    let mut at = Scope::current().0;
+    while let Some(node) = at {
+        if Arc::ptr_eq(&node.held.client, client) && node.held.key == *key {
+            return (!node.held.is_lost()).then(|| Arc::clone(&node.held));
+        }
+        at = node.outer.0.clone();
+    }
+    None
+}
+
+/// Runs `work` with `held` recorded as the hold it works under.
+pub(crate) async fn within<F: Future>(held: Arc<Held>, work: F) -> F::Output {
+    let scope = Scope(Some(Arc::new(Node {
+        held,
+        outer: Scope::current(),
+    })));
+    SCOPE.scope(scope, work).await
+}
