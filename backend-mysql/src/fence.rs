@@ -327,12 +327,7 @@ const ER_BAD_FIELD: u16 = 1054;
 /// so one validated name works for both; token 0 is an unset token.
 fn validate(resource: &str, token: FencingToken) -> Result<LockKey> {
     let resource = LockKey::new(resource)?;
-    if token.get() == 0 {
-        return Err(Error::invalid_options(
-            "fencing token 0 is not a token any store grants (tokens are >= 1); pass the \
-             lease's token",
-        ));
-    }
+    fenced_api::fence::check_token(token)?;
     Ok(resource)
 }
 

@@ -168,12 +168,7 @@ async fn write(
     px: u64,
 ) -> Result<FenceOutcome> {
     let fence = fence_key(key)?;
-    if token.get() == 0 {
-        return Err(Error::invalid_options(
-            "fencing token 0 is not a token any store grants (tokens are >= 1); pass the \
-             lease's token",
-        ));
-    }
+    fenced_api::fence::check_token(token)?;
     let reply: Value = FENCE_SET
         .key(key)
         .key(&fence)

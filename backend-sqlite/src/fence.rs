@@ -325,12 +325,7 @@ impl Fence {
 /// so one validated name works for both; token 0 is an unset token.
 fn validate(resource: &str, token: FencingToken) -> Result<(LockKey, i64)> {
     let resource = LockKey::new(resource)?;
-    if token.get() == 0 {
-        return Err(Error::invalid_options(
-            "fencing token 0 is not a token any store grants (tokens are >= 1); pass the \
-             lease's token",
-        ));
-    }
+    fenced_api::fence::check_token(token)?;
     let t = i64::try_from(token.get()).map_err(|_| Error::Unsupported {
         backend: error::BACKEND,
         what: format!(

@@ -88,7 +88,7 @@ use std::{
     },
 };
 
-use crate::FencingToken;
+use crate::{Error, FencingToken, Result};
 
 /// Request header carrying the writer's fencing token, in decimal.
 pub const TOKEN_HEADER: &str = "Fencing-Token";
@@ -106,6 +106,23 @@ pub const STATUS_STALE: u16 = 409;
 /// The status of a request to a fenced endpoint without a token:
 /// `428 Precondition Required`.
 pub const STATUS_MISSING: u16 = 428;
+
+/// Refuses token 0, which no store grants (tokens are ≥ 1): a fencing
+/// helper given it was handed an unset token, not a lease's. Every helper
+/// (SQL, Redis) checks this before any I/O.
+///
+/// # Errors
+///
+/// [`Error::InvalidOptions`] for token 0.
+pub fn check_token(token: FencingToken) -> Result<()> {
+    if token.get() == 0 {
+        return Err(Error::invalid_options(
+            "fencing token 0 is not a token any store grants (tokens are >= 1); pass the \
+             lease's token",
+        ));
+    }
+    Ok(())
+}
 
 /// Parses a [`TOKEN_HEADER`] value: a decimal number from 1 to 2^64 − 1,
 /// surrounding spaces or tabs allowed (HTTP's optional whitespace), nothing
