@@ -1,5 +1,6 @@
 //! A five-minute tour of fenced on the embedded in-memory store: acquire,
-//! contention, fencing tokens rejecting a paused ex-holder, and loss signals.
+//! contention, fencing tokens rejecting a paused ex-holder, loss signals,
+//! tasks sharing one client, labels, and stopping before a lock can expire.
 //!
 //! Run: `cargo run -p fenced-examples --example tour`
 #![allow(clippy::print_stdout)]
@@ -107,6 +108,58 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         other => println!("   with_lock -> unexpected {other:?}"),
     }
     fresh.release().await?;
+
+    println!("6. tasks sharing one client take turns; the label says who holds");
+    let shared = LockClient::builder(store.clone())
+        .ttl(Duration::from_secs(3))
+        .label("tour worker")
+        .build()?;
+    let first = shared.acquire("orders:1002").await?;
+    let holder = store.inspect(&LockKey::new("orders:1002")?).await?;
+    let label = holder.and_then(|i| i.label).map(|l| l.to_string());
+    println!("   inspect shows the holder labelled {label:?}");
+    match shared.try_acquire("orders:1002").await {
+        Err(e @ Error::AlreadyHeld { .. }) => println!("   the same task asking again -> {e}"),
+        other => println!("   the same task asking again -> unexpected {other:?}"),
+    }
+    let waiter = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let g = shared.acquire("orders:1002").await?;
+            let token = g.token();
+            g.release().await?;
+            Ok::<_, Error>(token)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    println!(
+        "   another task of the same client waits (done: {})",
+        waiter.is_finished()
+    );
+    let first_token = first.token();
+    first.release().await?;
+    println!(
+        "   after the release it gets token {} (> {first_token})",
+        waiter.await??
+    );
+
+    println!("7. stop in time: expiring(lead) fires while the lock is still held");
+    let flaky = Arc::new(MemoryLock::new());
+    let client = LockClient::builder(flaky.clone())
+        .ttl(Duration::from_secs(1))
+        .build()?;
+    let guard = client.acquire("report:weekly").await?;
+    flaky.set_available(false); // renewals fail from now on
+    let lead = Duration::from_millis(300);
+    guard.expiring(lead).await;
+    println!(
+        "   renewals failed: {} ms left (the margin, {} ms, before the store's expiry), lost = {}: wind down now",
+        guard.valid_for().as_millis(),
+        client.margin().as_millis(),
+        guard.is_lost()
+    );
+    let reason = guard.lost().await;
+    println!("   then: {reason}");
 
     println!("accepted writes: {:?}", orders.values());
     Ok(())

@@ -177,7 +177,18 @@ async fn every_example_program_runs() {
     let out = run_example("cron_job", &[], &[("FENCED_URL", &url)]);
     assert!(out.contains("[1, 1, 1, 1, 1]"), "{out}");
     let out = run_example("tour", &[], &[]);
-    assert!(!out.is_empty());
+    for line in [
+        "inspect shows the holder labelled Some(\"tour worker\")",
+        "the same task asking again -> ",
+        "another task of the same client waits (done: false)",
+        "lost = false: wind down now",
+    ] {
+        assert!(
+            out.contains(line),
+            "the tour did not print {line:?}:\n{out}"
+        );
+    }
+    assert!(!out.contains("unexpected"), "{out}");
     let (mysql, redis) = (mysql("unique_key").await, redis().await);
     let out = run_example("migrate_mysql_to_redis", &[&mysql, &redis], &[]);
     assert!(
