@@ -84,9 +84,12 @@ impl ClientInner {
 ///   handed its guard to another task and asks again gets it as well;
 ///   acquire in the task that uses the guard instead.
 ///
-/// Re-entry from anywhere else is explicit: [`LockGuard::reenter`]. A task
-/// that waits for another task which asks for the key it holds is a
-/// deadlock no client can see (the wait bound ends it).
+/// Re-entry from anywhere else is explicit: [`LockGuard::reenter`]. What
+/// no client can see: a task that was *handed* a guard and then asks for
+/// that key again outside a scope waits on its own lock (re-enter through
+/// the guard instead), and a task that waits for another task which asks
+/// for the key it holds deadlocks. A wait bound
+/// ([`WaitPolicy::Timeout`]) ends both; the default waits forever.
 ///
 /// # Holding safely
 ///
@@ -321,7 +324,9 @@ impl LockClient {
     {
         let guard = self.acquire(key).await?;
         let handle = guard.handle().clone();
-        let work = crate::holder::within(guard.held(), work(handle.clone()));
+        // The closure itself runs inside the scope too (at the first poll).
+        let for_work = handle.clone();
+        let work = crate::holder::within(guard.held(), async move { work(for_work).await });
         match run_until_lost(&handle, work).await {
             Ok(out) => match guard.release().await {
                 Ok(()) => Ok(out),
@@ -344,6 +349,11 @@ impl LockClient {
     async fn take(&self, key: LockKey, wait: Option<WaitPolicy>) -> Result<Option<LockGuard>> {
         let cfg = &self.inner.config;
         if let Some(held) = crate::holder::scoped_hold(&self.inner, &key) {
+            // The work of a lost hold (or one past its safe deadline, which
+            // a stalled watchdog has not marked yet) learns of the loss.
+            if held.is_past() {
+                return Err(held.loss_error());
+            }
             if !cfg.reentrant {
                 tracing::debug!(key = %key, "asked for again inside its own hold's scope; it would wait on itself");
                 return Err(Error::AlreadyHeld { key });

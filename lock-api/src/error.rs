@@ -41,10 +41,16 @@ pub enum Error {
         reason: String,
     },
 
-    /// The caller already holds this key and is not configured for reentrancy.
+    /// The caller already holds this key: the same owner on a store without
+    /// reentrant options, or — through [`LockClient`](crate::LockClient) —
+    /// the task that acquired it asking again outside the hold's scope, or
+    /// inside it on a client that is not reentrant.
     ///
     /// Returned immediately, instead of letting the caller wait on itself.
-    #[error("lock `{key}` is already held by this holder; enable reentrancy or release it first")]
+    #[error(
+        "lock `{key}` is already held by this holder; release it first, or re-enter it \
+         explicitly (LockGuard::reenter, or inside with_lock / LockGuard::scope on a reentrant client)"
+    )]
     AlreadyHeld {
         /// The key that is already held.
         key: LockKey,

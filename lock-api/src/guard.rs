@@ -102,6 +102,12 @@ impl Held {
         *self.safe_deadline.borrow()
     }
 
+    /// Lost, or past its safe deadline (a watchdog stalled with its
+    /// runtime has not marked it yet): not to be entered again.
+    pub(crate) fn is_past(&self) -> bool {
+        self.is_lost() || Instant::now() >= self.safe_deadline()
+    }
+
     fn is_finished(&self) -> bool {
         self.finished.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -143,12 +149,16 @@ impl Held {
         self.lost.cancel();
     }
 
-    fn loss_error(&self) -> Error {
-        let reason = self
-            .loss
-            .get()
-            .copied()
-            .unwrap_or(LossReason::RenewalRefused);
+    pub(crate) fn loss_error(&self) -> Error {
+        let reason = self.loss.get().copied().unwrap_or_else(|| {
+            // Not marked yet: past its safe deadline (a stalled watchdog),
+            // or refused by the store at release.
+            if Instant::now() >= self.safe_deadline() {
+                LossReason::DeadlinePassed
+            } else {
+                LossReason::RenewalRefused
+            }
+        });
         Error::lease_lost(&self.key, self.lease().token, reason.to_string())
     }
 
@@ -322,7 +332,9 @@ impl LeaseHandle {
                 return;
             }
             if self.held.is_finished() {
-                return std::future::pending().await;
+                // Released: nothing to expire any more — unless that release
+                // found the lease gone, which marks the loss a moment later.
+                return self.held.lost.cancelled().await;
             }
             let deadline = *deadlines.borrow_and_update();
             // A lead longer than the clock can go back: already within it.
@@ -479,10 +491,11 @@ impl LockGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`] if the lock is already lost.
+    /// [`Error::LeaseLost`] if the lock is already lost or past its safe
+    /// deadline.
     pub fn reenter(&self) -> Result<LockGuard> {
         let held = &self.handle.held;
-        if held.is_lost() || !held.enter() {
+        if held.is_past() || !held.enter() {
             return Err(held.loss_error());
         }
         tracing::debug!(key = %held.key, "lock re-entered through its guard");

@@ -10,8 +10,10 @@
 //!   the hold recorded in a tokio task-local. The record travels with the
 //!   future, wherever it is polled, and ends with it: inside it, asking for
 //!   the same key through the same client is re-entry (or `AlreadyHeld`),
-//!   never a wait. A task spawned from inside does not inherit it, and
-//!   waits in turn like any other holder.
+//!   never a wait. Each record names the task that entered the scope and
+//!   counts only for it: a task spawned from inside, or another task that
+//!   happens to be polled inside (a `LocalSet` driven from the work, say),
+//!   is another holder and waits in turn.
 //! * **The acquiring task.** Outside any scope, a hold remembers the task
 //!   (or, outside any task, the thread) that took it. The same task asking
 //!   again gets `AlreadyHeld` at once rather than a silent wait until its
@@ -52,6 +54,8 @@ struct Scope(Option<Arc<Node>>);
 
 struct Node {
     held: Arc<Held>,
+    /// The task that entered the scope: the only one it counts for.
+    holder: Holder,
     outer: Scope,
 }
 
@@ -61,23 +65,27 @@ impl Scope {
     }
 }
 
-/// The hold of `key` through `client` that the running code works under,
-/// if any and not lost.
+/// The hold of `key` through `client` that the running task works under,
+/// if any — lost or not: asking for the key inside the work of a lost hold
+/// is answered with that loss.
 pub(crate) fn scoped_hold(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<Held>> {
+    let me = Holder::current();
     let mut at = Scope::current().0;
     while let Some(node) = at {
-        if Arc::ptr_eq(&node.held.client, client) && node.held.key == *key {
-            return (!node.held.is_lost()).then(|| Arc::clone(&node.held));
+        if node.holder == me && Arc::ptr_eq(&node.held.client, client) && node.held.key == *key {
+            return Some(Arc::clone(&node.held));
         }
         at = node.outer.0.clone();
     }
     None
 }
 
-/// Runs `work` with `held` recorded as the hold it works under.
+/// Runs `work` with `held` recorded as the hold the current task works
+/// under.
 pub(crate) async fn within<F: Future>(held: Arc<Held>, work: F) -> F::Output {
     let scope = Scope(Some(Arc::new(Node {
         held,
+        holder: Holder::current(),
         outer: Scope::current(),
     })));
     SCOPE.scope(scope, work).await

@@ -168,7 +168,9 @@ impl Job {
         let Some(group) = self.group else {
             return false;
         };
-        if killpg(group, None).is_err() {
+        // Only "no such process" means gone: EPERM is a member fenced may
+        // not signal (it changed its credentials), still running.
+        if killpg(group, None) == Err(nix::errno::Errno::ESRCH) {
             return false;
         }
         // A dead member whose new parent has not reaped it yet (a zombie)
@@ -212,12 +214,14 @@ impl Job {
         }
     }
 
-    /// SIGKILL to the group at once (no SIGTERM first); reaps CMD and takes
-    /// the terminal back.
+    /// SIGKILL to the group at once (no SIGTERM first); reaps CMD, waits
+    /// (a second at most) until the rest of the group is gone too, and
+    /// takes the terminal back.
     pub(crate) async fn kill(&mut self) {
         self.signal(Signal::SIGKILL);
         let _ = self.child.kill().await;
         let _ = self.child.wait().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.group_gone()).await;
         self.take_terminal();
     }
 }
@@ -252,31 +256,44 @@ impl Drop for Job {
     }
 }
 
-/// Whether `/proc` shows a process of `group` that is not a zombie;
-/// `None` when `/proc` cannot be read.
+/// Whether `/proc` shows a live process of `group`; `None` when `/proc`
+/// cannot be read.
+///
+/// The group's number cannot be taken by a new group while a member is
+/// left (zombies included), so this never counts another command's
+/// processes; once the last member is reaped it is never looked at again.
 fn live_members_in_proc(group: Pid) -> Option<bool> {
     let entries = std::fs::read_dir("/proc").ok()?;
+    let group = group.as_raw().to_string();
     let mut seen_any = false;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
+        if !name.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
             continue;
         }
-        // `pid (comm) state ppid pgrp …`; comm may hold spaces and ')'.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+        // `pid (comm) state ppid pgrp …`; comm may hold spaces, ')' and
+        // bytes that are not UTF-8 (the kernel cuts it at 15 bytes).
+        let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
             continue;
         };
         seen_any = true;
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        let Some(close) = stat.iter().rposition(|&b| b == b')') else {
             continue;
         };
+        let rest = String::from_utf8_lossy(&stat[close + 1..]);
         let mut fields = rest.split_whitespace();
         let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
-        if pgrp == group.as_raw().to_string() && state != "Z" && state != "X" {
+        if pgrp != group {
+            continue;
+        }
+        // A process whose main thread ended shows as a zombie while its
+        // other threads still run.
+        let dead = matches!(state, "Z" | "X")
+            && std::fs::read_dir(entry.path().join("task")).map_or(true, |t| t.count() <= 1);
+        if !dead {
             return Some(true);
         }
     }

@@ -61,7 +61,8 @@
 //! * CMD runs in a **process group of its own**, so that stopping it on a
 //!   lost lock reaches everything it started (the timeline above). The
 //!   lock covers the whole group: what CMD leaves running in it when it
-//!   exits by itself gets SIGTERM, and SIGKILL after `--grace` (or at the
+//!   exits (by itself, or after a signal passed on: then with what is left
+//!   of the one `--grace`) gets SIGTERM, and SIGKILL after `--grace` (or at the
 //!   safe deadline), before the lock is released; after a stop for the
 //!   lock the group gets SIGKILL. A process that leaves the group
 //!   (`setsid`, a daemon) is beyond reach.
@@ -113,7 +114,10 @@ use fenced::{Error, LockInfo, LockKey};
 
 /// Exit code: the lock was held elsewhere for the whole `--wait`.
 pub(crate) const EXIT_BUSY: u8 = 75;
-/// Exit code: the lock was lost while the command ran; the command was terminated.
+/// Exit code: the lock was lost or running out while the command (or what
+/// it left in its group) ran, or `--max-hold` was reached — the command was
+/// stopped for it; or the store had taken the lock away by the time the
+/// command finished.
 pub(crate) const EXIT_LOST: u8 = 76;
 /// Exit code: the store failed or could not be reached.
 pub(crate) const EXIT_STORE: u8 = 69;
@@ -166,7 +170,8 @@ Timeline when renewals fail (T = --ttl, g = --grace, m = safety margin = max(1% 
   --max-hold (from the grant): SIGTERM, SIGKILL after --grace (or at the safe deadline),
   renewing meanwhile; then the lock is released and fenced exits 76.
   What CMD leaves running in its process group (background children) gets SIGTERM when CMD
-  exits, SIGKILL after --grace (or at the safe deadline), before the lock is released.
+  exits, SIGKILL after --grace (or at the safe deadline: then 76), before the lock is released;
+  a process that left the group (setsid, a daemon) is beyond reach.
   Releasing after CMD ends waits for the store at most 1s after a loss or stop (the lock
   expires at its TTL anyway), at most 5s after a normal exit (then a warning, CMD's status,
   and the lock expires at its TTL): fenced exits within about a second of CMD after a loss.
@@ -184,7 +189,7 @@ Exit codes: CMD's own (128+N if it died of signal N);
 Signals and terminals:
   SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed to CMD's process group; fenced waits up to
   --grace (SIGKILL then, or at the safe deadline if renewals fail meanwhile), releases the lock
-  and exits with CMD's status.
+  and exits with CMD's status — 76 if the store had taken the lock away meanwhile.
   With stdin a terminal, CMD's group gets the terminal while it runs (it can read input; Ctrl-C
   reaches it). Ctrl-Z stops CMD and fenced together; `fg` resumes both. A job stopped longer than
   --ttl has lost the lock and is killed when resumed (76).

@@ -40,9 +40,10 @@ enum End {
     Lost,
     /// The command exited by itself with this code.
     Exited(u8),
-    /// fenced was told to stop; the signal was passed on and this is the
+    /// fenced was told to stop (or the command had to be stopped for the
+    /// terminal): a signal went to the whole group at `.1`, and this is the
     /// command's code.
-    Signalled(u8),
+    Signalled(u8, Instant),
 }
 
 /// The signals `fenced run` listens to while the command runs.
@@ -242,7 +243,8 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
     let end = loop {
         tokio::select! {
             // Loss first: a frozen process resumed past its deadline must stop
-            // the command even if it also happens to have finished.
+            // the command even if it also happens to have finished; then the
+            // command's own end, before the lock running out.
             biased;
             reason = guard.lost() => {
                 say(&format!(
@@ -251,6 +253,28 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
                 ));
                 job.kill().await;
                 break End::Lost;
+            }
+            // A command that has finished while the lock was certainly held
+            // ran under it, even if the lock is running out now.
+            status = job.wait() => {
+                job.take_terminal();
+                let code = match status {
+                    Ok(s) => job::exit_code(s),
+                    Err(e) => {
+                        say(&format!("waiting for the command failed: {e}"));
+                        EXIT_STORE
+                    }
+                };
+                // Noticed only now, after the safe deadline (fenced was
+                // frozen): when it finished is unknown, so it is not vouched for.
+                if guard.deadline().is_none() {
+                    say(&format!(
+                        "the command finished, but lock `{key}` ran out before fenced saw it finish"
+                    ));
+                    job.kill().await;
+                    break End::Lost;
+                }
+                break End::Exited(code);
             }
             () = guard.expiring(grace) => {
                 match guard.deadline() {
@@ -284,16 +308,6 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
                 stop_for_the_lock(&mut job, &guard, grace).await;
                 break End::Lost;
             }
-            status = job.wait() => {
-                job.take_terminal();
-                break End::Exited(match status {
-                    Ok(s) => job::exit_code(s),
-                    Err(e) => {
-                        say(&format!("waiting for the command failed: {e}"));
-                        EXIT_STORE
-                    }
-                });
-            }
             _ = signals.term.recv() => break pass_on(&mut job, &guard, Signal::SIGTERM, grace, key).await,
             _ = signals.int.recv() => break pass_on(&mut job, &guard, Signal::SIGINT, grace, key).await,
             _ = signals.hup.recv() => break pass_on(&mut job, &guard, Signal::SIGHUP, grace, key).await,
@@ -319,9 +333,11 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
                             "the command was stopped by {sig} (it needs the terminal, and fenced runs \
                              in the background without job control); terminating it"
                         ));
+                        let sent = Instant::now();
                         match job.wind_down(Signal::SIGTERM, grace, guard.expiring(Duration::ZERO)).await {
                             WindDown::Deadline => break End::Lost,
-                            _ => break End::Signalled(128 + sig as u8),
+                            WindDown::Exited(code) => break End::Signalled(code, sent),
+                            WindDown::GraceOver => break End::Signalled(128 + Signal::SIGKILL as u8, sent),
                         }
                     }
                 }
@@ -337,26 +353,15 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
     // stop for the lock the group was SIGKILLed already.)
     let end = match end {
         End::Lost => End::Lost,
-        done => match job
-            .end_leftovers(grace, guard.expiring(Duration::ZERO))
-            .await
-        {
-            Leftovers::None => done,
-            Leftovers::Ended => {
-                say("the command left processes running in its group; they got SIGTERM and ended before the lock was released");
-                done
-            }
-            Leftovers::Killed => {
-                say("the command left processes running in its group that outlived --grace after SIGTERM: killed them (SIGKILL) before releasing the lock");
-                done
-            }
-            Leftovers::KilledAtDeadline => {
-                say(&format!(
-                    "the command left processes running in its group, still there when lock `{key}` ran out: killed them (SIGKILL)"
-                ));
-                End::Lost
-            }
-        },
+        done => {
+            // After a signal to the group the leftovers had it too: what is
+            // left of the one grace, not a second one.
+            let grace = match done {
+                End::Signalled(_, sent) => grace.saturating_sub(sent.elapsed()),
+                _ => grace,
+            };
+            leftovers(&mut job, &guard, grace, key, done).await
+        }
     };
     drop(job);
 
@@ -368,7 +373,7 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         // The command ran to its end (or to a signal passed on); if the
         // store says the lease was gone by then, the lock did not cover it
         // to the end: that is a loss, whatever the command's own status.
-        End::Signalled(code) | End::Exited(code) => {
+        End::Signalled(code, _) | End::Exited(code) => {
             match release(guard, RELEASE_AFTER_EXIT).await {
                 Some(Err(e @ Error::LeaseLost { .. })) => {
                     say(&format!("the command finished, but {e}"));
@@ -376,6 +381,32 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
                 }
                 _ => code,
             }
+        }
+    }
+}
+
+/// Ends what the command left running in its group (see
+/// [`Job::end_leftovers`]) before the lock is released; `done` is how the
+/// command itself ended, kept unless the lock ran out meanwhile.
+async fn leftovers(job: &mut Job, guard: &LockGuard, grace: Duration, key: &str, done: End) -> End {
+    match job
+        .end_leftovers(grace, guard.expiring(Duration::ZERO))
+        .await
+    {
+        Leftovers::None => done,
+        Leftovers::Ended => {
+            say("the command left processes running in its group; they got SIGTERM and ended before the lock was released");
+            done
+        }
+        Leftovers::Killed => {
+            say("the command left processes running in its group that outlived --grace after SIGTERM: killed them (SIGKILL) before releasing the lock");
+            done
+        }
+        Leftovers::KilledAtDeadline => {
+            say(&format!(
+                "the command left processes running in its group, still there when lock `{key}` ran out: killed them (SIGKILL)"
+            ));
+            End::Lost
         }
     }
 }
@@ -407,12 +438,13 @@ async fn stop_for_the_lock(job: &mut Job, guard: &LockGuard, grace: Duration) {
 /// gets `grace` to exit — less if the lock runs out meanwhile, at its safe
 /// deadline it is SIGKILLed and the run ends as lost.
 async fn pass_on(job: &mut Job, guard: &LockGuard, sig: Signal, grace: Duration, key: &str) -> End {
+    let sent = Instant::now();
     match job
         .wind_down(sig, grace, guard.expiring(Duration::ZERO))
         .await
     {
-        WindDown::Exited(code) => End::Signalled(code),
-        WindDown::GraceOver => End::Signalled(128 + sig as u8),
+        WindDown::Exited(code) => End::Signalled(code, sent),
+        WindDown::GraceOver => End::Signalled(128 + Signal::SIGKILL as u8, sent),
         WindDown::Deadline => {
             say(&format!(
                 "lost lock `{key}` while the command was stopping after {sig}: killed it (SIGKILL)"
