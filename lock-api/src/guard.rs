@@ -292,8 +292,11 @@ impl LeaseHandle {
 
     /// The safe deadline: the lease's deadline (TTL from the send time of
     /// the last successful grant or renewal) less the client's
-    /// [`SafetyMargin`](crate::SafetyMargin). Until then the store cannot
-    /// have granted the key to anyone else. `None` once lost or released.
+    /// [`SafetyMargin`](crate::SafetyMargin). Until then the store does not
+    /// expire the lease (as long as the clocks drift apart by less than the
+    /// margin); it can still end it sooner — a force release, a `row_lock`
+    /// connection cut by the server — which the next renewal reports.
+    /// `None` once lost or released.
     pub fn deadline(&self) -> Option<Instant> {
         (!self.held.is_lost() && !self.held.is_finished()).then(|| self.held.safe_deadline())
     }
