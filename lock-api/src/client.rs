@@ -75,14 +75,16 @@ impl ClientInner {
 ///   [`Error::AlreadyHeld`] otherwise. The scope travels with the future and
 ///   ends with it; a task spawned from inside it is another holder and
 ///   waits in turn.
-/// * **Outside any scope**, a task (or, outside any task, a thread) asking
-///   again for a key it acquired and still holds gets
-///   [`Error::AlreadyHeld`] — reentrant or not: re-entry is never implied by
-///   the task alone, since a guard may have been handed to another task.
-///   Two futures of one task (`join!`, `buffer_unordered`) meet this check
-///   too: give each its own task to make them wait in turn. A task that
-///   handed its guard to another task and asks again gets it as well;
-///   acquire in the task that uses the guard instead.
+/// * **Outside any scope**, the task (or, outside any task, the thread)
+///   that acquired a key and still holds it, asking again, re-enters on a
+///   reentrant client and gets [`Error::AlreadyHeld`] otherwise — the
+///   per-thread rule of Curator's and Redisson's reentrant locks, with tokio
+///   tasks for threads. It follows the *acquiring* task: two futures of one
+///   task (`join!`) are one holder, and a guard handed to another task still
+///   counts as its acquirer's, so on a reentrant client the acquirer asking
+///   again joins the hold the other task now works under. Give each worker
+///   its own acquisition (or a non-reentrant client, which says
+///   `AlreadyHeld`) when they must exclude each other.
 ///
 /// Re-entry from anywhere else is explicit: [`LockGuard::reenter`]. What
 /// no client can see: a task that was *handed* a guard and then asks for
@@ -364,9 +366,15 @@ impl LockClient {
             }
         }
         let holder = Holder::current();
-        if self.current(&key, holder).is_some() {
-            tracing::debug!(key = %key, "this task already holds the key; it would wait on itself (re-enter through a scope or LockGuard::reenter)");
-            return Err(Error::AlreadyHeld { key });
+        if let Some(held) = self.current(&key, holder) {
+            if !cfg.reentrant {
+                tracing::debug!(key = %key, "this task already holds the key; it would wait on itself");
+                return Err(Error::AlreadyHeld { key });
+            }
+            if held.enter() {
+                tracing::debug!(key = %key, "lock re-entered by the task that acquired it");
+                return Ok(Some(LockGuard::new(held)));
+            }
         }
         let started = Instant::now();
         let bound = wait.map(|w| crate::wait::wait_deadline(w, started));
@@ -488,11 +496,13 @@ impl LockClient {
     }
 
     /// The live, not-lost hold of `key` by `holder` through this client, if any.
+    /// Past its safe deadline it counts as gone (a new acquisition then
+    /// waits at most for that lease to expire on the store).
     fn current(&self, key: &LockKey, holder: Holder) -> Option<Arc<Held>> {
         let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         map.get(&(key.clone(), holder))
             .and_then(Weak::upgrade)
-            .filter(|h| !h.is_lost())
+            .filter(|h| !h.is_past())
     }
 }
 
@@ -573,12 +583,12 @@ impl LockClientBuilder {
         self
     }
 
-    /// Whether asking for a key again from inside its own hold's scope
-    /// ([`LockClient::with_lock`]'s work, [`LockGuard::scope`]) re-enters it
-    /// (default false: [`Error::AlreadyHeld`] at once). Never across
-    /// holders: other tasks sharing the client wait in turn, and outside a
-    /// scope asking again is always `AlreadyHeld` (see
-    /// [Holders](LockClient#holders)).
+    /// Whether asking again for a key one holds re-enters it — from the
+    /// task that acquired it, or from inside the hold's scope
+    /// ([`LockClient::with_lock`]'s work, [`LockGuard::scope`]) — with a
+    /// second guard on the same hold (default false: [`Error::AlreadyHeld`]
+    /// at once). Never across holders: other tasks sharing the client wait
+    /// in turn (see [Holders](LockClient#holders)).
     pub fn reentrant(mut self, yes: bool) -> Self {
         self.reentrant = yes;
         self

@@ -43,13 +43,13 @@ pub enum Error {
 
     /// The caller already holds this key: the same owner on a store without
     /// reentrant options, or — through [`LockClient`](crate::LockClient) —
-    /// the task that acquired it asking again outside the hold's scope, or
-    /// inside it on a client that is not reentrant.
+    /// the task that acquired it (or work inside the hold's scope) asking
+    /// again on a client that is not reentrant.
     ///
     /// Returned immediately, instead of letting the caller wait on itself.
     #[error(
         "lock `{key}` is already held by this holder; release it first, or re-enter it \
-         explicitly (LockGuard::reenter, or inside with_lock / LockGuard::scope on a reentrant client)"
+         (a reentrant client, or LockGuard::reenter)"
     )]
     AlreadyHeld {
         /// The key that is already held.

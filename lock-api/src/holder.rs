@@ -16,10 +16,10 @@
 //!   is another holder and waits in turn.
 //! * **The acquiring task.** Outside any scope, a hold remembers the task
 //!   (or, outside any task, the thread) that took it. The same task asking
-//!   again gets `AlreadyHeld` at once rather than a silent wait until its
-//!   bound. This is a check, never a grant: a guard handed to another task
-//!   still counts as its acquiring task's here, so re-entry is only ever
-//!   through a scope or [`LockGuard::reenter`](crate::LockGuard::reenter).
+//!   again re-enters (reentrant client) or gets `AlreadyHeld`, at once,
+//!   rather than a silent wait until its bound. It is the acquirer's, not
+//!   the guard's: a guard handed to another task still counts as its
+//!   acquiring task's here.
 
 use std::{future::Future, sync::Arc};
 

@@ -37,9 +37,9 @@
 //!   every ttl/3 driven by monotonic deadlines (batched per client through
 //!   [`DistributedLock::extend_many`]; see [`batch`]), a [`SafetyMargin`]
 //!   before each lease's deadline, `max_hold` circuit breaker, one holder per
-//!   acquisition (tasks sharing a client wait in turn) with re-entry inside
-//!   a hold's scope ([`LockGuard::scope`]) or through [`LockGuard::reenter`],
-//!   holder [`Label`]s, the loss signal ([`LockGuard::lost`],
+//!   acquisition (tasks sharing a client wait in turn) with opt-in re-entry
+//!   by the acquiring task, inside a hold's scope ([`LockGuard::scope`]) or
+//!   through [`LockGuard::reenter`], holder [`Label`]s, the loss signal ([`LockGuard::lost`],
 //!   [`LeaseHandle::lost_token`], [`LeaseHandle::expiring`]) and
 //!   [`LockClient::with_lock`].
 //! * [`wait`] — the shared waiting helper for stores with no native wait.

@@ -10,7 +10,7 @@ use crate::{Capabilities, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
 ///
 /// This is the small, object-safe primitive every backend implements
 /// (`Arc<dyn DistributedLock>` is how applications hold one). Policy —
-/// renewal, the safety margin, loss signals, scoped reentrancy, `max_hold` — lives once in
+/// renewal, the safety margin, loss signals, per-holder reentrancy, `max_hold` — lives once in
 /// [`LockClient`](crate::LockClient), which most code should use instead of
 /// calling these methods directly.
 ///
