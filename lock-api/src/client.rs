@@ -350,7 +350,8 @@ impl LockClient {
 
     async fn take(&self, key: LockKey, wait: Option<WaitPolicy>) -> Result<Option<LockGuard>> {
         let cfg = &self.inner.config;
-        if let Some(held) = crate::holder::scoped_hold(&self.inner, &key) {
+        let holder = Holder::current();
+        if let Some(held) = crate::holder::scoped_hold(&self.inner, &key, holder) {
             // The work of a lost hold (or one past its safe deadline, which
             // a stalled watchdog has not marked yet) learns of the loss.
             if held.is_past() {
@@ -365,7 +366,6 @@ impl LockClient {
                 return Ok(Some(LockGuard::new(held)));
             }
         }
-        let holder = Holder::current();
         if let Some(held) = self.current(&key, holder) {
             if !cfg.reentrant {
                 tracing::debug!(key = %key, "this task already holds the key; it would wait on itself");
@@ -423,8 +423,8 @@ impl LockClient {
     /// renewal, sent now, either proves it is still ours and restarts its
     /// TTL from now (`Some`), or shows it is gone (`None`).
     async fn confirm(&self, lease: crate::Lease) -> Result<Option<crate::Lease>> {
-        let margin = self.inner.config.margin;
-        let unsafe_now = |l: &crate::Lease| Instant::now() + margin.for_ttl(l.ttl) >= l.deadline;
+        let unsafe_now =
+            |l: &crate::Lease| Instant::now() >= crate::guard::safe_deadline_of(&self.inner, l);
         if !unsafe_now(&lease) {
             return Ok(Some(lease));
         }

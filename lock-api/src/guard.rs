@@ -249,7 +249,7 @@ impl Held {
 }
 
 /// `lease`'s deadline less the client's margin for its granted TTL.
-fn safe_deadline_of(client: &ClientInner, lease: &Lease) -> Instant {
+pub(crate) fn safe_deadline_of(client: &ClientInner, lease: &Lease) -> Instant {
     let margin = client.config.margin.for_ttl(lease.ttl);
     lease.deadline.checked_sub(margin).unwrap_or(lease.deadline)
 }

@@ -65,11 +65,14 @@ impl Scope {
     }
 }
 
-/// The hold of `key` through `client` that the running task works under,
+/// The hold of `key` through `client` that the running task `me` works under,
 /// if any — lost or not: asking for the key inside the work of a lost hold
 /// is answered with that loss.
-pub(crate) fn scoped_hold(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<Held>> {
-    let me = Holder::current();
+pub(crate) fn scoped_hold(
+    client: &Arc<ClientInner>,
+    key: &LockKey,
+    me: Holder,
+) -> Option<Arc<Held>> {
     let mut at = Scope::current().0;
     while let Some(node) = at {
         if node.holder == me && Arc::ptr_eq(&node.held.client, client) && node.held.key == *key {

@@ -158,18 +158,11 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
     }
     // fenced's policy (ttl/3 renewals, the default margin), checked again
     // below with the client's own figures.
-    let largest = max_grace(
-        args.ttl,
-        SafetyMargin::DEFAULT.for_ttl(args.ttl),
-        args.ttl / 3,
-    );
-    let grace = args.grace.unwrap_or(DEFAULT_GRACE.min(largest));
-    if let Err(msg) = check_grace(
-        args.ttl,
-        grace,
-        SafetyMargin::DEFAULT.for_ttl(args.ttl),
-        args.ttl / 3,
-    ) {
+    let (margin, interval) = (SafetyMargin::DEFAULT.for_ttl(args.ttl), args.ttl / 3);
+    let grace = args
+        .grace
+        .unwrap_or(DEFAULT_GRACE.min(max_grace(args.ttl, margin, interval)));
+    if let Err(msg) = check_grace(args.ttl, grace, margin, interval) {
         say(&msg);
         return EXIT_CONFIG;
     }
