@@ -143,6 +143,11 @@ impl Error {
     /// connect to redis at 127.0.0.1:6379: connection refused (is the server
     /// running and reachable?)`. `at` must already be free of passwords.
     /// Other errors (configuration, authentication) pass unchanged.
+    ///
+    /// The cause is read from the kinds in the error's source chain (an
+    /// [`std::io::Error`]'s [`kind`](std::io::Error::kind), a
+    /// [`NoAnswer`](crate::NoAnswer)), never from message text; when none
+    /// says more, the driver's own message is kept, on one line.
     pub fn connecting(self, at: &str) -> Self {
         let Error::Backend {
             backend,
@@ -152,20 +157,9 @@ impl Error {
         else {
             return self;
         };
-        let text = source.to_string().to_lowercase();
-        let cause = if text.contains("refused") {
-            "connection refused".to_owned()
-        } else if text.contains("timed out") || text.contains("timeout") || text.contains("elapsed")
-        {
-            "no answer in time".to_owned()
-        } else if text.contains("dns") || text.contains("resolve") || text.contains("lookup") {
-            "the host name did not resolve".to_owned()
-        } else if text.contains("unreachable") {
-            "network unreachable".to_owned()
-        } else {
-            // Whatever the library said, on one line.
-            source.to_string().replace(['\n', '\r'], " ")
-        };
+        let cause = connect_cause(source.as_ref())
+            .map(str::to_owned)
+            .unwrap_or_else(|| source.to_string().replace(['\n', '\r'], " "));
         Error::backend(
             backend,
             true,
@@ -181,6 +175,31 @@ impl Error {
             reason: reason.into(),
         }
     }
+}
+
+/// What the first error in `e`'s source chain that has a kind says about a
+/// failed connection.
+fn connect_cause(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use std::io::ErrorKind as K;
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                K::ConnectionRefused => return Some("connection refused"),
+                K::TimedOut => return Some("no answer in time"),
+                K::HostUnreachable | K::NetworkUnreachable => return Some("network unreachable"),
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
+                    return Some("the connection was closed before the server answered")
+                }
+                _ => {}
+            }
+        }
+        if e.downcast_ref::<crate::NoAnswer>().is_some() {
+            return Some("no answer in time");
+        }
+        next = e.source();
+    }
+    None
 }
 
 #[cfg(test)]
@@ -234,5 +253,30 @@ mod tests {
             let first = msg.chars().next().unwrap();
             assert!(!first.is_uppercase(), "{msg}");
         }
+    }
+
+    #[test]
+    fn connect_causes_come_from_kinds() {
+        use std::io::{Error as Io, ErrorKind};
+        let refused = Error::backend("redis", true, Io::new(ErrorKind::ConnectionRefused, "os error 111"));
+        assert_eq!(
+            refused.connecting("127.0.0.1:1").to_string(),
+            "redis backend error: cannot connect to redis at 127.0.0.1:1: connection refused \
+             (is the server running and reachable?)"
+        );
+        // A kind deeper in the chain counts; the message text never does.
+        #[derive(Debug, thiserror::Error)]
+        #[error("transport error")]
+        struct Wrapper(#[source] Io);
+        let nested = Error::backend("etcd", true, Wrapper(Io::new(ErrorKind::TimedOut, "x")));
+        assert!(nested.connecting("h:2379").to_string().contains(": no answer in time ("));
+        let elapsed = crate::no_answer("redis", "PING", Duration::from_secs(1));
+        assert!(elapsed.connecting("h").to_string().contains(": no answer in time ("));
+        let misleading = Error::backend("redis", true, "connection refused? no: DNS lookup failed\nfor h");
+        let text = misleading.connecting("h").to_string();
+        assert!(text.contains(": connection refused? no: DNS lookup failed for h ("), "{text}");
+        // Not retryable (authentication, configuration): unchanged.
+        let auth = Error::backend("redis", false, "WRONGPASS");
+        assert_eq!(auth.connecting("h").to_string(), "redis backend error: WRONGPASS");
     }
 }

@@ -59,6 +59,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod batch;
+mod bounded;
 mod capabilities;
 mod client;
 mod driver;
@@ -79,6 +80,7 @@ pub mod url;
 pub mod wait;
 
 pub use async_trait::async_trait;
+pub use bounded::{bounded, bounded_until, no_answer, NoAnswer};
 pub use capabilities::Capabilities;
 pub use client::{LockClient, LockClientBuilder};
 pub use driver::{BoxFuture, ConnectFn, Driver, MigrateFn};

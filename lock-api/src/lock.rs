@@ -34,23 +34,34 @@ use crate::{Capabilities, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
 ///
 /// # Contract
 ///
-/// Every implementation must pass the `fenced-conformance` suite, which checks:
+/// What every implementation guarantees, numbered as the
+/// `fenced-conformance` suite numbers its cases (`c01_…` to `c20_…`); each
+/// backend runs the whole suite on a real server. A lease is *current* from
+/// its grant until it is released, force-released, or its TTL passes **on
+/// the store's clock** — never the client's.
 ///
-/// * **Exclusion.** At most one *current* lease per key. A lease is current
-///   from the grant until it is released, force-released, or its TTL passes
-///   **on the store's clock** — never the client's.
-/// * **Fencing.** Each grant of a key carries a token strictly greater than
-///   every earlier grant of that key: after release, expiry, a crash mid-
-///   transaction and (if [`Capabilities::is_durable`]) a store restart.
-///   Re-entering (same owner, reentrant options) keeps the token.
-/// * **Owner checks.** `extend` and `release` act only when the lease's owner
-///   *and* token match the current holder; otherwise they change nothing.
-/// * **Validation before I/O.** Keys and options are validated types; `extend`
-///   validates its TTL with [`LockOptions::validate_ttl`] before sending anything.
-/// * **Namespaces.** Two instances configured with different namespaces
-///   (table, key prefix…) never see each other's locks.
-/// * **No hangs.** An unreachable store yields a retryable [`Error::Backend`](crate::Error::Backend)
-///   within the backend's connect / operation timeout.
+/// | # | behaviour |
+/// |---|---|
+/// | C1 | `try_acquire` on a free key returns a lease whose token is ≥ 1 |
+/// | C2 | a second holder is refused at once: `Ok(None)`, one round trip, no sleeping |
+/// | C3 | `release` frees the key; the next acquire succeeds immediately |
+/// | C4 | `extend` and `release` act only when the lease's owner *and* token match the current holder: a stale or foreign lease gets [`NotHeld`](ReleaseOutcome::NotHeld) / [`LeaseLost`](crate::Error::LeaseLost) and changes nothing |
+/// | C5 | a holder that stops renewing loses the key after its TTL, on the store's clock (etcd: on the holder client's clock while that client runs; etcd's lease removes the key at most one TTL later if the client dies) |
+/// | C6 | `extend` keeps the lock alive past the original TTL |
+/// | C7 | each grant of a key carries a token strictly greater than every earlier grant of that key: after release, expiry, a crash mid-transaction, force-release and (if [`Capabilities::is_durable`]) a store restart; re-entering keeps the token |
+/// | C8 | a waiter gets the key promptly when the holder releases (a hand-off, not the next poll); a backend declaring [`Capabilities::is_fifo`] serves waiters in arrival order |
+/// | C9 | `acquire` gives up with [`Timeout`](crate::Error::Timeout) close to its wait bound |
+/// | C10 | N clients × M rounds on one key: never two holders, every round completes — also with many tasks sharing one [`LockClient`](crate::LockClient) |
+/// | C11 | different keys never block each other |
+/// | C12 | reentrancy is opt-in and counted: on the store per owner with reentrant options; through `LockClient` per acquiring task, hold scope or `LockGuard::reenter`, never for another task sharing the client; otherwise asking again is an immediate [`AlreadyHeld`](crate::Error::AlreadyHeld) |
+/// | C13 | `LockClient` renews every ttl/3 and stops at `max_hold`, reporting the loss |
+/// | C14 | `LockGuard::lost` resolves when the lock is gone — at the latest at the safe deadline, a [`SafetyMargin`](crate::SafetyMargin) before the store's expiry; `with_lock` cancels the work |
+/// | C15 | a dropped guard frees the key promptly (a spawned release), at the TTL at the latest |
+/// | C16 | a cancelled `acquire` leaves no lock behind longer than its TTL |
+/// | C17 | `inspect` and `list` show the holder, token, remaining TTL and the holder's label |
+/// | C18 | bad input is rejected before any I/O (keys and options are validated types; `extend` checks its TTL with [`LockOptions::validate_ttl`]); awkward keys (`%`, `_`, `\`, quotes, spaces, Unicode) are exact and distinct |
+/// | C19 | an unreachable store fails within the backend's connect / operation timeout with a retryable [`Error::Backend`](crate::Error::Backend) — never a hang |
+/// | C20 | two instances configured with different namespaces (table, key prefix…) never see each other's locks |
 ///
 /// # Cancel safety
 ///
@@ -87,7 +98,7 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
 
     /// Takes `key`, waiting as `opts.wait()` allows.
     ///
-    /// Backends without a native wait use [`wait::acquire_polling`](crate::wait::acquire_polling):
+    /// Backends without a native wait use [`wait::Polling`](crate::wait::Polling):
     /// a FIFO line of the waiters in this process whose head alone polls, with
     /// backoff and jitter, woken early by releases in the same process.
     ///

@@ -1,5 +1,29 @@
-//! URL helpers shared by the backends, so that every store treats passwords
-//! and durations in its URL the same way.
+//! The URL toolkit every backend parses its URL with, so that all stores
+//! agree on where a password ends, how `%XX` escapes, durations and flags
+//! are read, and what happens to an unknown or repeated parameter.
+//!
+//! A backend's `config.rs` splits its URL with [`split_userinfo`] and
+//! [`split_query`], checks the query with [`params`] and reads values with
+//! [`parse_duration`], [`parse_bool`] and [`percent_decode`]; every message
+//! it builds from the URL uses [`redact`].
+//!
+//! ```
+//! use fenced_api::url::{params, parse_duration, split_query};
+//! let (base, query) = split_query("redis://:p?w@cache:6379/0?prefix=billing&operation_timeout=2s");
+//! assert_eq!(base, "redis://:p?w@cache:6379/0");
+//! let mut timeout = None;
+//! for p in params("redis", query, &["prefix", "operation_timeout"])? {
+//!     match p.name {
+//!         "operation_timeout" => timeout = Some(parse_duration(p.value)?),
+//!         _ => assert_eq!((p.name, p.value), ("prefix", "billing")),
+//!     }
+//! }
+//! assert_eq!(timeout, Some(std::time::Duration::from_secs(2)));
+//! // A typo is never silently ignored, nor is a repeat.
+//! assert!(params("redis", "prefx=billing", &["prefix"]).is_err());
+//! assert!(params("redis", "prefix=a&prefix=b", &["prefix"]).is_err());
+//! # Ok::<(), fenced_api::Error>(())
+//! ```
 
 use std::time::Duration;
 
@@ -24,25 +48,65 @@ pub fn redact(url: &str) -> String {
     if !rest.contains('@') {
         return url.to_owned();
     }
-    // The userinfo ends at the first `@` followed by something that looks
-    // like a host list. Scanning for it (rather than cutting at the first
-    // `/`, `?` or `#`) keeps a password with unencoded `/`, `?`, `#` or `@`
-    // out of the output too.
-    let Some(end) = userinfo_end(rest) else {
-        // No recognisable host after any `@`: hide everything.
-        return format!("{scheme}://***");
-    };
-    let (userinfo, host) = (&rest[..end], &rest[end + 1..]);
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
+    match split_userinfo(rest) {
+        (Some(Userinfo { user, password: Some(_) }), host) => format!("{scheme}://{user}:***@{host}"),
+        (Some(_), _) => url.to_owned(),
+        // An `@` but no recognisable host after any: hide everything.
+        (None, _) => format!("{scheme}://***"),
     }
 }
 
-/// Where the userinfo of `rest` (a URL after `scheme://`) ends: the first
-/// `@` followed by something that looks like a host list, so a password
-/// with unencoded `/`, `?`, `#` or `@` stays inside the userinfo. `None`
-/// when there is no such `@` (no userinfo, or no recognisable host).
+/// The `user[:password]` part of a URL, as written (not percent-decoded).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Userinfo<'a> {
+    /// The user name (may be empty, as in `redis://:password@host`).
+    pub user: &'a str,
+    /// The password, if a `:` follows the user name.
+    pub password: Option<&'a str>,
+}
+
+impl std::fmt::Debug for Userinfo<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Userinfo")
+            .field("user", &self.user)
+            .field("password", &self.password.map(|_| "***"))
+            .finish()
+    }
+}
+
+/// Splits `rest` (a URL after `scheme://`) into its userinfo and what
+/// follows the userinfo's `@` (hosts, path, query, fragment).
+///
+/// The userinfo ends at the first `@` followed by something that looks like
+/// a host list (`host[:port][,host[:port]…]`, `[v6]` and `%zone` included)
+/// and then the end, `/`, `?` or `#`: so a password with unencoded `/`,
+/// `?`, `#` or `@` stays inside the userinfo and never reaches a path, a
+/// parameter or a message. Without such an `@` there is no userinfo and
+/// `rest` comes back whole.
+///
+/// ```
+/// use fenced_api::url::{split_userinfo, Userinfo};
+/// let (info, hosts) = split_userinfo("app:p/ss?w@rd@db1:3306,db2/app");
+/// assert_eq!(info, Some(Userinfo { user: "app", password: Some("p/ss?w@rd") }));
+/// assert_eq!(hosts, "db1:3306,db2/app");
+/// assert_eq!(split_userinfo("h:2379/ns").0, None);
+/// ```
+pub fn split_userinfo(rest: &str) -> (Option<Userinfo<'_>>, &str) {
+    match userinfo_end(rest) {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            (Some(Userinfo { user, password }), &rest[at + 1..])
+        }
+        None => (None, rest),
+    }
+}
+
+/// Where the userinfo of `rest` (a URL after `scheme://`) ends: the index
+/// of the `@` described in [`split_userinfo`], or `None`.
 pub fn userinfo_end(rest: &str) -> Option<usize> {
     rest.match_indices('@')
         .map(|(i, _)| i)
@@ -56,12 +120,166 @@ fn looks_like_hosts(s: &str) -> bool {
     let hosts = &s[..end];
     !hosts.is_empty()
         && hosts.chars().all(|c| {
-            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ',' | '[' | ']')
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ',' | '[' | ']' | '%')
         })
 }
 
-/// Parses a URL duration parameter: `250ms`, `5s`, `2m`, or a bare number
-/// of seconds; above zero and at most one hour.
+/// Splits `url` into the part before the query and the query (without the
+/// `?`; empty when there is none). The query starts at the first `?` after
+/// the userinfo, so a password holding an unencoded `?` is not taken for
+/// parameters. A fragment (`#…`) stays with the query; stores that use one
+/// split it off themselves.
+///
+/// ```
+/// use fenced_api::url::split_query;
+/// assert_eq!(split_query("mysql://u:p?q@h:1/db?table=t"), ("mysql://u:p?q@h:1/db", "table=t"));
+/// assert_eq!(split_query("mysql://h/db"), ("mysql://h/db", ""));
+/// ```
+pub fn split_query(url: &str) -> (&str, &str) {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[after_scheme..];
+    let host_start = userinfo_end(rest).map_or(0, |at| at + 1);
+    let from = after_scheme + host_start;
+    match url[from..].find('?') {
+        Some(q) => (&url[..from + q], &url[from + q + 1..]),
+        None => (url, ""),
+    }
+}
+
+/// One checked `name=value` of a URL's query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Param<'a> {
+    /// The parameter's name: the first spelling of its entry in the list it
+    /// was checked against, whichever spelling the URL used.
+    pub name: &'static str,
+    /// The value as written (not percent-decoded; empty for a bare `name`).
+    pub value: &'a str,
+    /// `name=value` exactly as written, for handing on to a driver.
+    pub raw: &'a str,
+}
+
+/// Checks the query of a `store` URL against the parameters the store
+/// knows and returns them in order.
+///
+/// Each entry of `known` is a parameter name, or several spellings of one
+/// parameter separated by `|` (`"ssl-mode|sslmode"`): spellings of one
+/// parameter count as one.
+///
+/// # Errors
+///
+/// [`Error::Config`] for an unknown parameter (named only when it looks like
+/// a name: after a password with an unencoded `?` the "parameter" may be the
+/// rest of that password) or one given twice. A misspelt or repeated
+/// parameter must never fall back to a default: `tabel=jobs` would put the
+/// application in the namespace everybody else shares.
+pub fn params<'a>(store: &str, query: &'a str, known: &[&'static str]) -> Result<Vec<Param<'a>>> {
+    let mut out: Vec<Param<'a>> = Vec::new();
+    for raw in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, value) = raw.split_once('=').unwrap_or((raw, ""));
+        let Some(name) = known
+            .iter()
+            .find(|entry| entry.split('|').any(|spelling| spelling == k))
+            .map(|entry| entry.split('|').next().unwrap_or(entry))
+        else {
+            let names: Vec<&str> = known
+                .iter()
+                .map(|e| e.split('|').next().unwrap_or(e))
+                .collect();
+            return Err(Error::config(format!(
+                "unknown {store} url parameter {}; known: {}",
+                shown_name(k),
+                names.join(", ")
+            )));
+        };
+        if out.iter().any(|p| p.name == name) {
+            return Err(Error::config(format!(
+                "the {store} url parameter `{name}` is given twice"
+            )));
+        }
+        out.push(Param { name, value, raw });
+    }
+    Ok(out)
+}
+
+/// An unknown parameter's name for a message, if it looks like a name.
+fn shown_name(k: &str) -> String {
+    let plain = !k.is_empty()
+        && k.len() <= 40
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if plain {
+        format!("`{k}`")
+    } else {
+        "(name not shown: it does not look like one; is a `?` in the password not percent-encoded?)"
+            .to_owned()
+    }
+}
+
+/// Decodes `%XX` escapes (a path or value with `?`, `#`, `&`, `%` or a
+/// space in it).
+///
+/// ```
+/// use fenced_api::url::percent_decode;
+/// assert_eq!(percent_decode("/var/my%20locks/a%23b.db")?, "/var/my locks/a#b.db");
+/// assert!(percent_decode("100%").is_err() && percent_decode("%zz").is_err());
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Config`] for a `%` not followed by two hex digits, or escapes
+/// that do not decode to UTF-8.
+pub fn percent_decode(v: &str) -> Result<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = v
+                .get(i + 1..i + 3)
+                .filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "invalid percent-encoding in `{v}`: `%` must be followed by two hex digits (write `%25` for `%`)"
+                    ))
+                })?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| Error::config(format!("`{v}` does not percent-decode to UTF-8")))
+}
+
+/// Parses a duration the way every fenced setting does, in URLs and on the
+/// command line: a bare number of seconds (`3`) or a humantime duration
+/// (`250ms`, `5s`, `2m`, `1h 30m`, `1.5s`). No bounds: callers apply theirs.
+///
+/// ```
+/// use std::time::Duration;
+/// use fenced_api::url::parse_duration_syntax;
+/// assert_eq!(parse_duration_syntax("1m 30s")?, Duration::from_secs(90));
+/// assert_eq!(parse_duration_syntax("0")?, Duration::ZERO);
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Config`] saying what a valid value looks like.
+pub fn parse_duration_syntax(v: &str) -> Result<Duration> {
+    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return v.parse().map(Duration::from_secs).map_err(|_| bad());
+    }
+    humantime::parse_duration(v).map_err(|_| bad())
+}
+
+/// Parses a URL duration parameter ([`parse_duration_syntax`]): above zero
+/// and at most one hour.
 ///
 /// ```
 /// use std::time::Duration;
@@ -76,22 +294,76 @@ fn looks_like_hosts(s: &str) -> bool {
 ///
 /// [`Error::Config`] saying what a valid value looks like.
 pub fn parse_duration(v: &str) -> Result<Duration> {
-    let bad = || Error::config(format!("invalid duration `{v}`; use e.g. 500ms, 5s or 2m"));
-    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => v.split_at(i),
-        None => (v, "s"),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(bad()),
-    };
+    let d = parse_duration_syntax(v)?;
     if d.is_zero() || d > Duration::from_secs(3600) {
         return Err(Error::config(format!(
             "duration `{v}` must be above zero and at most 1h"
         )));
     }
     Ok(d)
+}
+
+/// Parses a URL flag `name`: `true`/`1` or `false`/`0`.
+///
+/// # Errors
+///
+/// [`Error::Config`] naming the parameter.
+pub fn parse_bool(name: &str, v: &str) -> Result<bool> {
+    match v {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(Error::config(format!(
+            "{name} must be true or false, got `{v}`"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_count_as_one_parameter() {
+        let known = ["table", "ssl-mode|sslmode"];
+        let p = params("mysql", "sslmode=DISABLED&table=t", &known).unwrap();
+        assert_eq!(p[0].name, "ssl-mode");
+        assert_eq!(p[0].raw, "sslmode=DISABLED");
+        assert_eq!(p[1].value, "t");
+        let e = params("mysql", "ssl-mode=REQUIRED&sslmode=DISABLED", &known).unwrap_err();
+        assert!(e.to_string().contains("`ssl-mode` is given twice"), "{e}");
+        let e = params("mysql", "tabel=jobs", &known).unwrap_err();
+        assert!(e.to_string().contains("`tabel`"), "{e}");
+        assert!(e.to_string().contains("known: table, ssl-mode"), "{e}");
+        let e = params("mysql", "Bravo%20x=1", &known).unwrap_err();
+        assert!(!e.to_string().contains("Bravo"), "{e}");
+        assert!(params("mysql", "", &known).unwrap().is_empty());
+    }
+
+    #[test]
+    fn userinfo_ends_before_the_host_list() {
+        for (rest, user, password, after) in [
+            ("u:p@h", "u", Some("p"), "h"),
+            ("u@h:1/x", "u", None, "h:1/x"),
+            (":p/q?r#s@h?x=1", "", Some("p/q?r#s"), "h?x=1"),
+            ("u:a@b@[::1]:5/db", "u", Some("a@b"), "[::1]:5/db"),
+            ("u:p@fe80::1%25eth0", "u", Some("p"), "fe80::1%25eth0"),
+        ] {
+            let (info, rest_after) = split_userinfo(rest);
+            assert_eq!(info, Some(Userinfo { user, password }), "{rest}");
+            assert_eq!(rest_after, after, "{rest}");
+        }
+        assert!(!format!("{:?}", split_userinfo("u:hunter2@h").0).contains("hunter2"));
+    }
+
+    #[test]
+    fn durations_share_one_syntax() {
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        for bad in ["", "s", "-1s", "5 parsecs", "1h 1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_bool("x", "1").unwrap(), true);
+        assert!(parse_bool("x", "yes").is_err());
+    }
 }

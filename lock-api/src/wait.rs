@@ -1,6 +1,6 @@
-//! The shared waiting helper for backends without a native wait.
+//! How stores without a native wait make waiters wait: [`Polling`].
 //!
-//! Polling a store in a tight loop hurts it (the source articles' "大量轮询会拖垮数据库")
+//! Polling a store in a tight loop loads it with queries that mostly fail,
 //! and a fixed 100 ms sleep wastes most of each hand-off. This helper backs off
 //! exponentially with jitter, never sleeps past the caller's wait bound, and is
 //! woken at once when a release of the same key happens *in the same process*
@@ -17,7 +17,9 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::{DistributedLock, Error, Lease, LockKey, LockOptions, Result, WaitPolicy};
+use crate::{
+    DistributedLock, Error, Lease, LockKey, LockOptions, ReleaseOutcome, Result, WaitPolicy,
+};
 
 /// Exponential backoff with "equal jitter": each delay is uniformly drawn from
 /// `[d/2, d]`, where `d` doubles from `initial` up to `max`. Values are
@@ -47,7 +49,15 @@ impl Backoff {
     const FLOOR: Duration = Duration::from_millis(1);
     const CEILING: Duration = Duration::from_secs(10);
 
-    fn delay(&self, attempt: u32) -> Duration {
+    /// Delays doubling from `initial` up to `max`.
+    pub const fn new(initial: Duration, max: Duration) -> Self {
+        Backoff { initial, max }
+    }
+
+    /// The pause before retry number `attempt` (0 for the first retry):
+    /// uniformly drawn from `[d/2, d]`, `d = initial × 2^attempt` capped at
+    /// `max` (both clamped to 1 ms ..= 10 s).
+    pub fn delay(&self, attempt: u32) -> Duration {
         let initial = self.initial.clamp(Self::FLOOR, Self::CEILING);
         let max = self.max.clamp(initial, Self::CEILING);
         let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
@@ -72,8 +82,7 @@ pub fn wait_deadline(policy: WaitPolicy, start: Instant) -> Option<Instant> {
 /// Waiters of this process queue here in arrival order and only the head
 /// talks to the store, so `n` local waiters cost the store the polling of one
 /// and a release by a local holder goes to the longest-waiting local task
-/// instead of whichever poll happens to land first (the source articles'
-/// "大量轮询会拖垮数据库", and the unfairness of plain polling).
+/// instead of whichever poll happens to land first.
 #[derive(Default)]
 struct Line {
     state: Mutex<LineState>,
@@ -183,6 +192,97 @@ pub fn notify_released(scope: &str, key: &LockKey) {
     if let Some(l) = line {
         l.state().held_until = None;
         l.changed.notify_waiters();
+    }
+}
+
+/// The waiting half of a store without a native wait.
+///
+/// One value per store handle owns what waiting needs: the *scope* (which
+/// store and namespace; handles that share a store must use the same scope,
+/// e.g. `"mysql://db1:3306/test#fenced_locks"`, so a release through one
+/// wakes the waiters of another), the [`Backoff`], and the release signal.
+/// A backend calls [`acquire`](Polling::acquire) from its
+/// `DistributedLock::acquire` and passes every release and force-release
+/// outcome through [`released`](Polling::released) and
+/// [`force_released`](Polling::force_released), so a local hand-off costs
+/// no sleep.
+///
+/// ```
+/// use fenced_api::{wait::Polling, LockKey, ReleaseOutcome};
+/// let polling = Polling::new("sqlite:///var/lib/app/locks.db#fenced_locks");
+/// let key = LockKey::new("job")?;
+/// // In `release`: the outcome passes through, waking local waiters when the key was freed.
+/// assert_eq!(polling.released(&key, ReleaseOutcome::Released), ReleaseOutcome::Released);
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Polling {
+    scope: Arc<str>,
+    backoff: Backoff,
+}
+
+impl Polling {
+    /// Waiting in `scope` with the default [`Backoff`].
+    pub fn new(scope: impl Into<Arc<str>>) -> Self {
+        Polling {
+            scope: scope.into(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// With another backoff between polls.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The backoff between polls.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// `DistributedLock::acquire` for `lock`, by polling its `try_acquire`
+    /// (see [`acquire_polling`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_polling`].
+    pub async fn acquire<L: DistributedLock + ?Sized>(
+        &self,
+        lock: &L,
+        key: &LockKey,
+        opts: &LockOptions,
+    ) -> Result<Lease> {
+        acquire_polling(lock, &self.scope, key, opts, self.backoff).await
+    }
+
+    /// A release's outcome, passed through: when the key was freed, this
+    /// process's waiters for it try at once.
+    pub fn released(&self, key: &LockKey, outcome: ReleaseOutcome) -> ReleaseOutcome {
+        if outcome == ReleaseOutcome::Released {
+            notify_released(&self.scope, key);
+        }
+        outcome
+    }
+
+    /// A force-release's outcome (whether a holder was removed), passed
+    /// through; wakes this process's waiters when one was.
+    pub fn force_released(&self, key: &LockKey, removed: bool) -> bool {
+        if removed {
+            notify_released(&self.scope, key);
+        }
+        removed
+    }
+
+    /// Tells this process's waiters that `key` was freed some other way
+    /// (a reaper removing an expired row, a migration).
+    pub fn freed(&self, key: &LockKey) {
+        notify_released(&self.scope, key);
     }
 }
 

@@ -270,18 +270,18 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) key: String,
     /// Lease TTL: how long a crashed holder keeps the lock. Renewed every ttl/3.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) ttl: Duration,
     /// How long to wait for a held lock: a duration, or `forever`. Default: do not wait.
     #[arg(long, default_value = "0s", value_parser = parse_wait)]
     pub(crate) wait: Wait,
     /// Stop the command after this long (from the grant): SIGTERM, SIGKILL after --grace; exit 76.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = parse_duration)]
     pub(crate) max_hold: Option<Duration>,
     /// After SIGTERM, how long the command gets before SIGKILL. Once renewals fail, SIGTERM
     /// comes this long before the lock's safe deadline; at most 7/12 of --ttl less the safety
     /// margin (a longer one is refused). [default: 10s, or the largest that fits --ttl if less]
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = parse_duration)]
     pub(crate) grace: Option<Duration>,
     /// A human-readable label stored with the lock and shown by `fenced status`
     /// (also FENCED_LABEL for the command). Default: host:pid of fenced.
@@ -303,9 +303,17 @@ fn parse_wait(s: &str) -> Result<Wait, String> {
     if s == "forever" {
         return Ok(Wait::Forever);
     }
-    humantime::parse_duration(s)
+    parse_duration(s)
         .map(Wait::For)
-        .map_err(|e| format!("{e} (use e.g. 0s, 10s, 5m or `forever`)"))
+        .map_err(|_| format!("invalid duration `{s}`; use e.g. 0s, 10s, 5m or `forever`"))
+}
+
+/// A duration argument, in the syntax URL parameters use too (`500ms`,
+/// `5s`, `1m 30s`, or a bare number of seconds).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    fenced::url::parse_duration_syntax(s).map_err(|_| {
+        format!("invalid duration `{s}`; use e.g. 500ms, 5s or 2m")
+    })
 }
 
 #[derive(Debug, Args)]

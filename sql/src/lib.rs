@@ -1,0 +1,1 @@
+//! What fenced's SQL backends share.
