@@ -11,7 +11,8 @@ use tokio::time::Instant;
 
 use crate::{
     peers,
-    runner::{Implementation, Kind, Locker},
+    runner::{Implementation, Locker},
+    stats::Kind,
     stats::{Server, Servers},
     BenchError, Scenario, ScenarioKind,
 };

@@ -3,8 +3,8 @@
 //! It measures every fenced backend (through the drivers the caller passes in,
 //! normally `fenced::drivers()`) side by side with the locks users would pick
 //! instead — bench-only baselines written here: the raw round-trip floor of
-//! each server, MySQL `GET_LOCK`, the article's naive unique-key lock (INSERT,
-//! fixed 100 ms retry sleep, DELETE), the article's row lock (BEGIN / SELECT …
+//! each server, MySQL `GET_LOCK`, the textbook naive unique-key lock (INSERT,
+//! fixed 100 ms retry sleep, DELETE), the textbook row lock (BEGIN / SELECT …
 //! FOR UPDATE / COMMIT) and the `rslock` crate on Redis.
 //!
 //! A run is a matrix of [`Implementation`]s × [`Scenario`]s; each cell is
@@ -42,7 +42,7 @@ pub use report::{
     markdown, read_jsonl, readme_summary, replace_readme_summary, summary_table, write_jsonl,
     MachineInfo, README_MARKERS,
 };
-pub use runner::{run, Implementation, Kind, Locker, Progress};
+pub use runner::{run, Implementation, Locker, Progress};
 pub use scenario::{Profile, Scenario, ScenarioKind};
-pub use stats::{CellResult, ManyKeys, Servers};
+pub use stats::{CellResult, Kind, ManyKeys, Servers};
 pub use svg::write_plots;

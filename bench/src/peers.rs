@@ -1,6 +1,6 @@
 //! Bench-only baselines: what users would pick instead of fenced, and the raw
-//! round trip of each server. Written to be faithful to the article / the
-//! crate's documented use, not to be good.
+//! round trip of each server. Each is written the way its
+//! users write it (the textbook loop, the crate's documented use), not tuned.
 
 use std::{
     collections::HashMap,
@@ -14,12 +14,14 @@ use sqlx::{Connection, MySqlConnection, Row};
 use tokio::time::Instant;
 
 use crate::{
-    runner::{Implementation, Kind, Locker},
+    runner::{Implementation, Locker},
+    stats::Kind,
     stats::{Server, Servers},
     BenchError, Scenario, ScenarioKind,
 };
 
-/// The article's naive lock retries a taken key after this fixed sleep.
+/// The naive lock retries a taken key after this fixed sleep, as the
+/// textbook INSERT/DELETE lock does.
 const NAIVE_RETRY: Duration = Duration::from_millis(100);
 /// rslock / naive lock TTL: longer than any cell.
 const PEER_TTL: Duration = Duration::from_secs(30);
@@ -62,7 +64,7 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
         ("peer/rslock", PeerKind::Rslock),
         ("peer/mysql-get_lock", PeerKind::GetLock),
         ("peer/naive-insert", PeerKind::NaiveInsert),
-        ("peer/article-row-lock", PeerKind::RowLock),
+        ("peer/naive-row-lock", PeerKind::RowLock),
         #[cfg(feature = "etcd")]
         ("floor/etcd-get", PeerKind::EtcdGet),
         #[cfg(feature = "etcd")]
@@ -302,6 +304,21 @@ struct SqlLocker {
     lock_prefix: String,
 }
 
+impl SqlLocker {
+    /// Runs `sql` with the key and this locker's owner bound, in that order.
+    async fn key_and_owner(
+        &mut self,
+        sql: &str,
+        key: &str,
+    ) -> Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .bind(key)
+            .bind(&self.owner)
+            .execute(&mut self.conn)
+            .await
+    }
+}
+
 #[async_trait]
 impl Locker for SqlLocker {
     async fn acquire(&mut self, key: &str, give_up: Instant) -> Result<bool, BenchError> {
@@ -329,16 +346,12 @@ impl Locker for SqlLocker {
                     self.naive_table
                 );
                 loop {
-                    let r = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                        .bind(key)
-                        .bind(&self.owner)
-                        .execute(&mut self.conn)
-                        .await;
+                    let r = self.key_and_owner(&sql, key).await;
                     match r {
                         Ok(_) => return Ok(true),
                         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
                         // Concurrent inserts of one key deadlock in InnoDB (each waits
-                        // for a shared lock on the duplicate); the article's loop
+                        // for a shared lock on the duplicate); the textbook loop
                         // treats any failed insert as "taken, try again later".
                         Err(e) if is_deadlock(&e) => {}
                         Err(e) => return Err(e.into()),
@@ -408,11 +421,7 @@ impl Locker for SqlLocker {
                 // it (otherwise the key stays taken until someone reaps it).
                 let mut attempts = 0;
                 let done = loop {
-                    let r = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                        .bind(key)
-                        .bind(&self.owner)
-                        .execute(&mut self.conn)
-                        .await;
+                    let r = self.key_and_owner(&sql, key).await;
                     match r {
                         Err(e) if is_deadlock(&e) && attempts < 10 => attempts += 1,
                         r => break r?,

@@ -94,6 +94,18 @@ fn many_row(r: &CellResult) -> Option<String> {
     ))
 }
 
+/// The many-keys table, after `heading`, when any cell measured many keys.
+fn push_many_keys(s: &mut String, results: &[CellResult], heading: &str) {
+    if results.iter().any(|r| r.many.is_some()) {
+        s.push_str(heading);
+        s.push_str(many_header());
+        for line in results.iter().filter_map(many_row) {
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+}
+
 /// A plain-text (markdown) table of every cell, for the terminal.
 pub fn summary_table(results: &[CellResult]) -> String {
     let mut s = String::from(HEADER);
@@ -101,14 +113,7 @@ pub fn summary_table(results: &[CellResult]) -> String {
         s.push_str(&row(r));
         s.push('\n');
     }
-    if results.iter().any(|r| r.many.is_some()) {
-        s.push('\n');
-        s.push_str(many_header());
-        for line in results.iter().filter_map(many_row) {
-            s.push_str(&line);
-            s.push('\n');
-        }
-    }
+    push_many_keys(&mut s, results, "\n");
     let bad: Vec<&CellResult> = results
         .iter()
         .filter(|r| r.errors > 0 || r.violations > 0)
@@ -328,7 +333,7 @@ fn targets(results: &[CellResult]) -> String {
         verdict(ok)
     );
     let pairs = [
-        ("fenced/mysql-row_lock", "peer/article-row-lock"),
+        ("fenced/mysql-row_lock", "peer/naive-row-lock"),
         ("fenced/mysql-unique_key", "peer/naive-insert"),
         ("fenced/mysql-optimistic", "peer/naive-insert"),
     ];
@@ -479,14 +484,7 @@ pub fn markdown(
             s.push('\n');
         }
     }
-    if results.iter().any(|r| r.many.is_some()) {
-        s.push_str("\n## Many keys held at once by one client\n\n");
-        s.push_str(many_header());
-        for line in results.iter().filter_map(many_row) {
-            s.push_str(&line);
-            s.push('\n');
-        }
-    }
+    push_many_keys(&mut s, results, "\n## Many keys held at once by one client\n\n");
     let problems: Vec<String> = results
         .iter()
         .filter(|r| r.errors > 0 || r.violations > 0)
@@ -517,7 +515,7 @@ pub fn markdown(
             let _ = writeln!(s, "![{p}](bench/results/{p})\n");
         }
     }
-    s.push_str("\n## Targets (issue 7), checked automatically against this run\n\n");
+    s.push_str("\n## Targets, checked automatically against this run\n\n");
     s.push_str(&targets(results));
     if !notes.trim().is_empty() {
         s.push('\n');
@@ -532,7 +530,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::{runner::Kind, Profile};
+    use crate::{stats::Kind, Profile};
 
     /// `fenced bench --from` redraws a report from what a run wrote: every
     /// field must come back as written, scenario durations included.

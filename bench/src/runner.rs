@@ -10,11 +10,10 @@ use std::{
 };
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::{
-    stats::{self, CellResult, ManyKeys, Rec, Server, Servers},
+    stats::{self, CellResult, Kind, ManyKeys, Rec, Server, Servers},
     BenchError, Scenario, ScenarioKind,
 };
 
@@ -25,18 +24,6 @@ const DRAIN: Duration = Duration::from_secs(3);
 /// Extra time a whole cell may take beyond its nominal duration before it is
 /// cut off and reported as an error (a hang is a finding, not a stuck run).
 const CELL_SLACK: Duration = Duration::from_secs(60);
-
-/// What an implementation is, for the tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// A fenced backend / strategy, through `fenced::connect`.
-    Fenced,
-    /// A lock users would pick instead (bench-only baseline).
-    Peer,
-    /// The raw round trip of a server: what no lock on it can beat.
-    Floor,
-}
 
 /// One task's handle on a lock implementation: its own client and connection.
 #[async_trait]

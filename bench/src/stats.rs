@@ -9,7 +9,19 @@ use tokio::{
     time::Instant,
 };
 
-use crate::{runner::Kind, Scenario};
+use crate::Scenario;
+
+/// What an implementation is, for the tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A fenced backend / strategy, through `fenced::connect`.
+    Fenced,
+    /// A lock users would pick instead (bench-only baseline).
+    Peer,
+    /// The raw round trip of a server: what no lock on it can beat.
+    Floor,
+}
 
 /// One acquisition: attempt started, acquired, release started, release done.
 #[derive(Debug, Clone, Copy)]

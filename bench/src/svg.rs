@@ -25,20 +25,17 @@ const H: u32 = 480;
 const LEGEND_W: u32 = 230;
 /// The family every text of the plots uses (registered in [`font`]).
 const FAMILY: &str = "sans-serif";
-const COLORS: [RGBColor; 12] = [
-    RGBColor(0x1f, 0x77, 0xb4),
-    RGBColor(0xd6, 0x27, 0x28),
-    RGBColor(0x2c, 0xa0, 0x2c),
-    RGBColor(0xff, 0x7f, 0x0e),
-    RGBColor(0x94, 0x67, 0xbd),
-    RGBColor(0x8c, 0x56, 0x4b),
-    RGBColor(0xe3, 0x77, 0xc2),
-    RGBColor(0x7f, 0x7f, 0x7f),
-    RGBColor(0xbc, 0xbd, 0x22),
-    RGBColor(0x17, 0xbe, 0xcf),
-    RGBColor(0x00, 0x00, 0x00),
-    RGBColor(0xae, 0xc7, 0xe8),
+/// The series colours (matplotlib's tab10, then black and light blue), as `0xRRGGBB`.
+const COLORS: [u32; 12] = [
+    0x1f77b4, 0xd62728, 0x2ca02c, 0xff7f0e, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
+    0x17becf, 0x000000, 0xaec7e8,
 ];
+
+/// The colour of series `i`.
+fn color(i: usize) -> RGBColor {
+    let [_, r, g, b] = COLORS[i % COLORS.len()].to_be_bytes();
+    RGBColor(r, g, b)
+}
 /// Series with at most this many points get a dot on each point.
 const MAX_DOTTED: usize = 12;
 
@@ -149,7 +146,7 @@ where
         .draw()
         .map_err(other)?;
     for (i, (_, points)) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = color(i);
         chart
             .draw_series(LineSeries::new(
                 points.iter().copied(),
@@ -167,7 +164,7 @@ where
     let top = chart.plotting_area().get_pixel_range().1.start;
     let text = TextStyle::from((FAMILY, 15).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
     for (i, (name, _)) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = color(i);
         let ly = top + 10 + 18 * i as i32;
         legend
             .draw(&PathElement::new(
@@ -337,7 +334,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::{runner::Kind, Profile};
+    use crate::{stats::Kind, Profile};
 
     /// Two implementations measured in every plotted scenario, one with the
     /// uncontended cell only (a floor: one point, so no throughput line), and

@@ -396,29 +396,15 @@ mod tests {
     struct ReleaseFails(MemoryLock);
 
     #[async_trait]
-    impl DistributedLock for ReleaseFails {
-        async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-            self.0.try_acquire(key, opts).await
-        }
-        async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-            self.0.acquire(key, opts).await
-        }
-        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-            self.0.extend(lease, ttl).await
+    impl crate::WrapLock for ReleaseFails {
+        fn inner(&self) -> &dyn DistributedLock {
+            &self.0
         }
         async fn release(&self, _lease: &Lease) -> Result<ReleaseOutcome> {
             Err(Error::backend("memory", true, "connection reset"))
         }
-        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-            self.0.inspect(key).await
-        }
-        async fn force_release(&self, key: &LockKey) -> Result<bool> {
-            self.0.force_release(key).await
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
-        }
     }
+    crate::wrap_lock!(ReleaseFails);
 
     fn opts() -> LockOptions {
         LockOptions::builder()
@@ -484,32 +470,21 @@ mod tests {
         ));
     }
 
-    /// A store that keeps the trait's default `list`.
+    /// A store that cannot list, as the trait's default `list` answers.
     #[derive(Debug)]
     struct NoList(MemoryLock);
 
     #[async_trait]
-    impl DistributedLock for NoList {
-        async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-            self.0.try_acquire(key, opts).await
+    impl crate::WrapLock for NoList {
+        fn inner(&self) -> &dyn DistributedLock {
+            &self.0
         }
-        async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-            self.0.acquire(key, opts).await
-        }
-        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-            self.0.extend(lease, ttl).await
-        }
-        async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-            self.0.release(lease).await
-        }
-        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-            self.0.inspect(key).await
-        }
-        async fn force_release(&self, key: &LockKey) -> Result<bool> {
-            self.0.force_release(key).await
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
+        async fn list(&self, _limit: usize) -> Result<Vec<LockInfo>> {
+            Err(Error::Unsupported {
+                backend: "memory",
+                what: "listing held locks yet; inspect the keys by name".into(),
+            })
         }
     }
+    crate::wrap_lock!(NoList);
 }

@@ -258,7 +258,11 @@ mod tests {
     #[test]
     fn connect_causes_come_from_kinds() {
         use std::io::{Error as Io, ErrorKind};
-        let refused = Error::backend("redis", true, Io::new(ErrorKind::ConnectionRefused, "os error 111"));
+        let refused = Error::backend(
+            "redis",
+            true,
+            Io::new(ErrorKind::ConnectionRefused, "os error 111"),
+        );
         assert_eq!(
             refused.connecting("127.0.0.1:1").to_string(),
             "redis backend error: cannot connect to redis at 127.0.0.1:1: connection refused \
@@ -269,14 +273,30 @@ mod tests {
         #[error("transport error")]
         struct Wrapper(#[source] Io);
         let nested = Error::backend("etcd", true, Wrapper(Io::new(ErrorKind::TimedOut, "x")));
-        assert!(nested.connecting("h:2379").to_string().contains(": no answer in time ("));
+        assert!(nested
+            .connecting("h:2379")
+            .to_string()
+            .contains(": no answer in time ("));
         let elapsed = crate::no_answer("redis", "PING", Duration::from_secs(1));
-        assert!(elapsed.connecting("h").to_string().contains(": no answer in time ("));
-        let misleading = Error::backend("redis", true, "connection refused? no: DNS lookup failed\nfor h");
+        assert!(elapsed
+            .connecting("h")
+            .to_string()
+            .contains(": no answer in time ("));
+        let misleading = Error::backend(
+            "redis",
+            true,
+            "connection refused? no: DNS lookup failed\nfor h",
+        );
         let text = misleading.connecting("h").to_string();
-        assert!(text.contains(": connection refused? no: DNS lookup failed for h ("), "{text}");
+        assert!(
+            text.contains(": connection refused? no: DNS lookup failed for h ("),
+            "{text}"
+        );
         // Not retryable (authentication, configuration): unchanged.
         let auth = Error::backend("redis", false, "WRONGPASS");
-        assert_eq!(auth.connecting("h").to_string(), "redis backend error: WRONGPASS");
+        assert_eq!(
+            auth.connecting("h").to_string(),
+            "redis backend error: WRONGPASS"
+        );
     }
 }

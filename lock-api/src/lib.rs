@@ -78,6 +78,7 @@ mod renewer;
 pub mod telemetry;
 pub mod url;
 pub mod wait;
+mod wrap;
 
 pub use async_trait::async_trait;
 pub use bounded::{bounded, bounded_until, no_answer, NoAnswer};
@@ -93,6 +94,7 @@ pub use lock::{DistributedLock, EXTEND_MANY_CONCURRENCY};
 pub use margin::SafetyMargin;
 pub use memory::MemoryLock;
 pub use options::{Label, LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
+pub use wrap::WrapLock;
 
 /// Compile-time checks that the public types can cross threads and tasks.
 #[allow(dead_code)]

@@ -49,7 +49,13 @@ pub fn redact(url: &str) -> String {
         return url.to_owned();
     }
     match split_userinfo(rest) {
-        (Some(Userinfo { user, password: Some(_) }), host) => format!("{scheme}://{user}:***@{host}"),
+        (
+            Some(Userinfo {
+                user,
+                password: Some(_),
+            }),
+            host,
+        ) => format!("{scheme}://{user}:***@{host}"),
         (Some(_), _) => url.to_owned(),
         // An `@` but no recognisable host after any: hide everything.
         (None, _) => format!("{scheme}://***"),
