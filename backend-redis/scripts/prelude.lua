@@ -12,7 +12,7 @@
 --          holder  the holder's owner, then a newline and its label when it
 --                  gave one (last: both may contain '|'; neither contains a
 --                  control character, so the newline is unambiguous, and a
---                  state written before labels existed reads as unlabelled)
+--                  holder without a newline reads as unlabelled)
 -- KEYS[2]  queue  {prefix/key}:q  zset of waiters in arrival order, kept
 --          RETAIN ms after it was started or a waiter last refreshed:
 --            member deadline|ttl|waiter id|wake-up channel|holder

@@ -2,8 +2,10 @@
 
 use std::{fmt, time::Duration};
 
-pub(crate) use fenced_api::url::{parse_duration, redact};
-use fenced_api::{Error, Result};
+use fenced_api::{
+    url::{params, parse_duration, redact, split_query, split_userinfo, Userinfo},
+    Error, Result,
+};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 /// Default key prefix (the namespace).
@@ -68,9 +70,12 @@ impl fmt::Display for Prefix {
 }
 
 /// Everything needed to connect; built from a URL or [`RedisLockBuilder`](crate::RedisLockBuilder).
-#[derive(Clone)]
+///
+/// `Debug` never shows the password: the URL is shown redacted, and the
+/// `redis` crate's settings (which hold it) not at all.
+#[derive(Clone, Debug)]
 pub struct RedisConfig {
-    pub(crate) connection: ConnectionInfo,
+    pub(crate) connection: Connection,
     /// The URL with the password replaced and fenced's parameters removed.
     pub(crate) display_url: String,
     pub(crate) tls: bool,
@@ -80,60 +85,83 @@ pub struct RedisConfig {
     pub(crate) recheck_interval: Duration,
 }
 
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never print the password: only the redacted URL.
-        f.debug_struct("RedisConfig")
-            .field("url", &self.display_url)
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("operation_timeout", &self.operation_timeout)
-            .field("recheck_interval", &self.recheck_interval)
-            .finish()
+/// The `redis` crate's connection settings. They hold the password, so
+/// `Debug` shows nothing of them.
+#[derive(Clone)]
+pub(crate) struct Connection(ConnectionInfo);
+
+impl std::ops::Deref for Connection {
+    type Target = ConnectionInfo;
+
+    fn deref(&self) -> &ConnectionInfo {
+        &self.0
     }
 }
 
-/// `url` with the reserved characters of its password (`/ ? # @ [ ]`,
-/// space) percent-encoded, or `None` when nothing needs encoding. The
-/// userinfo ends at the first `@` followed by something that looks like a
-/// host; `%` is left alone, so a password the caller already encoded stays
-/// as it was.
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConnectionInfo { .. }")
+    }
+}
+
+/// The characters of a password that the `redis` crate's URL parser would
+/// read as the end of the userinfo, host or path.
+const RESERVED: [char; 7] = ['/', '?', '#', '@', '[', ']', ' '];
+
+/// `url` with the reserved characters of its password ([`RESERVED`])
+/// percent-encoded, or `None` when nothing needs encoding. The userinfo is
+/// found by [`split_userinfo`]; `%` is left alone, so a password the caller
+/// already encoded stays as it was.
 fn encode_userinfo(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
-    let at = rest.match_indices('@').map(|(i, _)| i).find(|&i| {
-        let s = &rest[i + 1..];
-        let end = s.find(['/', '?', '#']).unwrap_or(s.len());
-        !s[..end].is_empty()
-            && s[..end].chars().all(|c| {
-                c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
-            })
-    })?;
-    let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
-    let (user, password) = userinfo.split_once(':')?;
-    if !password.contains(['/', '?', '#', '@', '[', ']', ' ']) {
+    let (
+        Some(Userinfo {
+            user,
+            password: Some(password),
+        }),
+        host,
+    ) = split_userinfo(rest)
+    else {
+        return None;
+    };
+    if !password.contains(RESERVED) {
         return None;
     }
     let mut enc = String::with_capacity(password.len() * 3);
     for c in password.chars() {
-        match c {
-            '/' | '?' | '#' | '@' | '[' | ']' | ' ' => enc.push_str(&format!("%{:02X}", c as u32)),
-            c => enc.push(c),
+        if RESERVED.contains(&c) {
+            enc.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            enc.push(c);
         }
     }
     Some(format!("{scheme}://{user}:{enc}@{host}"))
 }
+
+/// The URL parameters: fenced's, then the two handed on to the `redis` crate.
+const KNOWN: &[&str] = &[
+    "prefix",
+    "connect_timeout",
+    "operation_timeout|timeout",
+    "recheck_interval",
+    "protocol",
+    "db",
+];
 
 impl RedisConfig {
     /// Parses `redis://[user:pass@]host[:port][/db]?prefix=…&connect_timeout=…`
     /// (or `rediss://` for TLS; append `#insecure` to skip certificate checks).
     ///
     /// fenced's parameters: `prefix` (the namespace, default `fenced`),
-    /// `connect_timeout` and `operation_timeout` (`500ms`, `5s`; default 5 s
-    /// each), `recheck_interval` (default 1 s: how long a waiter sleeps at
-    /// most when no hand-over message reaches it; a waiter's place in the
-    /// queue lapses after three missed re-checks plus a second); `protocol` and `db` go to
-    /// the `redis` crate; any other parameter, or one given twice, is an error. The connection always speaks RESP3 (Redis ≥ 6), which
-    /// lets one connection carry both the scripts and the release subscriptions.
+    /// `connect_timeout` and `operation_timeout` (also spelt `timeout`;
+    /// `500ms`, `5s`; default 5 s each), `recheck_interval` (default 1 s: how
+    /// long a waiter sleeps at most when no hand-over message reaches it; a
+    /// waiter's place in the queue lapses after three missed re-checks plus a
+    /// second); `protocol` and `db` go to the `redis` crate; any other
+    /// parameter, or one given twice, is an error
+    /// ([`fenced_api::url::params`]). The connection always speaks RESP3
+    /// (Redis ≥ 6), which lets one connection carry both the scripts and the
+    /// release subscriptions.
     ///
     /// # Errors
     ///
@@ -143,14 +171,12 @@ impl RedisConfig {
         // `@`, which must neither cut the URL nor reach a parameter or message.
         let owned = encode_userinfo(url);
         let url_for_parsing = owned.as_deref().unwrap_or(url);
+        // With the password encoded, the first `#` starts the fragment.
         let (without_fragment, fragment) = match url_for_parsing.split_once('#') {
             Some((u, f)) => (u, Some(f)),
             None => (url_for_parsing, None),
         };
-        let (base, query) = match without_fragment.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (without_fragment, ""),
-        };
+        let (base, query) = split_query(without_fragment);
         let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
         let tls = match scheme {
             "redis" => false,
@@ -172,35 +198,22 @@ impl RedisConfig {
         let mut operation_timeout = DEFAULT_OPERATION_TIMEOUT;
         let mut recheck_interval = DEFAULT_RECHECK_INTERVAL;
         let mut passthrough = Vec::new();
-        let mut seen = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            // A repeated or misspelt parameter must not silently fall back to
-            // a default: `prefx=billing` would share the default namespace.
-            if seen.contains(&k) {
-                return Err(Error::config(format!(
-                    "the redis url parameter `{k}` is given twice"
-                )));
-            }
-            seen.push(k);
-            match k {
-                "prefix" => prefix = Prefix::new(v)?,
-                "connect_timeout" => connect_timeout = parse_duration(v)?,
-                "operation_timeout" => operation_timeout = parse_duration(v)?,
-                "recheck_interval" => recheck_interval = parse_recheck(v)?,
-                "protocol" if !v.eq_ignore_ascii_case("resp3") && v != "3" => {
+        // A repeated or misspelt parameter must not silently fall back to a
+        // default: `prefx=billing` would share the default namespace.
+        for p in params("redis", query, KNOWN)? {
+            match p.name {
+                "prefix" => prefix = Prefix::new(p.value)?,
+                "connect_timeout" => connect_timeout = parse_duration(p.value)?,
+                "operation_timeout" => operation_timeout = parse_duration(p.value)?,
+                "recheck_interval" => recheck_interval = parse_recheck(p.value)?,
+                "protocol" if !p.value.eq_ignore_ascii_case("resp3") && p.value != "3" => {
                     return Err(Error::config(format!(
-                        "protocol={v} is not supported: fenced-redis speaks RESP3 (Redis 6 or later)"
+                        "protocol={} is not supported: fenced-redis speaks RESP3 (Redis 6 or later)",
+                        p.value
                     )))
                 }
-                // Understood by the `redis` crate itself.
-                "protocol" | "db" => passthrough.push(pair),
-                _ => {
-                    return Err(Error::config(format!(
-                        "unknown redis url parameter `{k}`; known: prefix, connect_timeout, \
-                         operation_timeout, recheck_interval, protocol, db"
-                    )))
-                }
+                // `protocol` and `db`: understood by the `redis` crate itself.
+                _ => passthrough.push(p.raw),
             }
         }
         let redis_url = format!(
@@ -219,7 +232,7 @@ impl RedisConfig {
             .set_protocol(ProtocolVersion::RESP3)
             .set_lib_name("fenced-redis", env!("CARGO_PKG_VERSION"));
         Ok(RedisConfig {
-            connection: info.set_redis_settings(settings),
+            connection: Connection(info.set_redis_settings(settings)),
             display_url: redact(base),
             tls,
             prefix,
@@ -397,12 +410,24 @@ mod tests {
             "redis://h?recheck_interval=1ms",
             "redis://h?protocol=resp2",
             "redis://h/notanumber",
+            "redis://h?nope=1",
+            "redis://h?prefix=a&prefix=b",
+            "redis://h?operation_timeout=1s&timeout=2s",
         ] {
-            match RedisConfig::from_url(url) {
-                Err(Error::Config { .. }) => {}
-                other => panic!("{url}: expected a config error, got {other:?}"),
-            }
+            let got = RedisConfig::from_url(url);
+            assert!(matches!(got, Err(Error::Config { .. })), "{url}: {got:?}");
         }
+    }
+
+    #[test]
+    fn timeout_is_another_spelling_of_operation_timeout() {
+        let c = RedisConfig::from_url("redis://h?timeout=2s").unwrap();
+        assert_eq!(c.operation_timeout, Duration::from_secs(2));
+        let e = RedisConfig::from_url("redis://h?timeout=1s&operation_timeout=2s").unwrap_err();
+        assert!(
+            e.to_string().contains("`operation_timeout` is given twice"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -67,22 +67,19 @@ pub(crate) fn protocol(what: impl Into<String>) -> Error {
     Error::backend(BACKEND, false, what.into())
 }
 
-/// Runs one round trip with a bound, so an unreachable or stalled server
-/// yields a retryable error instead of a hang.
+/// Runs one round trip to `server` within `limit` ([`fenced_api::bounded`]),
+/// mapping its error with [`map`]: an unreachable or stalled server yields a
+/// retryable error naming the call, the server and the bound, not a hang.
 pub(crate) async fn bounded<T>(
     limit: Duration,
     what: &str,
     server: &str,
     fut: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r.map_err(map),
-        Err(_) => Err(Error::backend(
-            BACKEND,
-            true,
-            format!("no reply from {server} to {what} within {limit:?}"),
-        )),
-    }
+    fenced_api::bounded(BACKEND, format!("{what} at {server}"), limit, async {
+        fut.await.map_err(map)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use fenced_api::{LockInfo, LockKey, Result};
 use redis::Value;
 
-use crate::{config::Prefix, error, lock::RedisLock, scripts};
+use crate::{config::Prefix, conn::Conn, error, scripts};
 
 /// Slots walked by one `SCAN` call (its `COUNT`).
 pub(crate) const SCAN_COUNT: usize = 1000;
@@ -51,73 +51,70 @@ pub(crate) fn key_of(prefix: &Prefix, name: &[u8]) -> Option<LockKey> {
     LockKey::new(std::str::from_utf8(key).ok()?).ok()
 }
 
-impl RedisLock {
-    /// See [`DistributedLock::list`](fenced_api::DistributedLock::list) on
-    /// [`RedisLock`] and the module docs.
-    pub(crate) async fn list_held(&self, limit: usize) -> Result<Vec<LockInfo>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let prefix = self.prefix();
-        let pattern = state_pattern(prefix);
-        let mut conn = self.connection();
-        // By key: SCAN may return a name twice (the table was resized while
-        // scanning); the second reading replaces the first.
-        let mut held: BTreeMap<LockKey, LockInfo> = BTreeMap::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = error::bounded(
-                self.timeout(),
+/// The held locks under `conn`'s prefix, at most `limit`, sorted by key:
+/// [`DistributedLock::list`](fenced_api::DistributedLock::list) on
+/// [`RedisLock`](crate::RedisLock); see the module docs.
+pub(crate) async fn held(conn: &Conn, limit: usize) -> Result<Vec<LockInfo>> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let prefix = &conn.config().prefix;
+    let pattern = state_pattern(prefix);
+    let mut manager = conn.manager();
+    // By key: SCAN may return a name twice (the table was resized while
+    // scanning); the second reading replaces the first.
+    let mut held: BTreeMap<LockKey, LockInfo> = BTreeMap::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, names): (u64, Vec<Vec<u8>>) = conn
+            .bounded(
                 "SCAN",
-                self.server(),
                 redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
                     .arg(&pattern)
                     .arg("COUNT")
                     .arg(SCAN_COUNT)
-                    .query_async(&mut conn),
+                    .query_async(&mut manager),
             )
             .await?;
-            let found: Vec<(Vec<u8>, LockKey)> = names
-                .into_iter()
-                .filter_map(|n| key_of(prefix, &n).map(|k| (n, k)))
-                .collect();
-            if !found.is_empty() {
-                let mut pipe = redis::pipe();
-                pipe.load_script(&scripts::INSPECT).ignore();
-                for (name, _) in &found {
-                    pipe.invoke_script(&scripts::INSPECT.key(name.as_slice()));
-                }
-                let replies: Vec<Value> = error::bounded(
-                    self.timeout(),
+        let found: Vec<(Vec<u8>, LockKey)> = names
+            .into_iter()
+            .filter_map(|n| key_of(prefix, &n).map(|k| (n, k)))
+            .collect();
+        if !found.is_empty() {
+            let mut pipe = redis::pipe();
+            pipe.load_script(&scripts::INSPECT).ignore();
+            for (name, _) in &found {
+                pipe.invoke_script(&scripts::INSPECT.key(name.as_slice()));
+            }
+            let replies: Vec<Value> = conn
+                .bounded(
                     "the inspect scripts of a listing",
-                    self.server(),
-                    pipe.query_async(&mut conn),
+                    pipe.query_async(&mut manager),
                 )
                 .await?;
-                if replies.len() != found.len() {
-                    return Err(error::protocol(format!(
-                        "{} replies to {} inspect scripts",
-                        replies.len(),
-                        found.len()
-                    )));
-                }
-                for ((name, key), reply) in found.into_iter().zip(replies) {
-                    let Some(h) = scripts::parse_inspect(reply)? else {
-                        continue;
-                    };
-                    let info = h.info(&key, &String::from_utf8_lossy(&name))?;
-                    held.insert(key, info);
-                }
+            if replies.len() != found.len() {
+                return Err(error::protocol(format!(
+                    "{} replies to {} inspect scripts",
+                    replies.len(),
+                    found.len()
+                )));
             }
-            if held.len() >= limit || next == 0 {
-                break;
+            for ((name, key), reply) in found.into_iter().zip(replies) {
+                let Some(h) = scripts::parse_inspect(reply)? else {
+                    continue;
+                };
+                let info = h.info(&key, &String::from_utf8_lossy(&name))?;
+                held.insert(key, info);
             }
-            cursor = next;
         }
-        Ok(held.into_values().take(limit).collect())
+        if held.len() >= limit || next == 0 {
+            break;
+        }
+        cursor = next;
     }
+    Ok(held.into_values().take(limit).collect())
 }
 
 #[cfg(test)]

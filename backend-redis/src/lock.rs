@@ -4,19 +4,19 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
-    LockOptions, Owner, ReleaseOutcome, Result,
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use crate::{
     config::{check_recheck, Prefix, RedisConfig},
-    error::{self, bounded, BACKEND},
-    keys,
-    keys::Keys,
+    conn::{granted, Conn},
+    error::{self, BACKEND},
+    keys, list,
     persistence::{self, Persistence},
-    scripts::{self, millis_ceil, AcquireArgs, Attempt, Queued},
+    scripts::{self, Attempt},
     wait::{self, Router},
 };
 
@@ -32,8 +32,7 @@ pub struct RedisLock {
 }
 
 struct Inner {
-    config: RedisConfig,
-    conn: ConnectionManager,
+    conn: Conn,
     router: Arc<Router>,
     persistence: Persistence,
 }
@@ -41,7 +40,7 @@ struct Inner {
 impl fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLock")
-            .field("config", &self.inner.config)
+            .field("config", self.config())
             .field("persistence", &self.inner.persistence)
             .finish()
     }
@@ -129,17 +128,16 @@ impl RedisLockBuilder {
             // Picks ring for rustls unless the application installed a provider.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(config.connection.clone()).map_err(|e| {
+        let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
             Error::config(format!(
                 "invalid redis settings for {}: {e}",
                 config.display_url
             ))
         })?;
-        let router = Arc::new(Router::new(
-            keys::wake_channel(&config.prefix, &uuid::Uuid::new_v4().simple().to_string()),
-            config.operation_timeout,
-            config.display_url.clone(),
-        ));
+        let router = Arc::new(Router::new(keys::wake_channel(
+            &config.prefix,
+            &uuid::Uuid::new_v4().simple().to_string(),
+        )));
         let weak = Arc::downgrade(&router);
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -156,22 +154,23 @@ impl RedisLockBuilder {
                 Ok::<(), ()>(())
             })
             .set_automatic_resubscription();
-        let conn = ConnectionManager::new_lazy_with_config(client, manager).map_err(error::map)?;
-        router.attach(conn.clone());
+        let manager =
+            ConnectionManager::new_lazy_with_config(client, manager).map_err(error::map)?;
         // The first command opens the connection: bounded by the connect
         // timeout plus one short round trip, so an unreachable or silent
         // server fails within about the connect timeout.
         let persistence = persistence::probe(
-            &mut conn.clone(),
+            &mut manager.clone(),
             config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
             &config.display_url,
         )
         .await
         .map_err(|e| e.connecting(&config.display_url))?;
         tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
+        let conn = Conn::new(manager, config);
+        router.attach(conn.clone());
         Ok(RedisLock {
             inner: Arc::new(Inner {
-                config,
                 conn,
                 router,
                 persistence,
@@ -201,7 +200,7 @@ impl RedisLock {
 
     /// The configuration (password redacted in `Debug`).
     pub fn config(&self) -> &RedisConfig {
-        &self.inner.config
+        self.inner.conn.config()
     }
 
     /// What the server persisted when this client connected (read once, never
@@ -209,86 +208,16 @@ impl RedisLock {
     pub fn persistence(&self) -> &Persistence {
         &self.inner.persistence
     }
-
-    pub(crate) fn keys(&self, key: &LockKey) -> Keys {
-        Keys::new(&self.inner.config.prefix, key)
-    }
-
-    pub(crate) fn router(&self) -> &Arc<Router> {
-        &self.inner.router
-    }
-
-    pub(crate) fn connection(&self) -> ConnectionManager {
-        self.inner.conn.clone()
-    }
-
-    pub(crate) fn prefix(&self) -> &Prefix {
-        &self.inner.config.prefix
-    }
-
-    pub(crate) fn server(&self) -> &str {
-        &self.inner.config.display_url
-    }
-
-    pub(crate) fn timeout(&self) -> Duration {
-        self.inner.config.operation_timeout
-    }
-
-    /// How long a waiter's queue entry stays live without a refresh: a few
-    /// missed re-checks.
-    pub(crate) fn waiter_lease(&self) -> Duration {
-        self.inner.config.recheck_interval * 3 + Duration::from_secs(1)
-    }
-
-    /// One run of the acquire script; `queued` queues the caller when busy.
-    pub(crate) async fn attempt(
-        &self,
-        keys: &Keys,
-        opts: &LockOptions,
-        owner: &Owner,
-        queued: Option<Queued<'_>>,
-    ) -> Result<Attempt> {
-        let args = AcquireArgs {
-            owner: owner.as_str(),
-            label: opts.label().map_or("", Label::as_str),
-            ttl_ms: millis_ceil(opts.ttl()),
-            reentrant: opts.is_reentrant(),
-            queued,
-        };
-        let mut conn = self.connection();
-        let reply = bounded(
-            self.timeout(),
-            "the acquire script",
-            self.server(),
-            scripts::acquire(&mut conn, keys, &args),
-        )
-        .await?;
-        scripts::parse_acquire(reply)
-    }
-
-    /// The lease for a grant whose request was sent at `sent`.
-    pub(crate) fn lease(
-        &self,
-        key: &LockKey,
-        owner: Owner,
-        token: FencingToken,
-        opts: &LockOptions,
-        sent: Instant,
-    ) -> Lease {
-        let ttl = Duration::from_millis(millis_ceil(opts.ttl()));
-        tracing::debug!(key = %key, token = %token, ttl_ms = ttl.as_millis() as u64, "acquired");
-        Lease::new(key.clone(), owner, token, ttl, sent)
-    }
 }
 
 #[async_trait]
 impl DistributedLock for RedisLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
-        let keys = self.keys(key);
+        let keys = self.inner.conn.keys(key);
         let sent = Instant::now();
-        match self.attempt(&keys, opts, &owner, None).await? {
-            Attempt::Granted { token, .. } => Ok(Some(self.lease(key, owner, token, opts, sent))),
+        match self.inner.conn.attempt(&keys, opts, &owner, None).await? {
+            Attempt::Granted { token, .. } => Ok(Some(granted(key, owner, token, opts, sent))),
             Attempt::Busy { .. } => Ok(None),
             Attempt::AlreadyHeld => Err(Error::AlreadyHeld { key: key.clone() }),
             Attempt::HandedOver { .. } => Err(error::protocol(
@@ -307,53 +236,28 @@ impl DistributedLock for RedisLock {
     /// runtime; otherwise the entry lapses within seconds). A lease granted by
     /// the first, unqueued attempt racing the drop expires after its TTL.
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        wait::acquire(self, key, opts).await
+        wait::acquire(&self.inner.conn, &self.inner.router, key, opts).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = Duration::from_millis(millis_ceil(LockOptions::validate_ttl(ttl)?));
-        let keys = self.keys(&lease.key);
-        let mut conn = self.connection();
-        let sent = Instant::now();
-        let extended: i64 = bounded(
-            self.timeout(),
-            "the extend script",
-            self.server(),
-            scripts::EXTEND
-                .key(&keys.lock)
-                .arg(lease.owner.as_str())
-                .arg(lease.token.get())
-                .arg(millis_ceil(ttl))
-                .invoke_async(&mut conn),
-        )
-        .await?;
-        if extended == 1 {
-            tracing::trace!(key = %lease.key, token = %lease.token, "renewed");
-            Ok(lease.renewed(ttl, sent))
-        } else {
-            Err(Error::lease_lost(
-                &lease.key,
-                lease.token,
-                "redis no longer has this lease (expired, released, force-released, or lost in a restart)",
-            ))
-        }
+        self.inner.conn.extend(lease, ttl).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let keys = self.keys(&lease.key);
-        let mut conn = self.connection();
-        let reply = bounded(
-            self.timeout(),
-            "the release script",
-            self.server(),
-            scripts::RELEASE
-                .key(&keys.lock)
-                .key(&keys.queue)
-                .arg(lease.owner.as_str())
-                .arg(lease.token.get())
-                .invoke_async(&mut conn),
-        )
-        .await?;
+        let conn = &self.inner.conn;
+        let keys = conn.keys(&lease.key);
+        let mut manager = conn.manager();
+        let reply = conn
+            .bounded(
+                "the release script",
+                scripts::RELEASE
+                    .key(&keys.lock)
+                    .key(&keys.queue)
+                    .arg(lease.owner.as_str())
+                    .arg(lease.token.get())
+                    .invoke_async(&mut manager),
+            )
+            .await?;
         Ok(match scripts::parse_release(reply)? {
             Some(0) => {
                 tracing::debug!(key = %lease.key, token = %lease.token, "released");
@@ -365,15 +269,15 @@ impl DistributedLock for RedisLock {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let keys = self.keys(key);
-        let mut conn = self.connection();
-        let reply = bounded(
-            self.timeout(),
-            "the inspect script",
-            self.server(),
-            scripts::INSPECT.key(&keys.lock).invoke_async(&mut conn),
-        )
-        .await?;
+        let conn = &self.inner.conn;
+        let keys = conn.keys(key);
+        let mut manager = conn.manager();
+        let reply = conn
+            .bounded(
+                "the inspect script",
+                scripts::INSPECT.key(&keys.lock).invoke_async(&mut manager),
+            )
+            .await?;
         let Some(held) = scripts::parse_inspect(reply)? else {
             return Ok(None);
         };
@@ -394,22 +298,22 @@ impl DistributedLock for RedisLock {
     /// timeout, the listing as a whole is not. Not atomic: a lock taken or
     /// released during the scan may or may not be listed.
     async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
-        self.list_held(limit).await
+        list::held(&self.inner.conn, limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let keys = self.keys(key);
-        let mut conn = self.connection();
-        let removed: i64 = bounded(
-            self.timeout(),
-            "the force-release script",
-            self.server(),
-            scripts::FORCE_RELEASE
-                .key(&keys.lock)
-                .key(&keys.queue)
-                .invoke_async(&mut conn),
-        )
-        .await?;
+        let conn = &self.inner.conn;
+        let keys = conn.keys(key);
+        let mut manager = conn.manager();
+        let removed: i64 = conn
+            .bounded(
+                "the force-release script",
+                scripts::FORCE_RELEASE
+                    .key(&keys.lock)
+                    .key(&keys.queue)
+                    .invoke_async(&mut manager),
+            )
+            .await?;
         if removed == 1 {
             tracing::warn!(key = %key, "lock force-released");
         }

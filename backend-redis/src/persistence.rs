@@ -90,23 +90,20 @@ pub(crate) async fn probe(
     for name in ["appendonly", "appendfsync", "save"] {
         pipe.cmd("CONFIG").arg("GET").arg(name);
     }
-    let reply = tokio::time::timeout(
+    let reply = fenced_api::bounded(
+        error::BACKEND,
+        format!("CONFIG GET at {server} while connecting"),
         limit,
-        pipe.query_async::<Vec<HashMap<String, String>>>(conn),
+        async { Ok(pipe.query_async::<Vec<HashMap<String, String>>>(conn).await) },
     )
-    .await;
+    .await?;
     match reply {
-        Err(_) => Err(fenced_api::Error::backend(
-            error::BACKEND,
-            true,
-            format!("no reply from {server} within {limit:?} while connecting"),
-        )),
-        Ok(Ok(maps)) => Ok(Persistence::from_config(
+        Ok(maps) => Ok(Persistence::from_config(
             &maps.into_iter().flatten().collect(),
         )),
         // Not a refused CONFIG but a refused client: wrong or missing
         // credentials must fail the connect, not the first lock.
-        Ok(Err(e))
+        Err(e)
             if e.kind() == ErrorKind::AuthenticationFailed
                 || matches!(e.code(), Some("WRONGPASS" | "NOAUTH")) =>
         {
@@ -116,13 +113,13 @@ pub(crate) async fn probe(
                 format!("{server} refused the credentials: {e}"),
             ))
         }
-        Ok(Err(e)) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+        Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
             tracing::warn!(server, error = %e, "CONFIG GET refused; assuming the server persists nothing");
             Ok(Persistence::Unknown {
                 reason: e.to_string(),
             })
         }
-        Ok(Err(e)) => Err(error::map(e)),
+        Err(e) => Err(error::map(e)),
     }
 }
 

@@ -342,30 +342,26 @@ mod tests {
         assert!(parse_inspect(Value::Array(vec![Value::Int(0)]))
             .unwrap()
             .is_none());
-        let held = parse_inspect(Value::Array(vec![
-            Value::Int(1),
-            bulk("me"),
-            bulk("42"),
-            Value::Int(3),
-            Value::Int(900),
-        ]))
-        .unwrap()
-        .unwrap();
+        // A held lock: owner `me`, token 42, `count` holds, 900 ms left, and
+        // the label if there is one.
+        let reply = |count: i64, label: Option<&str>| {
+            let mut items = vec![
+                Value::Int(1),
+                bulk("me"),
+                bulk("42"),
+                Value::Int(count),
+                Value::Int(900),
+            ];
+            items.extend(label.map(bulk));
+            Value::Array(items)
+        };
+        let held = parse_inspect(reply(3, None)).unwrap().unwrap();
         assert_eq!(held.owner, "me");
         assert_eq!(held.token, FencingToken::new(42));
         assert_eq!(held.count, 3);
         assert_eq!(held.pttl, Duration::from_millis(900));
         assert_eq!(held.label, None);
-        let labelled = parse_inspect(Value::Array(vec![
-            Value::Int(1),
-            bulk("me"),
-            bulk("42"),
-            Value::Int(1),
-            Value::Int(900),
-            bulk("web 1|x"),
-        ]))
-        .unwrap()
-        .unwrap();
+        let labelled = parse_inspect(reply(1, Some("web 1|x"))).unwrap().unwrap();
         assert_eq!(labelled.label.as_deref(), Some("web 1|x"));
     }
 

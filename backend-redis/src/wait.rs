@@ -1,27 +1,15 @@
-//! Waiting for a held key: a FIFO queue on the server, hand-over by message.
+//! How waiters wait: a FIFO queue on the server, the key handed over by
+//! message. The protocol (entries, liveness, hand-over, what a waiter that
+//! gives up leaves behind) is described under "Waiting" in the crate docs.
 //!
-//! A waiter that finds the key held queues itself: the acquire script adds
-//! an entry to the key's queue (a zset ordered by arrival time on the
-//! server's clock) naming the waiter, its wake-up channel and a liveness
-//! deadline. A release does not free a key that has live waiters: in the
-//! same script it hands the lease to the first live entry (new token, the
-//! waiter's TTL, the waiter's id recorded with it) and publishes the grant on
-//! that waiter's channel. Nobody can barge past the queue — a plain
-//! `try_acquire` of a key with live waiters gets `None` — and a hand-over
-//! costs the release plus one message: the waiter does not run another
-//! command to take the key.
-//!
-//! Each client ([`RedisLock`] instance) has one wake-up channel, subscribed
-//! on its own RESP3 connection the first time one of its waiters queues, and
-//! kept. An entry is live while its deadline has not passed and a connection
-//! listens on its channel (`PUBLISH` counts the receivers), so the waiters of
-//! a dead process are skipped at once. A waiter refreshes its entry, keeping
-//! its place, when it re-checks: at the holder's expiry (no message is sent
-//! when a lease runs out; the first waiter to look hands the key to the
-//! head) and at least every re-check interval (default 1 s). A waiter that
-//! gives up removes its entry, and passes on a lease handed to it that it
-//! never claimed; a grant that reaches a client whose waiter is gone is
-//! passed on the same way.
+//! [`Router`] routes the hand-over messages that reach this client's wake-up
+//! channel to its waiters; [`acquire`] runs one waiter: a plain try first,
+//! then, once the channel is subscribed, queued attempts, each followed by a
+//! sleep until a hand-over, the holder's expiry or the re-check interval,
+//! whichever comes first. A waiter that gives up leaves the queue (its
+//! `Registration` runs the leave script when dropped) and passes on a lease
+//! handed to it meanwhile; so does the router for a grant whose waiter is
+//! gone.
 
 use std::{
     collections::HashMap,
@@ -32,29 +20,27 @@ use std::{
 use fenced_api::{
     wait::wait_deadline, Error, FencingToken, Lease, LockKey, LockOptions, Owner, Result,
 };
-use redis::{aio::ConnectionManager, PushInfo, PushKind};
+use redis::{PushInfo, PushKind};
 use tokio::{
     sync::{Notify, OnceCell},
     time::Instant,
 };
 
 use crate::{
-    error::{self, bounded},
+    conn::{granted, Conn},
+    error,
     keys::Keys,
     scripts::{self, millis_ceil, Attempt, Entry, Queued},
-    RedisLock,
 };
 
 /// Routes hand-over messages from the connection to this client's waiters.
 pub(crate) struct Router {
-    conn: OnceLock<ConnectionManager>,
+    conn: OnceLock<Conn>,
     /// This client's wake-up channel.
     channel: String,
     /// Set once the server confirmed the subscription.
     subscribed: OnceCell<()>,
     waiters: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
-    timeout: Duration,
-    server: String,
 }
 
 /// Where a hand-over for one waiter lands.
@@ -94,18 +80,18 @@ fn parse_grant(payload: &str) -> Option<Grant<'_>> {
 }
 
 impl Router {
-    pub(crate) fn new(channel: String, timeout: Duration, server: String) -> Self {
+    pub(crate) fn new(channel: String) -> Self {
         Router {
             conn: OnceLock::new(),
             channel,
             subscribed: OnceCell::new(),
             waiters: Mutex::new(HashMap::new()),
-            timeout,
-            server,
         }
     }
 
-    pub(crate) fn attach(&self, conn: ConnectionManager) {
+    /// Set once, right after the connection (which routes its push messages
+    /// here) is created.
+    pub(crate) fn attach(&self, conn: Conn) {
         let _ = self.conn.set(conn);
     }
 
@@ -118,7 +104,7 @@ impl Router {
         self.subscribed.initialized()
     }
 
-    fn connection(&self) -> Result<ConnectionManager> {
+    fn connection(&self) -> Result<Conn> {
         self.conn
             .get()
             .cloned()
@@ -163,8 +149,8 @@ impl Router {
         }
     }
 
-    /// Passes on a lease handed to a waiter of this client that no longer
-    /// waits (the leave script does nothing if the waiter claimed it).
+    /// Passes on a lease handed to a waiter of this client that has stopped
+    /// waiting (the leave script does nothing if the waiter claimed it).
     fn give_back(&self, grant: &Grant<'_>) {
         let (Some(keys), Ok(conn), Ok(rt)) = (
             Keys::from_lock(grant.lock),
@@ -174,13 +160,7 @@ impl Router {
             return;
         };
         tracing::debug!(lock = grant.lock, token = %grant.token, "passing on a hand-over nobody waits for");
-        rt.spawn(leave(
-            conn,
-            keys,
-            Arc::from(grant.waiter),
-            None,
-            self.timeout,
-        ));
+        rt.spawn(leave(conn, keys, Arc::from(grant.waiter), None));
     }
 
     /// A new waiter (no I/O).
@@ -202,9 +182,10 @@ impl Router {
     async fn subscribe(&self) -> Result<()> {
         self.subscribed
             .get_or_try_init(|| async {
-                let mut conn = self.connection()?;
-                let sub = conn.subscribe(&self.channel);
-                bounded(self.timeout, "SUBSCRIBE", &self.server, sub).await
+                let conn = self.connection()?;
+                let mut manager = conn.manager();
+                conn.bounded("SUBSCRIBE", manager.subscribe(&self.channel))
+                    .await
             })
             .await
             .map(|_| ())
@@ -213,23 +194,18 @@ impl Router {
 
 /// Runs the leave script: best effort, bounded. A waiter that could not
 /// leave drops out of the queue when its entry's deadline passes.
-async fn leave(
-    mut conn: ConnectionManager,
-    keys: Keys,
-    id: Arc<str>,
-    entry: Option<String>,
-    timeout: Duration,
-) {
+async fn leave(conn: Conn, keys: Keys, id: Arc<str>, entry: Option<String>) {
     let mut leave = scripts::LEAVE.key(&keys.lock);
     leave
         .key(&keys.queue)
         .arg(&*id)
         .arg(entry.as_deref().unwrap_or(""));
-    match tokio::time::timeout(timeout, leave.invoke_async::<i64>(&mut conn)).await {
-        Ok(Ok(1)) => tracing::debug!(lock = keys.lock, "an unclaimed hand-over was passed on"),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::debug!(lock = keys.lock, error = %e, "leaving the queue failed"),
-        Err(_) => tracing::debug!(lock = keys.lock, "leaving the queue timed out"),
+    let mut manager = conn.manager();
+    let left = conn.bounded("the leave script", leave.invoke_async::<i64>(&mut manager));
+    match left.await {
+        Ok(1) => tracing::debug!(lock = keys.lock, "an unclaimed hand-over was passed on"),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(lock = keys.lock, error = %e, "leaving the queue failed"),
     }
 }
 
@@ -250,7 +226,7 @@ struct Registration {
 
 /// What a waiter that gives up must clean up on the server.
 struct LeaveTicket {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: Keys,
 }
 
@@ -266,10 +242,10 @@ impl Registration {
 
     /// Armed before the first queued attempt is sent, so a waiter cancelled
     /// while that attempt is in flight still leaves.
-    fn arm(&mut self, lock: &RedisLock, keys: &Keys) {
+    fn arm(&mut self, conn: &Conn, keys: &Keys) {
         if self.leave.is_none() {
             self.leave = Some(LeaveTicket {
-                conn: lock.connection(),
+                conn: conn.clone(),
                 keys: keys.clone(),
             });
         }
@@ -288,26 +264,32 @@ impl Drop for Registration {
         let runtime = tokio::runtime::Handle::try_current();
         if let (Some(LeaveTicket { conn, keys }), Ok(rt)) = (self.leave.take(), runtime) {
             let entry = self.entry.take().map(|e| e.member);
-            rt.spawn(leave(
-                conn,
-                keys,
-                Arc::clone(&self.id),
-                entry,
-                self.router.timeout,
-            ));
+            rt.spawn(leave(conn, keys, Arc::clone(&self.id), entry));
         }
     }
 }
 
-/// `acquire` for [`RedisLock`]: see the module docs.
-pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+/// How long a waiter's queue entry stays live without a refresh: a few
+/// missed re-checks.
+fn waiter_lease(recheck: Duration) -> Duration {
+    recheck * 3 + Duration::from_secs(1)
+}
+
+/// [`DistributedLock::acquire`](fenced_api::DistributedLock::acquire) for
+/// the client whose connection is `conn` and whose waiters `router` serves:
+/// see the module docs.
+pub(crate) async fn acquire(
+    conn: &Conn,
+    router: &Arc<Router>,
+    key: &LockKey,
+    opts: &LockOptions,
+) -> Result<Lease> {
     let start = Instant::now();
     let deadline = wait_deadline(opts.wait(), start);
     let owner = opts.owner_or_random();
-    let keys = lock.keys(key);
-    let router = lock.router();
-    let recheck = lock.config().recheck_interval;
-    let lease_ms = millis_ceil(lock.waiter_lease());
+    let keys = conn.keys(key);
+    let recheck = conn.config().recheck_interval;
+    let lease_ms = millis_ceil(waiter_lease(recheck));
     let may_wait = deadline != Some(start);
     // Not subscribed yet: the first attempt is a plain try (nothing can be
     // handed to a waiter nobody listens for); queued from the second on.
@@ -315,12 +297,12 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
     let mut attempts = 0u32;
     loop {
         if let Some(r) = reg.as_mut() {
-            r.arm(lock, &keys);
+            r.arm(conn, &keys);
         }
         let sent = Instant::now();
         attempts += 1;
         let queued = reg.as_ref().map(|r| r.queued(lease_ms));
-        let pttl = match lock.attempt(&keys, opts, &owner, queued).await? {
+        let pttl = match conn.attempt(&keys, opts, &owner, queued).await? {
             Attempt::Granted { token, .. } => {
                 if let Some(r) = reg.as_mut() {
                     r.disarm();
@@ -328,13 +310,13 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
                 if attempts > 1 {
                     tracing::debug!(key = %key, attempts, waited_ms = start.elapsed().as_millis() as u64, "acquired after waiting");
                 }
-                return Ok(lock.lease(key, owner, token, opts, sent));
+                return Ok(granted(key, owner, token, opts, sent));
             }
             Attempt::HandedOver { token } => {
                 let Some(r) = reg.as_mut() else {
                     return Err(error::protocol("a hand-over to a waiter that never queued"));
                 };
-                if let Some(lease) = claim(lock, key, &owner, token, opts, r, start).await? {
+                if let Some(lease) = claim(conn, key, &owner, token, opts, r, start).await? {
                     return Ok(lease);
                 }
                 continue;
@@ -351,7 +333,7 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
         // A hand-over may have arrived while the attempt was in flight.
         if let Some(r) = reg.as_mut() {
             if let Some(token) = r.slot.take() {
-                if let Some(lease) = claim(lock, key, &owner, token, opts, r, start).await? {
+                if let Some(lease) = claim(conn, key, &owner, token, opts, r, start).await? {
                     return Ok(lease);
                 }
                 continue;
@@ -389,7 +371,7 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
             _ = tokio::time::sleep_until(wake) => {}
         }
         if let Some(token) = r.slot.take() {
-            if let Some(lease) = claim(lock, key, &owner, token, opts, r, start).await? {
+            if let Some(lease) = claim(conn, key, &owner, token, opts, r, start).await? {
                 return Ok(lease);
             }
         }
@@ -406,7 +388,7 @@ pub(crate) async fn acquire(lock: &RedisLock, key: &LockKey, opts: &LockOptions)
 /// that leaves less than half the TTL, one renewal makes it whole first.
 /// `None`: the lease ran out before it could be claimed; wait again.
 async fn claim(
-    lock: &RedisLock,
+    conn: &Conn,
     key: &LockKey,
     owner: &Owner,
     token: FencingToken,
@@ -415,9 +397,9 @@ async fn claim(
     start: Instant,
 ) -> Result<Option<Lease>> {
     let sent = reg.entry_sent.unwrap_or(start);
-    let mut lease = lock.lease(key, owner.clone(), token, opts, sent);
+    let mut lease = granted(key, owner.clone(), token, opts, sent);
     if lease.remaining() < lease.ttl / 2 {
-        match fenced_api::DistributedLock::extend(lock, &lease, lease.ttl).await {
+        match conn.extend(&lease, lease.ttl).await {
             Ok(renewed) => lease = renewed,
             Err(Error::LeaseLost { .. }) => return Ok(None),
             Err(e) => return Err(e),
@@ -501,11 +483,7 @@ mod tests {
 
     #[tokio::test]
     async fn hand_overs_reach_only_the_named_waiter() {
-        let router = Arc::new(Router::new(
-            "{p/}:w:me".into(),
-            Duration::from_secs(1),
-            "test".into(),
-        ));
+        let router = Arc::new(Router::new("{p/}:w:me".into()));
         let a = router.register();
         let b = router.register();
         router.on_push(message("{p/}:w:me", &format!("g|42|{}|{{p/k}}:l", b.id)));
