@@ -30,6 +30,15 @@ pub struct Driver {
 }
 
 impl Driver {
+    /// A connect function's body: `connect: |url| Driver::boxed(async move {
+    /// MyLock::connect(&url).await })` turns the backend's own `connect`
+    /// into the shared store type.
+    pub fn boxed<L: DistributedLock + 'static>(
+        connect: impl Future<Output = Result<L>> + Send + 'static,
+    ) -> BoxFuture<'static, Result<Arc<dyn DistributedLock>>> {
+        Box::pin(async move { Ok(Arc::new(connect.await?) as Arc<dyn DistributedLock>) })
+    }
+
     /// Whether this driver serves `url` (by its scheme, before `://`).
     pub fn serves(&self, url: &str) -> bool {
         url.split_once("://")

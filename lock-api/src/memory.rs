@@ -308,10 +308,9 @@ impl MemoryLock {
             name: "memory",
             schemes: &["memory"],
             connect: |url| {
-                Box::pin(async move {
+                crate::Driver::boxed(async move {
                     Self::check_url(&url)?;
-                    Ok(std::sync::Arc::new(MemoryLock::new())
-                        as std::sync::Arc<dyn DistributedLock>)
+                    Ok(MemoryLock::new())
                 })
             },
             migrate: None,

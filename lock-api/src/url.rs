@@ -309,6 +309,21 @@ pub fn parse_duration(v: &str) -> Result<Duration> {
     Ok(d)
 }
 
+/// Checks a duration set through a builder against the bounds URL
+/// durations have: above zero and at most one hour.
+///
+/// # Errors
+///
+/// [`Error::Config`] naming the setting.
+pub fn check_duration(name: &str, d: Duration) -> Result<Duration> {
+    if d.is_zero() || d > Duration::from_secs(3600) {
+        return Err(Error::config(format!(
+            "{name} {d:?} must be above zero and at most 1h"
+        )));
+    }
+    Ok(d)
+}
+
 /// Parses a URL flag `name`: `true`/`1` or `false`/`0`.
 ///
 /// # Errors
