@@ -29,12 +29,7 @@ pub fn driver() -> fenced_api::Driver {
     fenced_api::Driver {
         name: "redis",
         schemes: SCHEMES,
-        connect: |url| {
-            Box::pin(async move {
-                let lock = RedisLock::connect(&url).await?;
-                Ok(std::sync::Arc::new(lock) as std::sync::Arc<dyn fenced_api::DistributedLock>)
-            })
-        },
+        connect: |url| fenced_api::Driver::boxed(async move { RedisLock::connect(&url).await }),
         // Redis needs no schema.
         migrate: None,
     }

@@ -4,8 +4,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
-    Result,
+    url::check_duration, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    LockOptions, ReleaseOutcome, Result,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
@@ -100,16 +100,8 @@ impl RedisLockBuilder {
             self.config.prefix = Prefix::new(&p)?;
         }
         let c = &self.config;
-        for (name, d) in [
-            ("connect_timeout", c.connect_timeout),
-            ("operation_timeout", c.operation_timeout),
-        ] {
-            if d.is_zero() || d > Duration::from_secs(3600) {
-                return Err(Error::config(format!(
-                    "{name} {d:?} must be above zero and at most 1h"
-                )));
-            }
-        }
+        check_duration("connect_timeout", c.connect_timeout)?;
+        check_duration("operation_timeout", c.operation_timeout)?;
         check_recheck(c.recheck_interval)?;
         Ok(self.config)
     }
