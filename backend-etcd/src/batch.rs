@@ -8,13 +8,16 @@
 //! 10 000 locks renewing every few seconds, or released all at once (a
 //! dropped client), cost a few requests a second instead of thousands.
 
-use std::{collections::HashSet, sync::Mutex};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
 
 use etcd_client::{Txn, TxnOp, TxnOpResponse};
 use fenced_api::{Error, Result};
 use tokio::sync::oneshot;
 
-use crate::{error, EtcdLock};
+use crate::{client::Etcd, error};
 
 /// Most gets etcd accepts in one transaction (`--max-txn-ops`, default 128).
 const MAX_READS: usize = 128;
@@ -47,14 +50,22 @@ struct Queue {
     running: usize,
 }
 
-/// One queue per kind.
-#[derive(Default)]
+/// One queue per kind, and the transport the batches go out on.
 pub(crate) struct Batches {
+    etcd: Etcd,
     reads: Mutex<Queue>,
     writes: Mutex<Queue>,
 }
 
 impl Batches {
+    pub(crate) fn new(etcd: Etcd) -> Batches {
+        Batches {
+            etcd,
+            reads: Mutex::default(),
+            writes: Mutex::default(),
+        }
+    }
+
     fn queue(&self, kind: Kind) -> std::sync::MutexGuard<'_, Queue> {
         let q = match kind {
             Kind::Reads => &self.reads,
@@ -64,13 +75,18 @@ impl Batches {
     }
 }
 
-impl EtcdLock {
+impl Batches {
     /// Sends `op` (touching `key`) in the next batch of its kind; returns its answer.
     /// Alone (nothing queued, a batch slot free), it goes out at once from
     /// the caller's task: no hand-over to a batch task on the way.
-    pub(crate) async fn batched(&self, kind: Kind, key: &[u8], op: TxnOp) -> Result<TxnOpResponse> {
+    pub(crate) async fn batched(
+        self: &Arc<Self>,
+        kind: Kind,
+        key: &[u8],
+        op: TxnOp,
+    ) -> Result<TxnOpResponse> {
         let alone = {
-            let mut q = self.inner.batches.queue(kind);
+            let mut q = self.queue(kind);
             let alone = q.waiting.is_empty() && q.running < MAX_RUNNING;
             if alone {
                 q.running += 1;
@@ -80,6 +96,7 @@ impl EtcdLock {
         if alone {
             let slot = Slot(self, kind, false);
             let sent = self
+                .etcd
                 .call(what(kind), |mut c| {
                     let txn = Txn::new().and_then([op.clone()]);
                     async move { c.txn(txn).await }
@@ -95,7 +112,7 @@ impl EtcdLock {
                 .ok_or_else(|| Error::backend(error::BACKEND, true, "etcd answered no operation"));
         }
         let (tx, rx) = oneshot::channel();
-        self.inner.batches.queue(kind).waiting.push(Pending {
+        self.queue(kind).waiting.push(Pending {
             key: key.to_vec(),
             op,
             tx,
@@ -113,9 +130,9 @@ impl EtcdLock {
     }
 
     /// Starts a batch task if operations wait and a slot is free.
-    fn start_runner(&self, kind: Kind) {
+    fn start_runner(self: &Arc<Self>, kind: Kind) {
         let start = {
-            let mut q = self.inner.batches.queue(kind);
+            let mut q = self.queue(kind);
             let start = !q.waiting.is_empty() && q.running < MAX_RUNNING;
             if start {
                 q.running += 1;
@@ -123,16 +140,16 @@ impl EtcdLock {
             start
         };
         if start {
-            tokio::spawn(self.clone().run(kind));
+            tokio::spawn(Arc::clone(self).run(kind));
         }
     }
 
     /// Sends batches until the queue is empty (holding one slot).
-    async fn run(self, kind: Kind) {
+    async fn run(self: Arc<Self>, kind: Kind) {
         let mut slot = Slot(&self, kind, false);
         loop {
             let batch = {
-                let mut q = self.inner.batches.queue(kind);
+                let mut q = self.queue(kind);
                 if q.waiting.is_empty() {
                     q.running -= 1;
                     slot.2 = true;
@@ -149,6 +166,7 @@ impl EtcdLock {
             let (ops, txs): (Vec<TxnOp>, Vec<_>) = batch.into_iter().map(|p| (p.op, p.tx)).unzip();
             let txn = Txn::new().and_then(ops);
             let sent = self
+                .etcd
                 .call(what(kind), |mut c| {
                     let txn = txn.clone();
                     async move { c.txn(txn).await }
@@ -175,6 +193,32 @@ impl EtcdLock {
     }
 }
 
+/// The state of a lock key as one batched check saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyState {
+    pub(crate) create_revision: i64,
+    pub(crate) value: Vec<u8>,
+    pub(crate) lease: i64,
+}
+
+impl Batches {
+    /// The current state of the key at `path` (`None`: absent), read in the
+    /// next batch of reads.
+    pub(crate) async fn check(self: &Arc<Self>, path: &[u8]) -> Result<Option<KeyState>> {
+        let r = self
+            .batched(Kind::Reads, path, TxnOp::get(path.to_vec(), None))
+            .await?;
+        Ok(match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| KeyState {
+                create_revision: kv.create_revision(),
+                value: kv.value().to_vec(),
+                lease: kv.lease(),
+            }),
+            _ => None,
+        })
+    }
+}
+
 fn what(kind: Kind) -> &'static str {
     match kind {
         Kind::Reads => "batched reads",
@@ -185,7 +229,7 @@ fn what(kind: Kind) -> &'static str {
 /// A batch slot; given back on drop unless already given back (`.2`), so a
 /// cancelled sender never leaks one. Operations that queued up behind it
 /// get a batch task.
-struct Slot<'a>(&'a EtcdLock, Kind, bool);
+struct Slot<'a>(&'a Arc<Batches>, Kind, bool);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
@@ -193,7 +237,7 @@ impl Drop for Slot<'_> {
             return;
         }
         let start = {
-            let mut q = self.0.inner.batches.queue(self.1);
+            let mut q = self.0.queue(self.1);
             let start = !q.waiting.is_empty();
             if !start {
                 q.running -= 1;
@@ -204,9 +248,9 @@ impl Drop for Slot<'_> {
             // The slot passes to a new batch task.
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(self.0.clone().run(self.1));
+                    rt.spawn(Arc::clone(self.0).run(self.1));
                 }
-                Err(_) => self.0.inner.batches.queue(self.1).running -= 1,
+                Err(_) => self.0.queue(self.1).running -= 1,
             }
         }
     }

@@ -1,9 +1,23 @@
-//! Configuration from `etcd://h1:2379,h2:2379/prefix?…` URLs.
+//! Configuration: from an `etcd://h1:2379,h2:2379/prefix?…` URL or the
+//! builder, validated before connecting.
 
-use std::{fmt, time::Duration};
+use std::{fmt, path::PathBuf, time::Duration};
 
-pub(crate) use fenced_api::url::{parse_duration, redact};
+use fenced_api::url::{params, parse_duration, percent_decode, redact, split_userinfo};
 use fenced_api::{Error, Result};
+
+/// Default key prefix (the namespace).
+pub const DEFAULT_PREFIX: &str = "fenced";
+/// Default bound on connecting.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on one request.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The port of a host named without one.
+const DEFAULT_PORT: u16 = 2379;
+
+/// The URL parameters, one entry per parameter (`|` between spellings).
+const KNOWN: &[&str] = &["connect_timeout", "operation_timeout|timeout", "ca"];
 
 /// Connection and namespace settings. `Debug` never shows the password.
 #[derive(Clone)]
@@ -14,9 +28,9 @@ pub struct EtcdConfig {
     pub(crate) tls: bool,
     /// PEM file of the CA(s) to trust for `etcds://` instead of the
     /// platform's roots.
-    pub(crate) ca: Option<std::path::PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
     pub(crate) connect_timeout: Duration,
-    pub(crate) op_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -28,31 +42,33 @@ impl fmt::Debug for EtcdConfig {
             .field("tls", &self.tls)
             .field("ca", &self.ca)
             .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
+            .field("operation_timeout", &self.operation_timeout)
             .finish()
     }
 }
 
-/// Default key prefix (namespace).
-pub const DEFAULT_PREFIX: &str = "fenced";
-
 impl EtcdConfig {
-    /// Parses `etcd://[user:password@]h1:2379[,h2:2379…][/prefix][?connect_timeout=5s&timeout=5s]`
+    /// Parses `etcd://[user:password@]h1:2379[,h2:2379…][/prefix][?connect_timeout=5s&operation_timeout=5s]`
     /// (`etcds://` for TLS, which needs the `tls` cargo feature).
     ///
-    /// The prefix is the namespace: two prefixes never see each other's locks.
+    /// The prefix is the namespace: two prefixes never see each other's locks
+    /// (default [`DEFAULT_PREFIX`]; 1 to 128 bytes, no control characters).
     /// A host without a port means 2379; a port must be a number from 1 to
     /// 65535.
     ///
-    /// Parameters:
+    /// Parameters, each at most once:
     ///
     /// * `connect_timeout` — bound on connecting (default 5 s);
-    /// * `timeout` — bound on every request (default 5 s);
+    /// * `operation_timeout` (or `timeout`) — bound on every request
+    ///   (default 5 s);
     /// * `ca=<path>` (`etcds://` only) — a PEM file with the certificate
     ///   authority (or authorities) that signed the servers' certificates;
     ///   only these are trusted then. Without it the platform's roots are
     ///   trusted (the system store; `SSL_CERT_FILE` / `SSL_CERT_DIR` when
     ///   set). Percent-encode a path with `&`, `#` or `%` in it.
+    ///
+    /// Durations are a number of seconds or `250ms`, `5s`, `2m`, above zero
+    /// and at most one hour.
     ///
     /// ```
     /// # use fenced_etcd::EtcdConfig;
@@ -63,9 +79,9 @@ impl EtcdConfig {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a malformed URL (a bad port, an unknown
-    /// parameter, `ca` on a plaintext URL); nothing is connected, and no
-    /// message ever shows the password.
+    /// [`Error::Config`] for a malformed URL (a bad port, an unknown or
+    /// repeated parameter, `ca` on a plaintext URL); nothing is connected,
+    /// and no message ever shows the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             Error::config(format!("expected an etcd:// url, got `{}`", redact(url)))
@@ -80,27 +96,8 @@ impl EtcdConfig {
                 )))
             }
         };
-        // The userinfo ends at the first `@` followed by a host list: a
-        // password may contain unencoded `/`, `?`, `#` or `@`, and must never
-        // end up in a path, a parameter or a message.
-        let (user, rest) = match fenced_api::url::userinfo_end(rest) {
-            Some(at) => {
-                let userinfo = &rest[..at];
-                let (u, p) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-                (Some((u.to_owned(), p.to_owned())), &rest[at + 1..])
-            }
-            // `user:password@` with no host list after it: say so without
-            // ever reading the password as a host (and showing it).
-            None => match rest.split_once('@') {
-                Some((userinfo, _)) if userinfo.contains(':') => {
-                    let user = userinfo.split(':').next().unwrap_or_default();
-                    return Err(Error::config(format!(
-                        "no etcd host after `{user}:***@` (expected etcd://user:password@host:2379/prefix)"
-                    )));
-                }
-                _ => (None, rest),
-            },
-        };
+        let (user, rest) = userinfo(rest)?;
+        // The userinfo is off: the first `?` starts the query.
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
         let http = if tls { "https" } else { "http" };
@@ -127,37 +124,26 @@ impl EtcdConfig {
             user,
             tls,
             ca: None,
-            connect_timeout: Duration::from_secs(5),
-            op_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "connect_timeout" => config.connect_timeout = parse_duration(v)?,
-                "timeout" => config.op_timeout = parse_duration(v)?,
-                "ca" if !tls => {
-                    return Err(Error::config(
-                        "the etcd url parameter `ca` needs TLS: use etcds://",
-                    ))
-                }
-                "ca" => {
-                    let path = percent_decode(v)?;
-                    if path.is_empty() {
-                        return Err(Error::config(
-                            "the etcd url parameter `ca` needs a path to a PEM file",
-                        ));
-                    }
-                    config.ca = Some(path.into());
-                }
-                other => {
-                    return Err(Error::config(format!(
-                        "unknown etcd url parameter `{}`; known: connect_timeout, timeout, ca",
-                        other.chars().take(40).collect::<String>()
-                    )))
-                }
+        for p in params("etcd", query, KNOWN)? {
+            match p.name {
+                "connect_timeout" => config.connect_timeout = parse_duration(p.value)?,
+                "operation_timeout" => config.operation_timeout = parse_duration(p.value)?,
+                // `ca`, the last name in KNOWN.
+                _ => config.ca = Some(ca_path(tls, p.value)?),
             }
         }
         Ok(config)
+    }
+
+    /// Checks what the builder may have changed: the prefix and both bounds.
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate_prefix(&self.prefix)?;
+        fenced_api::url::check_duration("the etcd connect_timeout", self.connect_timeout)?;
+        fenced_api::url::check_duration("the etcd operation_timeout", self.operation_timeout)?;
+        Ok(())
     }
 
     /// The CA file trusted for `etcds://` (the `ca` parameter), if any.
@@ -173,6 +159,49 @@ impl EtcdConfig {
     /// The endpoints, as URIs.
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+}
+
+/// The value of the `ca` parameter, percent-decoded.
+fn ca_path(tls: bool, value: &str) -> Result<PathBuf> {
+    if !tls {
+        return Err(Error::config(
+            "the etcd url parameter `ca` needs TLS: use etcds://",
+        ));
+    }
+    let path = percent_decode(value)?;
+    if path.is_empty() {
+        return Err(Error::config(
+            "the etcd url parameter `ca` needs a path to a PEM file",
+        ));
+    }
+    Ok(path.into())
+}
+
+/// `(user, password)` and what follows them. The userinfo ends at the first
+/// `@` followed by a host list ([`split_userinfo`]): a password may contain
+/// unencoded `/`, `?`, `#` or `@`, and must never end up in a path, a
+/// parameter or a message.
+fn userinfo(rest: &str) -> Result<(Option<(String, String)>, &str)> {
+    match split_userinfo(rest) {
+        (Some(info), rest) => Ok((
+            Some((
+                info.user.to_owned(),
+                info.password.unwrap_or_default().to_owned(),
+            )),
+            rest,
+        )),
+        // `user:password@` with no host list after it: say so without ever
+        // reading the password as a host (and showing it).
+        (None, rest) => match rest.split_once('@') {
+            Some((userinfo, _)) if userinfo.contains(':') => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                Err(Error::config(format!(
+                    "no etcd host after `{user}:***@` (expected etcd://user:password@host:2379/prefix)"
+                )))
+            }
+            _ => Ok((None, rest)),
+        },
     }
 }
 
@@ -202,7 +231,7 @@ fn endpoint(scheme: &str, h: &str) -> Result<String> {
         return Err(Error::config(format!("no host name in etcd host `{h}`")));
     }
     let port = match port {
-        None => 2379,
+        None => DEFAULT_PORT,
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
             _ => {
@@ -220,28 +249,7 @@ fn endpoint(scheme: &str, h: &str) -> Result<String> {
     }
 }
 
-/// `%XX` escapes decoded (a `ca` path with `&`, `#` or `%` in it).
-fn percent_decode(v: &str) -> Result<String> {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = v
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| Error::config("bad %-escape in an etcd url parameter"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| Error::config("an etcd url parameter is not UTF-8"))
-}
-
-pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+fn validate_prefix(prefix: &str) -> Result<()> {
     if prefix.is_empty() || prefix.len() > 128 || prefix.chars().any(char::is_control) {
         return Err(Error::config(format!(
             "invalid etcd prefix {prefix:?}: 1 to 128 bytes, no control characters"
@@ -288,7 +296,37 @@ mod tests {
             EtcdConfig::from_url("etcd://u:secret@h/p?connect_timeout=250ms&timeout=3s").unwrap();
         assert_eq!(c.user, Some(("u".into(), "secret".into())));
         assert_eq!(c.connect_timeout, Duration::from_millis(250));
-        assert_eq!(c.op_timeout, Duration::from_secs(3));
+        assert_eq!(c.operation_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn both_spellings_of_the_operation_timeout() {
+        for url in ["etcd://h/p?operation_timeout=3s", "etcd://h/p?timeout=3s"] {
+            let c = EtcdConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.operation_timeout, Duration::from_secs(3), "{url}");
+        }
+        let c = EtcdConfig::from_url("etcd://h/p").unwrap();
+        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.operation_timeout, DEFAULT_OPERATION_TIMEOUT);
+    }
+
+    /// A repeat never silently overrides: one of the two values would be
+    /// ignored.
+    #[test]
+    fn a_repeated_parameter_is_an_error() {
+        for url in [
+            "etcd://h/p?timeout=1s&timeout=2s",
+            "etcd://h/p?operation_timeout=1s&timeout=2s",
+            "etcd://h/p?connect_timeout=1s&connect_timeout=1s",
+            "etcds://h/p?ca=/a.pem&ca=/b.pem",
+        ] {
+            match EtcdConfig::from_url(url) {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(e.to_string().contains("given twice"), "{url}: {e}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //!
 //! The owner, then — when the holder gave one — a newline and its label.
 //! Neither an owner nor a label contains a control character, so the first
-//! newline always ends the owner. Entries written before labels existed hold
-//! the owner alone and read as unlabelled. The entry's path names the owner
-//! too (`<prefix>\0lock\0<key>\0<owner>`), so guards compare paths and
-//! create revisions, never values.
+//! newline always ends the owner; a value without one is an owner alone
+//! and reads as unlabelled. The entry's path names the owner too
+//! (`<prefix>\0lock\0<key>\0<owner>`), so guards compare paths and create
+//! revisions, never values.
 
-use fenced_api::{Label, LockKey, Owner};
+use fenced_api::{Error, Label, LockKey, LockOptions, Owner, Result};
+
+use crate::error;
 
 /// The value to put for an entry.
 pub(crate) fn value(owner: &Owner, label: Option<&Label>) -> Vec<u8> {
@@ -24,9 +26,9 @@ pub(crate) fn owner_bytes(value: &[u8]) -> &[u8] {
     value.split(|b| *b == b'\n').next().unwrap_or(value)
 }
 
-/// The owner and label of a value. A value no valid owner (the store was
-/// written by hand) gives a random owner, as before labels; an invalid label
-/// is shown as none — it is for people, not for the lock.
+/// The owner and label of a value. A value with no valid owner (the store
+/// was written by hand) gives a random owner; an invalid label is shown as
+/// none — it is for people, not for the lock.
 pub(crate) fn decode(key: &LockKey, value: &[u8]) -> (Owner, Option<Label>) {
     let owner = owner_bytes(value);
     let owner = Owner::new(String::from_utf8_lossy(owner)).unwrap_or_else(|_| Owner::random());
@@ -46,19 +48,41 @@ fn owner_len(value: &[u8]) -> usize {
     owner_bytes(value).len()
 }
 
+/// Refuses an acquire whose explicit owner already holds `key` (the holder's
+/// entry value is `holder`): owner reentrancy is not offered here.
+pub(crate) fn check_reentry(
+    key: &LockKey,
+    opts: &LockOptions,
+    holder: Option<&[u8]>,
+) -> Result<()> {
+    match (opts.owner(), holder.map(owner_bytes)) {
+        (Some(owner), Some(h)) if h == owner.as_str().as_bytes() => {
+            if opts.is_reentrant() {
+                Err(Error::Unsupported {
+                    backend: error::BACKEND,
+                    what: "owner reentrancy (use LockClient::builder(..).reentrant(true))".into(),
+                })
+            } else {
+                Err(Error::AlreadyHeld { key: key.clone() })
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn values_round_trip_and_old_values_read_unlabelled() {
+    fn values_round_trip_and_plain_owners_read_unlabelled() {
         let key = LockKey::new("k").unwrap();
         let owner = Owner::new("o|1 é").unwrap();
         let label = Label::new("web 1\u{a0}%_'\"日本").unwrap();
         let v = value(&owner, Some(&label));
         assert_eq!(owner_bytes(&v), owner.as_str().as_bytes());
         assert_eq!(decode(&key, &v), (owner.clone(), Some(label)));
-        // Written without a label, or by a build from before labels.
+        // Written without a label.
         let plain = value(&owner, None);
         assert_eq!(plain, owner.as_str().as_bytes());
         assert_eq!(decode(&key, &plain), (owner.clone(), None));

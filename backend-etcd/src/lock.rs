@@ -1,51 +1,52 @@
-//! `EtcdLock`: locks on session leases, the create revision as token.
+//! `EtcdLock`: the handle, its builder, and the `DistributedLock`
+//! implementation — locks on session leases, the create revision as token.
 
-use std::{fmt, future::Future, sync::Arc, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fenced_api::{
-    Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
-    Owner, ReleaseOutcome, Result,
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result, WaitPolicy,
 };
 use tokio::{task::JoinHandle, time::Instant};
 
 use crate::{
-    batch::{Batches, Kind},
+    batch::{Batches, KeyState, Kind},
+    client::{first_kv, revision, Etcd},
     config::EtcdConfig,
     entry, error,
-    queue::Attempt,
-    session::{RefreshError, Sessions, View},
-    track::{self, Held, KeyState, Tracked, Tracker},
-    watch::WatchHub,
+    keys::{oldest, Keys},
+    list,
+    session::{RefreshError, Sessions},
+    track::{self, Held, Tracked, Tracker},
+    wait::{self, Attempt, Parts, WatchHub},
 };
 
 /// A lock store on etcd. Cheap to clone: clones share one gRPC channel, the
 /// session leases, the reaper and the watch stream (one *client*).
 ///
-/// See the crate documentation for the design.
+/// See the [crate docs](crate) for the design.
 #[derive(Clone)]
 pub struct EtcdLock {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) client: Client,
-    pub(crate) config: EtcdConfig,
-    pub(crate) sessions: Sessions,
-    pub(crate) tracker: Arc<Tracker>,
-    pub(crate) batches: Batches,
-    pub(crate) watches: WatchHub,
+struct Inner {
+    config: EtcdConfig,
+    etcd: Etcd,
+    keys: Keys,
+    sessions: Arc<Sessions>,
+    tracker: Arc<Tracker>,
+    batches: Arc<Batches>,
+    watches: WatchHub,
     reaper: JoinHandle<()>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Locks still held expire with their session leases, which nothing
-        // refreshes any more: one TTL after the last use.
+        // refreshes once the client is gone: one TTL after the last use.
         self.reaper.abort();
     }
 }
@@ -60,37 +61,76 @@ impl fmt::Debug for EtcdLock {
     }
 }
 
-/// What a lease TTL becomes: etcd leases are whole seconds.
-pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
-    (ttl.as_micros().div_ceil(1_000_000) as i64).max(1)
+/// Builds an [`EtcdLock`]: from a URL, then adjusted. Everything is
+/// validated before anything is connected.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct EtcdLockBuilder {
+    config: EtcdConfig,
 }
 
-/// A request that failed: etcd's answer, or no answer in time.
-#[derive(Debug)]
-pub(crate) enum CallError {
-    Etcd(etcd_client::Error),
-    Timeout(Duration),
-}
+impl EtcdLockBuilder {
+    /// Starts from a URL (see [`EtcdConfig::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(EtcdLockBuilder {
+            config: EtcdConfig::from_url(url)?,
+        })
+    }
 
-impl CallError {
-    pub(crate) fn into_error(self, what: &str) -> Error {
-        match self {
-            CallError::Etcd(e) => error::map(e),
-            CallError::Timeout(after) => error::timed_out(what, after),
-        }
+    /// The key prefix — the namespace: two prefixes never see each other's
+    /// locks (1 to 128 bytes, no control characters).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on connecting (default 5 s; above zero, at most 1 h).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
+
+    /// Bound on each request (default 5 s; above zero, at most 1 h).
+    pub fn operation_timeout(mut self, d: Duration) -> Self {
+        self.config.operation_timeout = d;
+        self
+    }
+
+    /// Connects and checks that a member answers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid setting (nothing is connected then);
+    /// [`Error::Backend`] (retryable) when no member answers within the
+    /// connect timeout.
+    pub async fn connect(self) -> Result<EtcdLock> {
+        self.config.validate()?;
+        EtcdLock::connect_with(self.config).await
     }
 }
 
 impl EtcdLock {
+    /// A builder from a URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn builder(url: &str) -> Result<EtcdLockBuilder> {
+        EtcdLockBuilder::from_url(url)
+    }
+
     /// Connects to the endpoints of `url` (see [`EtcdConfig::from_url`]) and
     /// checks that a member answers.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a bad URL; [`Error::Backend`] (retryable) when no
-    /// member answers within the connect timeout.
+    /// As [`EtcdLockBuilder::connect`].
     pub async fn connect(url: &str) -> Result<EtcdLock> {
-        EtcdLock::connect_with(EtcdConfig::from_url(url)?).await
+        EtcdLock::builder(url)?.connect().await
     }
 
     /// Connects with an explicit configuration.
@@ -99,69 +139,26 @@ impl EtcdLock {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: EtcdConfig) -> Result<EtcdLock> {
-        if config.tls && !cfg!(feature = "tls") {
-            return Err(Error::config(
-                "etcds:// needs fenced-etcd built with the `tls` cargo feature",
-            ));
-        }
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_timeout(config.op_timeout);
-        #[cfg(feature = "tls")]
-        if config.tls {
-            opts = opts.with_tls(tls_options(&config)?);
-        }
-        if let Some((user, password)) = &config.user {
-            opts = opts.with_user(user.clone(), password.clone());
-        }
-        let at = config.endpoints.join(",");
-        EtcdLock::open(config, opts)
-            .await
-            .map_err(|e| e.connecting(&at))
-    }
-
-    async fn open(config: EtcdConfig, opts: ConnectOptions) -> Result<EtcdLock> {
-        let connect = Client::connect(config.endpoints.clone(), Some(opts));
-        let mut client = match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(c) => c.map_err(error::map)?,
-            Err(_) => return Err(error::timed_out("connecting", config.connect_timeout)),
-        };
-        // One member down must not fail the connect: a status request the
-        // channel could not even send (connection refused by that member)
-        // is tried again — on another member — until the connect timeout,
-        // as `call_raw` does for every later request.
-        // When no member ever answers, the last such error (e.g. connection
-        // refused) is what the caller sees, not a bare timeout.
-        let deadline = Instant::now() + config.connect_timeout;
-        let mut unsent = None;
-        loop {
-            match tokio::time::timeout_at(deadline, client.status()).await {
-                Ok(Ok(_)) => break,
-                Ok(Err(e)) if error::never_sent(&e) && Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "etcd status not sent; trying another member");
-                    unsent = Some(e);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Ok(Err(e)) => return Err(error::map(e)),
-                Err(_) => {
-                    return Err(match unsent {
-                        Some(e) => error::map(e),
-                        None => error::timed_out("status", config.connect_timeout),
-                    })
-                }
-            }
-        }
+        let etcd = Etcd::connect(&config).await?;
         let tracker = Arc::new(Tracker::default());
-        let inner = Arc::new_cyclic(|weak| Inner {
-            client,
+        let batches = Arc::new(Batches::new(etcd.clone()));
+        let reaper = tokio::spawn(track::reaper(
+            Arc::clone(&tracker),
+            Arc::downgrade(&batches),
+        ));
+        let inner = Inner {
+            keys: Keys::new(&config.prefix),
             config,
-            sessions: Sessions::default(),
-            tracker: Arc::clone(&tracker),
-            batches: Batches::default(),
-            watches: WatchHub::default(),
-            reaper: tokio::spawn(track::reaper(Arc::clone(&tracker), weak.clone())),
-        });
-        Ok(EtcdLock { inner })
+            sessions: Arc::new(Sessions::new(etcd.clone(), Arc::clone(&tracker))),
+            tracker,
+            batches,
+            watches: WatchHub::new(etcd.clone()),
+            etcd,
+            reaper,
+        };
+        Ok(EtcdLock {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The configuration (password redacted in `Debug`).
@@ -169,110 +166,32 @@ impl EtcdLock {
         &self.inner.config
     }
 
-    /// A client handle for one call (clones share the channel).
-    pub(crate) fn client(&self) -> Client {
-        self.inner.client.clone()
-    }
-
-    /// Runs one request with the operation timeout. A request that could not
-    /// even be sent (connection refused to one endpoint of several) is
-    /// retried — the channel then tries another member — until the timeout;
-    /// anything that may have reached the server is never retried here.
-    pub(crate) async fn call_raw<T, F, Fut>(
-        &self,
-        what: &str,
-        mut op: F,
-    ) -> std::result::Result<T, CallError>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let after = self.inner.config.op_timeout;
-        let deadline = Instant::now() + after;
-        loop {
-            match tokio::time::timeout_at(deadline, op(self.client())).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if error::never_sent(&e) && Instant::now() < deadline => {
-                    tracing::debug!(what, error = %e, "etcd request not sent; retrying on another member");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Ok(Err(e)) => return Err(CallError::Etcd(e)),
-                Err(_) => return Err(CallError::Timeout(after)),
-            }
+    /// What waiting uses of this client.
+    fn parts(&self) -> Parts<'_> {
+        let inner = &self.inner;
+        Parts {
+            etcd: &inner.etcd,
+            keys: &inner.keys,
+            sessions: &inner.sessions,
+            tracker: &inner.tracker,
+            watches: &inner.watches,
         }
     }
 
-    /// [`call_raw`](Self::call_raw) with errors mapped.
-    pub(crate) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        self.call_raw(what, op)
-            .await
-            .map_err(|e| e.into_error(what))
-    }
-
-    /// Sends a transaction; `Ok(None)` when etcd refused it because a lease
-    /// it puts keys on no longer exists.
-    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<Option<TxnResponse>> {
-        let sent = self
-            .call_raw(what, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await;
-        match sent {
-            Ok(r) => Ok(Some(r)),
-            Err(CallError::Etcd(e)) if error::lease_not_found(&e) => Ok(None),
-            Err(e) => Err(e.into_error(what)),
-        }
-    }
-
-    /// `<prefix>\0lock\0<key>\0`: the line of `key` — its holder and its
-    /// waiters, one entry each, ordered by create revision. NUL cannot occur
-    /// in keys, owners or prefixes, so `a` and `a/b` — or prefixes `x` and
-    /// `x/lock` — never overlap.
-    pub(crate) fn line_prefix(&self, key: &LockKey) -> Vec<u8> {
-        let prefix = self.inner.config.prefix.as_bytes();
-        let mut p = Vec::with_capacity(prefix.len() + key.as_bytes().len() + 7 + 36);
-        p.extend_from_slice(prefix);
-        p.extend_from_slice(b"\0lock\0");
-        p.extend_from_slice(key.as_bytes());
-        p.push(0);
-        p
-    }
-
-    /// `<prefix>\0lock\0<key>\0<owner>`: the entry of one owner in the line.
-    pub(crate) fn entry_path(&self, key: &LockKey, owner: &[u8]) -> Vec<u8> {
-        let mut p = self.line_prefix(key);
-        p.extend_from_slice(owner);
-        p
-    }
-
-    /// Starts tracking a lock just granted and returns its lease: deadline
-    /// and TTL from the session lease's view.
-    pub(crate) fn hold(&self, key: &LockKey, owner: Owner, token: i64, view: View) -> Lease {
-        let entry = self.entry_path(key, owner.as_str().as_bytes());
-        self.inner.tracker.track(
-            entry,
-            token,
-            Held::new(owner.clone(), view.id, view.valid_until),
-        );
-        Lease::new(
-            key.clone(),
-            owner,
-            FencingToken::new(token as u64),
-            view.ttl,
-            view.sent_at(),
-        )
+    /// The entry of a lease's owner in the line of its key.
+    fn entry_of(&self, lease: &Lease) -> Vec<u8> {
+        self.inner
+            .keys
+            .entry(&lease.key, lease.owner.as_str().as_bytes())
     }
 
     /// The holder of `key` — the oldest entry of its line: (value, token,
-    /// lease); the value is decoded by [`entry`](crate::entry).
+    /// lease); the value is decoded by [`entry`].
     async fn holder(&self, key: &LockKey) -> Result<Option<(Vec<u8>, i64, i64)>> {
-        let line = self.line_prefix(key);
+        let line = self.inner.keys.line(key);
         let resp = self
+            .inner
+            .etcd
             .call("get", |mut c| {
                 let line = line.clone();
                 async move { c.get(line, Some(oldest())).await }
@@ -288,34 +207,12 @@ impl EtcdLock {
     /// owner), from this exact acquisition (an entry is only ever a holder
     /// once it is the oldest, and stays the oldest until it is deleted).
     fn is_current(&self, lease: &Lease) -> [Compare; 1] {
-        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        let entry = self.entry_of(lease);
         [Compare::create_revision(
             entry,
             CompareOp::Equal,
             lease.token.get() as i64,
         )]
-    }
-
-    pub(crate) fn check_reentry(
-        &self,
-        key: &LockKey,
-        opts: &LockOptions,
-        holder: Option<&[u8]>,
-    ) -> Result<()> {
-        match (opts.owner(), holder.map(entry::owner_bytes)) {
-            (Some(owner), Some(h)) if h == owner.as_str().as_bytes() => {
-                if opts.is_reentrant() {
-                    Err(Error::Unsupported {
-                        backend: error::BACKEND,
-                        what: "owner reentrancy (use LockClient::builder(..).reentrant(true))"
-                            .into(),
-                    })
-                } else {
-                    Err(Error::AlreadyHeld { key: key.clone() })
-                }
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Extend of a lock this client tracks on its current session lease:
@@ -328,12 +225,16 @@ impl EtcdLock {
         on: i64,
     ) -> Result<Option<Lease>> {
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let (class, view) = self.session(ttl).await?;
+        let inner = &self.inner;
+        let (class, view) = inner.sessions.session(ttl).await?;
         if view.id != on {
             return Ok(None);
         }
-        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
-        let (state, fresh) = tokio::join!(self.check(&entry), self.freshen(&class, view));
+        let entry = self.entry_of(lease);
+        let (state, fresh) = tokio::join!(
+            inner.batches.check(&entry),
+            inner.sessions.freshen(&class, view)
+        );
         match state? {
             Some(KeyState {
                 create_revision,
@@ -361,9 +262,10 @@ impl EtcdLock {
     /// value (owner and label, which the lease does not carry).
     async fn extend_by_moving(&self, lease: &Lease, ttl: Duration) -> Result<(Lease, i64)> {
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        let inner = &self.inner;
+        let entry = self.entry_of(lease);
         for _ in 0..2 {
-            let (class, view) = self.session(ttl).await?;
+            let (class, view) = inner.sessions.session(ttl).await?;
             let txn = Txn::new()
                 .when(self.is_current(lease))
                 .and_then([TxnOp::put(
@@ -371,10 +273,8 @@ impl EtcdLock {
                     Vec::new(),
                     Some(PutOptions::new().with_ignore_value().with_lease(view.id)),
                 )]);
-            let (resp, fresh) =
-                tokio::join!(self.txn("extend txn", txn), self.freshen(&class, view));
-            let Some(resp) = resp? else {
-                class.invalidate(view.id);
+            let sent = inner.sessions.txn_on(&class, view, "extend txn", txn);
+            let Some((resp, fresh)) = sent.await? else {
                 continue;
             };
             if !resp.succeeded() {
@@ -391,30 +291,18 @@ impl EtcdLock {
     }
 }
 
-/// The first key-value any `Get` of a transaction returned.
-pub(crate) fn first_kv(resp: &TxnResponse) -> Option<etcd_client::KeyValue> {
-    resp.op_responses().into_iter().find_map(|op| match op {
-        TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-        _ => None,
-    })
-}
-
-/// The store revision a response was produced at.
-pub(crate) fn revision(resp: &TxnResponse) -> i64 {
-    resp.header().map_or(0, |h| h.revision())
-}
-
 #[async_trait]
 impl DistributedLock for EtcdLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        let inner = &self.inner;
         let owner = opts.owner_or_random();
-        let line = self.line_prefix(key);
+        let line = inner.keys.line(key);
         let value = entry::value(&owner, opts.label());
-        let entry = self.entry_path(key, owner.as_str().as_bytes());
+        let entry = inner.keys.entry(key, owner.as_str().as_bytes());
         for _ in 0..2 {
-            let (class, view) = self.session(opts.ttl()).await?;
+            let (class, view) = inner.sessions.session(opts.ttl()).await?;
             let attempt = Attempt::new(
-                self,
+                self.parts(),
                 key,
                 &owner,
                 opts.label(),
@@ -430,23 +318,22 @@ impl DistributedLock for EtcdLock {
                     Some(PutOptions::new().with_lease(view.id)),
                 )])
                 .or_else([TxnOp::get(line.clone(), Some(oldest()))]);
-            let (resp, fresh) =
-                tokio::join!(self.txn("acquire txn", txn), self.freshen(&class, view));
-            let Some(resp) = resp? else {
+            let sent = inner.sessions.txn_on(&class, view, "acquire txn", txn);
+            let Some((resp, fresh)) = sent.await? else {
                 attempt.disarm();
-                class.invalidate(view.id);
                 continue;
             };
             if !resp.succeeded() {
                 attempt.disarm();
                 let holder = first_kv(&resp).map(|kv| kv.value().to_vec());
-                self.check_reentry(key, opts, holder.as_deref())?;
+                entry::check_reentry(key, opts, holder.as_deref())?;
                 return Ok(None);
             }
             match fresh {
                 Ok(v) => {
                     attempt.disarm();
-                    return Ok(Some(self.hold(key, owner, revision(&resp), v)));
+                    let token = revision(&resp);
+                    return Ok(Some(inner.sessions.hold(entry, key, owner, token, v)));
                 }
                 // The lease ended right after the grant (or was replaced):
                 // make sure our entry is gone before trying again.
@@ -461,13 +348,20 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        crate::queue::acquire_fifo(self, key, opts).await
+        if opts.wait() == WaitPolicy::NoWait {
+            let start = Instant::now();
+            return self.try_acquire(key, opts).await?.ok_or(Error::Timeout {
+                key: key.clone(),
+                waited: start.elapsed(),
+            });
+        }
+        wait::acquire(self.parts(), key, opts).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         LockOptions::validate_ttl(ttl)?;
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let path = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        let path = self.entry_of(lease);
         let token = lease.token.get() as i64;
         let tracker = &self.inner.tracker;
         let on = match tracker.begin_extend(&path, token) {
@@ -518,7 +412,7 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let entry = self.entry_path(&lease.key, lease.owner.as_str().as_bytes());
+        let entry = self.entry_of(lease);
         // Deleting the holder's entry hands the lock to the next in line.
         let op = TxnOp::txn(
             Txn::new()
@@ -526,10 +420,10 @@ impl DistributedLock for EtcdLock {
                 .and_then([TxnOp::delete(entry.clone(), None)]),
         );
         // On an error the lock stays tracked: the reaper deletes it at its deadline.
-        let resp = self.batched(Kind::Writes, &entry, op).await?;
+        let resp = self.inner.batches.batched(Kind::Writes, &entry, op).await?;
         self.inner.tracker.forget(&entry, lease.token.get() as i64);
         if !matches!(resp, TxnOpResponse::Txn(t) if t.succeeded()) {
-            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
+            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
             return Ok(ReleaseOutcome::NotHeld);
         }
         Ok(ReleaseOutcome::Released)
@@ -539,31 +433,13 @@ impl DistributedLock for EtcdLock {
         let Some((value, rev, lease_id)) = self.holder(key).await? else {
             return Ok(None);
         };
-        let owner = entry::owner_bytes(&value);
         // The store knows the session lease's TTL: the key is gone by then
         // unless its client refreshes it. A lock held through this client
         // also has its own, possibly earlier, deadline.
-        let mut ttl = match self
-            .call("lease ttl", |mut c| async move {
-                c.lease_time_to_live(lease_id, None).await
-            })
-            .await
-        {
-            Ok(r) => Duration::from_secs(r.ttl().max(0) as u64),
-            Err(_) => Duration::ZERO,
-        };
-        if let Some(deadline) = self
-            .inner
-            .tracker
-            .deadline(&self.entry_path(key, owner), rev)
-        {
-            ttl = ttl.min(deadline.saturating_duration_since(Instant::now()));
-        }
-        let (owner, label) = entry::decode(key, &value);
-        Ok(Some(
-            LockInfo::new(key.clone(), owner, FencingToken::new(rev as u64), ttl, 1)
-                .with_label(label),
-        ))
+        let inner = &self.inner;
+        let ttl = list::lease_ttl(&inner.etcd, lease_id).await;
+        let info = list::info(&inner.keys, &inner.tracker, key.clone(), &value, rev, ttl);
+        Ok(Some(info))
     }
 
     /// The holders under this client's prefix, first `limit` in key order:
@@ -575,7 +451,8 @@ impl DistributedLock for EtcdLock {
     /// to the `limit`-th line — in pages, plus one lease request per
     /// holding client. Token = the entry's create revision, hold count 1.
     async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
-        self.list_held(limit).await
+        let inner = &self.inner;
+        list::list(&inner.etcd, &inner.keys, &inner.tracker, limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
@@ -584,7 +461,7 @@ impl DistributedLock for EtcdLock {
         };
         // The session lease is shared: never revoke it; delete the holder's
         // entry (the next in line then holds).
-        let entry = self.entry_path(key, entry::owner_bytes(&value));
+        let entry = self.inner.keys.entry(key, entry::owner_bytes(&value));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.clone(),
@@ -593,6 +470,8 @@ impl DistributedLock for EtcdLock {
             )])
             .and_then([TxnOp::delete(entry, None)]);
         let removed = self
+            .inner
+            .etcd
             .call("force release txn", |mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
@@ -628,50 +507,55 @@ impl DistributedLock for EtcdLock {
     }
 }
 
-/// The newest entry of a line created before `revision` (a waiter's predecessor).
-/// Server verification (rustls): only the CA file of the `ca` parameter
-/// when given, else the platform's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR`
-/// honoured).
-#[cfg(feature = "tls")]
-fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
-    let tls = etcd_client::TlsOptions::new();
-    match &config.ca {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| {
-                Error::config(format!(
-                    "cannot read the etcd CA file `{}` (url parameter `ca`): {e}",
-                    path.display()
-                ))
-            })?;
-            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                return Err(Error::config(format!(
-                    "the etcd CA file `{}` (url parameter `ca`) holds no PEM certificate",
-                    path.display()
-                )));
-            }
-            Ok(tls.ca_certificate(etcd_client::Certificate::from_pem(pem)))
-        }
-        None => Ok(tls.with_native_roots()),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builder_keeps_what_it_is_given() {
+        let b = EtcdLock::builder("etcd://h1,h2:2380/from-url?timeout=7s")
+            .unwrap()
+            .prefix("billing")
+            .connect_timeout(Duration::from_millis(1500))
+            .operation_timeout(Duration::from_secs(2));
+        assert_eq!(b.config.prefix(), "billing");
+        assert_eq!(b.config.endpoints(), ["http://h1:2379", "http://h2:2380"]);
+        assert_eq!(b.config.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(b.config.operation_timeout, Duration::from_secs(2));
+        assert!(b.config.validate().is_ok());
     }
-}
 
-pub(crate) fn newest_before(revision: i64) -> GetOptions {
-    by_creation(etcd_client::SortOrder::Descend).with_max_create_revision(revision - 1)
-}
-
-/// The newest entry of a line (the last in line).
-pub(crate) fn newest() -> GetOptions {
-    by_creation(etcd_client::SortOrder::Descend)
-}
-
-/// The oldest entry of a line: the holder.
-pub(crate) fn oldest() -> GetOptions {
-    by_creation(etcd_client::SortOrder::Ascend)
-}
-
-fn by_creation(order: etcd_client::SortOrder) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(etcd_client::SortTarget::Create, order)
-        .with_limit(1)
+    /// Nothing listens on port 1: a builder that tried to connect before
+    /// checking would answer with a (retryable) connection error, after the
+    /// connect timeout.
+    #[tokio::test]
+    async fn the_builder_checks_everything_before_connecting() {
+        let url = "etcd://127.0.0.1:1/p?connect_timeout=10s";
+        let b = || EtcdLock::builder(url).unwrap();
+        let started = Instant::now();
+        for (builder, says) in [
+            (b().prefix(""), "prefix"),
+            (b().prefix("a\nb"), "prefix"),
+            (b().prefix("x".repeat(129)), "prefix"),
+            (b().connect_timeout(Duration::ZERO), "connect_timeout"),
+            (b().operation_timeout(Duration::ZERO), "operation_timeout"),
+            (
+                b().operation_timeout(Duration::from_secs(7200)),
+                "operation_timeout",
+            ),
+        ] {
+            let what = format!("{builder:?}");
+            match builder.connect().await {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(e.to_string().contains(says), "{what}: {e}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "nothing was connected: {:?}",
+            started.elapsed()
+        );
+    }
 }

@@ -17,11 +17,20 @@ use std::{
     time::Duration,
 };
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fenced_api::{Error, Result};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnResponse};
+use fenced_api::{Error, FencingToken, Lease, LockKey, Owner, Result};
 use tokio::time::Instant;
 
-use crate::{error, lock::ttl_secs, EtcdLock};
+use crate::{
+    client::Etcd,
+    error::{self, bounded},
+    track::{Held, Tracker},
+};
+
+/// What a lease TTL becomes: etcd leases are whole seconds.
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
+    (ttl.as_micros().div_ceil(1_000_000) as i64).max(1)
+}
 
 /// What this client knows about a class lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +62,7 @@ impl View {
 /// A refresh found the lease gone: every key on it went with it.
 #[derive(Debug)]
 pub(crate) enum RefreshError {
-    /// etcd no longer knows the lease (expired or revoked).
+    /// etcd does not know the lease: it expired or was revoked.
     Gone,
     /// The keep-alive could not be sent or answered; the lease may live.
     Failed(Error),
@@ -85,13 +94,33 @@ impl Class {
     }
 }
 
-/// The classes of one client.
-#[derive(Default)]
+/// The classes of one client, and what keeps them: the transport, and the
+/// locks on them (every lock on a lease that ends is lost).
 pub(crate) struct Sessions {
+    etcd: Etcd,
+    tracker: Arc<Tracker>,
     classes: Mutex<HashMap<i64, Arc<Class>>>,
 }
 
 impl Sessions {
+    pub(crate) fn new(etcd: Etcd, tracker: Arc<Tracker>) -> Sessions {
+        Sessions {
+            etcd,
+            tracker,
+            classes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The transport the leases are kept over.
+    pub(crate) fn etcd(&self) -> &Etcd {
+        &self.etcd
+    }
+
+    /// The locks held on these leases.
+    pub(crate) fn tracker(&self) -> &Arc<Tracker> {
+        &self.tracker
+    }
+
     fn class(&self, secs: i64) -> Arc<Class> {
         let mut map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(map.entry(secs).or_insert_with(|| {
@@ -109,12 +138,12 @@ impl Sessions {
     }
 }
 
-impl EtcdLock {
+impl Sessions {
     /// The class lease for `ttl`, ready for a request: granted if there is
     /// none, refreshed first if it has not been used for half a TTL (it may
     /// have expired). Otherwise no request is made; see [`Self::freshen`].
-    pub(crate) async fn session(&self, ttl: Duration) -> Result<(Arc<Class>, View)> {
-        let class = self.inner.sessions.class(ttl_secs(ttl));
+    pub(crate) async fn session(self: &Arc<Self>, ttl: Duration) -> Result<(Arc<Class>, View)> {
+        let class = self.class(ttl_secs(ttl));
         if let Some(v) = class.view() {
             if v.valid_until > Instant::now() + v.ttl / 2 {
                 return Ok((class, v));
@@ -137,10 +166,10 @@ impl EtcdLock {
 
     /// Runs alongside a request that uses `view`: refreshes the class lease
     /// if `view` is not fresh. A failed keep-alive keeps the old view (still
-    /// valid until its `valid_until`); only a lease etcd no longer knows is
+    /// valid until its `valid_until`); only a lease etcd does not know is
     /// an error.
     pub(crate) async fn freshen(
-        &self,
+        self: &Arc<Self>,
         class: &Arc<Class>,
         view: View,
     ) -> std::result::Result<View, RefreshError> {
@@ -157,16 +186,37 @@ impl EtcdLock {
         }
     }
 
+    /// Sends `txn`, which puts keys on the lease of `view`, with a
+    /// [`freshen`](Self::freshen) of that lease beside it. `Ok(None)` when
+    /// etcd refused the transaction because the lease does not exist: the
+    /// class forgets it, and the next use grants a new one.
+    pub(crate) async fn txn_on(
+        self: &Arc<Self>,
+        class: &Arc<Class>,
+        view: View,
+        what: &str,
+        txn: Txn,
+    ) -> Result<Option<(TxnResponse, std::result::Result<View, RefreshError>)>> {
+        let (resp, fresh) = tokio::join!(self.etcd.txn(what, txn), self.freshen(class, view));
+        match resp? {
+            Some(resp) => Ok(Some((resp, fresh))),
+            None => {
+                class.invalidate(view.id);
+                Ok(None)
+            }
+        }
+    }
+
     /// One keep-alive for the class lease unless another caller just sent
     /// one; `or_grant`: grant a new lease when there is none or it is gone.
     /// Runs in its own task, so a cancelled caller never leaves the
     /// keep-alive stream half-read.
     pub(crate) async fn refresh(
-        &self,
+        self: &Arc<Self>,
         class: &Arc<Class>,
         or_grant: bool,
     ) -> std::result::Result<View, RefreshError> {
-        let task = tokio::spawn(refresh_task(self.clone(), Arc::clone(class), or_grant));
+        let task = tokio::spawn(refresh_task(Arc::clone(self), Arc::clone(class), or_grant));
         match task.await {
             Ok(r) => r,
             Err(e) => Err(RefreshError::Failed(Error::backend(
@@ -178,22 +228,15 @@ impl EtcdLock {
     }
 
     /// Asks etcd whether lease `id` of `class` still exists, after a key
-    /// on it vanished unexpectedly. If etcd no longer knows it (revoked or
+    /// on it vanished unexpectedly. If etcd does not know it (revoked or
     /// expired), the class forgets it and every lock on it is marked lost,
     /// as a failed keep-alive would. One request; only on that rare path.
     pub(crate) async fn confirm_lease(&self, class: &Class, id: i64) {
-        let answer = self
-            .call("lease ttl", |mut c| async move {
-                c.lease_time_to_live(id, None).await
-            })
-            .await;
-        match answer {
-            // -1: etcd does not know the lease (0 is a live lease with under
-            // a second left).
-            Ok(r) if r.ttl() < 0 => {
+        match self.etcd.lease_ttl(id).await {
+            Ok(ttl) if ttl < 0 => {
                 tracing::warn!(lease = id, "session lease gone; every lock on it is lost");
                 class.invalidate(id);
-                self.inner.tracker.lease_lost(id);
+                self.tracker.lease_lost(id);
             }
             Ok(_) => {}
             Err(e) => {
@@ -202,9 +245,35 @@ impl EtcdLock {
         }
     }
 
-    pub(crate) async fn grant(&self, secs: i64) -> Result<View> {
+    /// Starts tracking a lock just granted on the session lease `view`
+    /// (its entry, create revision `token`) and returns its lease: deadline
+    /// and TTL from the session lease's view.
+    pub(crate) fn hold(
+        &self,
+        entry: Vec<u8>,
+        key: &LockKey,
+        owner: Owner,
+        token: i64,
+        view: View,
+    ) -> Lease {
+        self.tracker.track(
+            entry,
+            token,
+            Held::new(owner.clone(), view.id, view.valid_until),
+        );
+        Lease::new(
+            key.clone(),
+            owner,
+            FencingToken::new(token as u64),
+            view.ttl,
+            view.sent_at(),
+        )
+    }
+
+    async fn grant(&self, secs: i64) -> Result<View> {
         let sent = Instant::now();
         let r = self
+            .etcd
             .call("lease grant", |mut c| async move {
                 c.lease_grant(secs, None).await
             })
@@ -220,7 +289,7 @@ impl EtcdLock {
 }
 
 async fn refresh_task(
-    lock: EtcdLock,
+    sessions: Arc<Sessions>,
     class: Arc<Class>,
     or_grant: bool,
 ) -> std::result::Result<View, RefreshError> {
@@ -235,7 +304,7 @@ async fn refresh_task(
     }
     if let Some(v) = current {
         let sent = Instant::now();
-        match keep_alive(&lock, &mut keeper, v).await {
+        match keep_alive(&sessions.etcd, &mut keeper, v).await {
             Ok(ttl) if ttl > 0 => {
                 let ttl = Duration::from_secs(ttl as u64);
                 let fresh = View {
@@ -250,7 +319,7 @@ async fn refresh_task(
                 tracing::warn!(lease = v.id, "session lease gone; every lock on it is lost");
                 *keeper = None;
                 class.invalidate(v.id);
-                lock.inner.tracker.lease_lost(v.id);
+                sessions.tracker.lease_lost(v.id);
                 if !or_grant {
                     return Err(RefreshError::Gone);
                 }
@@ -265,7 +334,10 @@ async fn refresh_task(
             }
         }
     }
-    let fresh = lock.grant(class.secs).await.map_err(RefreshError::Failed)?;
+    let fresh = sessions
+        .grant(class.secs)
+        .await
+        .map_err(RefreshError::Failed)?;
     *keeper = None;
     class.set_view(Some(fresh));
     Ok(fresh)
@@ -274,39 +346,37 @@ async fn refresh_task(
 /// One keep-alive on the class's stream (opened on first use; opening it is
 /// itself a keep-alive). Returns the TTL etcd reports (≤ 0: gone).
 async fn keep_alive(
-    lock: &EtcdLock,
+    etcd: &Etcd,
     keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     view: View,
 ) -> Result<i64> {
     let id = view.id;
-    let timeout = lock.inner.config.op_timeout;
     if let Some((k, stream)) = keeper.as_mut() {
         let once = async {
             k.keep_alive().await?;
             Ok::<_, etcd_client::Error>(stream.message().await?.map(|r| r.ttl()))
         };
-        match tokio::time::timeout(timeout, once).await {
-            Ok(Ok(Some(ttl))) => return Ok(ttl),
+        match bounded("lease keep-alive", etcd.timeout(), once).await? {
+            Ok(Some(ttl)) => return Ok(ttl),
             // An ended stream says nothing about the lease: reopen it.
-            Ok(Ok(None)) => {
+            Ok(None) => {
                 tracing::debug!(lease = id, "keep-alive stream ended; reopening");
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::debug!(lease = id, error = %e, "keep-alive stream broken; reopening");
             }
-            Err(_) => return Err(error::timed_out("lease keep-alive", timeout)),
         }
         *keeper = None;
     }
     let open = |mut c: Client| async move { c.lease_keep_alive(id).await };
-    match lock.call_raw("lease keep-alive", open).await {
+    match etcd.request("lease keep-alive", open).await? {
         Ok(pair) => {
             *keeper = Some(pair);
             // The opening keep-alive succeeded (etcd-client checks TTL > 0
             // but keeps the reply): a keep-alive restores the granted TTL.
             Ok(view.ttl.as_secs() as i64)
         }
-        Err(crate::lock::CallError::Etcd(e)) if error::lease_not_found(&e) => Ok(0),
-        Err(e) => Err(e.into_error("lease keep-alive")),
+        Err(e) if error::lease_not_found(&e) => Ok(0),
+        Err(e) => Err(error::map(e)),
     }
 }

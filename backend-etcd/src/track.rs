@@ -19,10 +19,10 @@ use std::{
 };
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
-use fenced_api::{Owner, Result};
+use fenced_api::Owner;
 use tokio::{sync::Notify, time::Instant};
 
-use crate::{batch::Kind, lock::Inner, EtcdLock};
+use crate::batch::{Batches, Kind};
 
 /// First retry pause for a deletion etcd did not answer; doubles up to `REAP_RETRY_MAX`.
 const REAP_RETRY: Duration = Duration::from_secs(1);
@@ -253,8 +253,9 @@ impl Tracker {
     }
 }
 
-/// The reaper: one task per client, asleep until the next lock deadline.
-pub(crate) async fn reaper(tracker: Arc<Tracker>, inner: Weak<Inner>) {
+/// The reaper: one task per client, asleep until the next lock deadline;
+/// it ends when the client's batches are gone (the client was dropped).
+pub(crate) async fn reaper(tracker: Arc<Tracker>, batches: Weak<Batches>) {
     loop {
         match tracker.next_due() {
             Some(at) if at <= Instant::now() => {}
@@ -273,67 +274,39 @@ pub(crate) async fn reaper(tracker: Arc<Tracker>, inner: Weak<Inner>) {
         if due.is_empty() {
             continue;
         }
-        let Some(inner) = inner.upgrade() else {
+        let Some(batches) = batches.upgrade() else {
             return;
         };
-        let lock = EtcdLock { inner };
         for (path, token, held) in due {
-            tokio::spawn(lock.clone().reap(path, token, held));
+            let (tracker, batches) = (Arc::clone(&tracker), Arc::clone(&batches));
+            tokio::spawn(reap(tracker, batches, path, token, held));
         }
     }
 }
 
-impl EtcdLock {
-    /// Deletes a lock whose TTL passed, guarded by its create revision (a
-    /// batched write); a failure is retried later through the reaper.
-    async fn reap(self, path: Vec<u8>, token: i64, held: Held) {
-        let op = TxnOp::txn(
-            Txn::new()
-                .when([Compare::create_revision(
-                    path.clone(),
-                    CompareOp::Equal,
-                    token,
-                )])
-                .and_then([TxnOp::delete(path.clone(), None)]),
-        );
-        match self.batched(Kind::Writes, &path, op).await {
-            Ok(r) => {
-                if matches!(r, TxnOpResponse::Txn(t) if t.succeeded()) {
-                    tracing::warn!(token, owner = %held.owner, "lock expired: its TTL passed without an extend; deleted");
-                }
-                self.inner.tracker.forget(&path, token);
+/// Deletes a lock whose TTL passed, guarded by its create revision (a
+/// batched write); a failure is retried later through the reaper.
+async fn reap(tracker: Arc<Tracker>, batches: Arc<Batches>, path: Vec<u8>, token: i64, held: Held) {
+    let op = TxnOp::txn(
+        Txn::new()
+            .when([Compare::create_revision(
+                path.clone(),
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([TxnOp::delete(path.clone(), None)]),
+    );
+    match batches.batched(Kind::Writes, &path, op).await {
+        Ok(r) => {
+            if matches!(r, TxnOpResponse::Txn(t) if t.succeeded()) {
+                tracing::warn!(token, owner = %held.owner, "lock expired: its TTL passed without an extend; deleted");
             }
-            Err(e) => {
-                tracing::debug!(token, error = %e, "deleting an expired lock failed; retrying later");
-                self.inner.tracker.reap_failed(path, token);
-            }
+            tracker.forget(&path, token);
         }
-    }
-}
-
-/// The state of a lock key as one batched check saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct KeyState {
-    pub(crate) create_revision: i64,
-    pub(crate) value: Vec<u8>,
-    pub(crate) lease: i64,
-}
-
-impl EtcdLock {
-    /// The current state of the key at `path` (`None`: absent), read in the
-    /// next batch of reads.
-    pub(crate) async fn check(&self, path: &[u8]) -> Result<Option<KeyState>> {
-        let r = self
-            .batched(Kind::Reads, path, TxnOp::get(path.to_vec(), None))
-            .await?;
-        Ok(match r {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| KeyState {
-                create_revision: kv.create_revision(),
-                value: kv.value().to_vec(),
-                lease: kv.lease(),
-            }),
-            _ => None,
-        })
+        Err(e) => {
+            tracing::debug!(token, error = %e, "deleting an expired lock failed; retrying later");
+            tracker.reap_failed(path, token);
+        }
     }
 }
 

@@ -186,8 +186,8 @@ async fn same_owner_reacquire_is_already_held_and_reentrancy_is_refused_clearly(
 
 /// A URL listing a member that is down (here: nothing listens on port 1)
 /// still connects through the others, whichever endpoint the channel tries
-/// first. (Before the fix, `connect` failed with "connection refused" about
-/// half the time — and always after a leader kill in the fault suite.)
+/// first: a request refused by the dead member is sent again, so `connect`
+/// must succeed every time, not only when the channel picks the live one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_succeeds_with_one_endpoint_down() {
     let live = fenced_conformance::services::etcd_url();
@@ -329,9 +329,9 @@ async fn dead_holder_lock_after_restart_lives_about_one_ttl() {
 /// The label is the part of the entry's value after the owner: kept when an
 /// extend moves the lock to another session lease (a new TTL), when a
 /// waiter becomes the holder (and announces it), and read as none from an
-/// entry written before labels existed (value = owner).
+/// entry whose value is the owner alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn labels_survive_moves_and_hand_over_and_old_entries_read_unlabelled() {
+async fn labels_survive_moves_and_hand_over_and_plain_entries_read_unlabelled() {
     let h = EtcdHarness::new().await;
     let (a, b) = (h.lock().await, h.lock().await);
     let k = key("label");
@@ -374,7 +374,7 @@ async fn labels_survive_moves_and_hand_over_and_old_entries_read_unlabelled() {
     assert_eq!(listed.label.as_ref().unwrap().as_str(), "waiter 2");
     b.release(&next).await.unwrap();
 
-    // An entry as a build from before labels wrote it.
+    // An entry whose value is the owner alone (no newline, no label).
     let old = key("label-old");
     let mut entry = common::line_prefix(&old);
     entry.extend_from_slice(b"old-owner");

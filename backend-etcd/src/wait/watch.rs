@@ -7,7 +7,7 @@
 //! waits for etcd's 100 ms sync loop — before *any* event reaches it, even
 //! one committed after the watch was created. The caller learns from the
 //! creation reply the revision the watch starts after and re-reads the key
-//! if anything happened since it last looked (see `queue`).
+//! if anything happened since it last looked (see the parent module).
 
 use std::{
     collections::HashMap,
@@ -20,7 +20,10 @@ use etcd_client::{
 use fenced_api::{Error, Result};
 use tokio::sync::mpsc;
 
-use crate::{error, EtcdLock};
+use crate::{
+    client::Etcd,
+    error::{self, bounded},
+};
 
 enum Cmd {
     Watch {
@@ -32,8 +35,8 @@ enum Cmd {
 }
 
 /// The shared stream of one client (opened on first use, reopened after it breaks).
-#[derive(Default)]
 pub(crate) struct WatchHub {
+    etcd: Etcd,
     conn: tokio::sync::Mutex<Option<mpsc::UnboundedSender<Cmd>>>,
     next_id: AtomicI64,
 }
@@ -116,14 +119,21 @@ fn seen(r: Option<WatchResponse>) -> Seen {
     }
 }
 
-impl EtcdLock {
+impl WatchHub {
+    pub(crate) fn new(etcd: Etcd) -> WatchHub {
+        WatchHub {
+            etcd,
+            conn: tokio::sync::Mutex::new(None),
+            next_id: AtomicI64::new(0),
+        }
+    }
+
     /// Watches `key` from now on; returns once etcd confirmed the watch.
     pub(crate) async fn watch(&self, key: &[u8]) -> Result<Watch> {
-        let hub = &self.inner.watches;
-        let id = hub.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let cmds = {
-            let mut conn = hub.conn.lock().await;
+            let mut conn = self.conn.lock().await;
             let live = conn.as_ref().filter(|c| !c.is_closed()).cloned();
             let sent = match live {
                 Some(c) => c
@@ -141,6 +151,7 @@ impl EtcdLock {
                 None => {
                     let opts = WatchOptions::new().with_watch_id(id);
                     let stream = self
+                        .etcd
                         .call("watch", |mut c| {
                             let (key, opts) = (key.to_vec(), opts.clone());
                             async move { c.watch(key, Some(opts)).await }
@@ -156,8 +167,7 @@ impl EtcdLock {
                 }
             }
         };
-        let timeout = self.inner.config.op_timeout;
-        let created = match tokio::time::timeout(timeout, rx.recv()).await {
+        let created = match bounded("watch", self.etcd.timeout(), rx.recv()).await {
             Ok(Some(r)) if r.created() && !r.canceled() => r,
             Ok(Some(r)) => {
                 let _ = cmds.send(Cmd::Cancel(id));
@@ -174,9 +184,9 @@ impl EtcdLock {
                     "the watch stream closed",
                 ))
             }
-            Err(_) => {
+            Err(silent) => {
                 let _ = cmds.send(Cmd::Cancel(id));
-                return Err(error::timed_out("watch", timeout));
+                return Err(silent);
             }
         };
         Ok(Watch {
@@ -241,8 +251,8 @@ mod tests {
 
     use std::time::Duration;
 
-    use super::Seen;
-    use crate::EtcdLock;
+    use super::{Seen, WatchHub};
+    use crate::{client::Etcd, EtcdConfig};
 
     /// Two watches on one client's stream: a deletion reaches its own
     /// watch, and only that one (needs the etcd of `scripts/services.sh`).
@@ -254,26 +264,29 @@ mod tests {
             .unwrap_or_else(|| "http://127.0.0.1:2379".into());
         let host = url.split_once("://").map_or(url.as_str(), |(_, h)| h);
         let host = host.split('/').next().unwrap_or(host).to_owned();
-        let lock = EtcdLock::connect(&format!("etcd://{host}/watch-test?connect_timeout=3s"))
+        let config =
+            EtcdConfig::from_url(&format!("etcd://{host}/watch-test?connect_timeout=3s")).unwrap();
+        let etcd = Etcd::connect(&config)
             .await
             .unwrap_or_else(|e| panic!("etcd unreachable ({e}); run scripts/services.sh"));
+        let hub = WatchHub::new(etcd.clone());
         let id = uuid::Uuid::new_v4().simple().to_string();
         let (a, b) = (format!("watch-test/{id}/a"), format!("watch-test/{id}/b"));
         for k in [&a, &b] {
             let k = k.clone();
-            lock.call("put", |mut c| {
+            etcd.call("put", |mut c| {
                 let k = k.clone();
                 async move { c.put(k, "x", None).await }
             })
             .await
             .unwrap();
         }
-        let mut wa = lock.watch(a.as_bytes()).await.unwrap();
-        let mut wb = lock.watch(b.as_bytes()).await.unwrap();
+        let mut wa = hub.watch(a.as_bytes()).await.unwrap();
+        let mut wb = hub.watch(b.as_bytes()).await.unwrap();
         let delete = |k: String| {
-            let lock = lock.clone();
+            let etcd = etcd.clone();
             async move {
-                lock.call("delete", |mut c| {
+                etcd.call("delete", |mut c| {
                     let k = k.clone();
                     async move { c.delete(k, None).await }
                 })

@@ -1,14 +1,15 @@
 //! FIFO waiting: etcd's own mutex recipe (each contender a key of its own,
 //! the oldest one holds, each waiter watches only the one just ahead of
 //! it), built on transactions and watches rather than etcd's Lock RPC
-//! (etcd 3.4's Lock RPC wedges when many waiting calls are cancelled at
-//! once, etcd issue 13336).
+//! (in etcd 3.4 that RPC wedges when many waiting calls are cancelled at
+//! once).
 //!
-//! The line of `key` is its entries `<prefix>\0lock\0<key>\0<owner>`, on
-//! the contenders' session leases, ordered by create revision. The oldest
-//! entry is the holder and its create revision the token; deleting it
-//! (release, expiry, force release) makes the next one the holder without
-//! any write — the hand-off costs the release and a watch event.
+//! The line of `key` is its entries `<prefix>\0lock\0<key>\0<owner>`
+//! ([`keys`](crate::keys)), on the contenders' session leases, ordered by
+//! create revision. The oldest entry is the holder and its create revision
+//! the token; deleting it (release, expiry, force release) makes the next
+//! one the holder without any write — the hand-off costs the release and a
+//! watch event.
 //!
 //! 1. **Enqueue** (one transaction): if the line is empty, put our entry —
 //!    the lock is ours (uncontended, this is the whole acquire). Otherwise
@@ -18,53 +19,66 @@
 //!    stream (module `watch`; never etcd's 100 ms sync loop), keeping the
 //!    session lease alive meanwhile.
 //! 3. **Promoted**: if the predecessor was the holder, nothing older than us
-//!    can exist any more (entries are only ever added at the end), so we
-//!    hold — no request. We know it was the holder if it was the oldest
-//!    entry when we looked, or if it *announced* itself: a promoted waiter
-//!    rewrites its own entry in the background (same create revision, so
-//!    same token and place), and only a holder ever writes an existing
-//!    entry. Otherwise (a waiter ahead gave up, or the announcement was
-//!    late) one read-only transaction tells whether anyone is still ahead:
-//!    if not we hold, else we watch the new predecessor.
+//!    is left, and nothing older can be added (entries are only ever added
+//!    at the end), so we hold — no request. We know it was the holder if it
+//!    was the oldest entry when we looked, or if it *announced* itself: a
+//!    promoted waiter rewrites its own entry in the background (same create
+//!    revision, so same token and place), and only a holder ever writes an
+//!    existing entry. Otherwise (a waiter ahead gave up, or the announcement
+//!    was late) one read-only transaction tells whether anyone is still
+//!    ahead: if not we hold, else we watch the new predecessor.
 //!
-//! **Our own entry** is watched too, on the same stream (etcd issue
-//! [#11456](https://github.com/etcd-io/etcd/issues/11456): etcd's mutex
-//! returned from a wait holding a lock whose session had been revoked). If
-//! it is deleted while we wait — our session lease revoked, or the entry
-//! removed behind our back — we have lost our place: we check the lease
-//! (forgetting it, and failing every lock on it, if etcd no longer knows it)
-//! and queue again. The promotion without a request in step 3 first takes
-//! what the stream already delivered to our own watch: etcd sends one
-//! stream's events in revision order, so a deletion of our entry before the
-//! predecessor's is there. One revoke deletes both in a single revision when
-//! the predecessor is on our own session lease (same client, same TTL): then
-//! we read the line instead. If etcd ever delivers out of order (a watcher
-//! more than 128 responses behind), the background announcement finds our
-//! entry gone and marks the lock lost, so its first extend reports it.
+//! **Our own entry** is watched too, on the same stream: etcd's own mutex
+//! can return from a wait holding a lock whose session lease was revoked
+//! meanwhile, and a waiter here must not. If our entry is deleted while we
+//! wait — our session lease revoked, or the entry removed behind our back —
+//! we have lost our place: we check the lease (forgetting it, and failing
+//! every lock on it, if etcd does not know it) and queue again. The
+//! promotion without a request in step 3 first takes what the stream
+//! already delivered to our own watch: etcd sends one stream's events in
+//! revision order, so a deletion of our entry before the predecessor's is
+//! there. One revoke deletes both in a single revision when the predecessor
+//! is on our own session lease (same client, same TTL): then we read the
+//! line instead. If etcd ever delivers out of order (a watcher more than
+//! 128 responses behind), the background announcement finds our entry gone
+//! and marks the lock lost, so its first extend reports it.
 //!
 //! A contended acquisition thus costs 2 writes on its own path (enqueue,
 //! release), one background write (the announcement) and rarely a read,
 //! plus watch messages. Dropping the future (cancellation) or timing out
-//! deletes our entry in the background ([`Attempt`]) — which
-//! also gives back a lock granted in that same instant.
+//! deletes our entry in the background ([`Attempt`]) — which also gives
+//! back a lock granted in that same instant.
+
+mod watch;
 
 use std::{sync::Arc, time::Duration};
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use fenced_api::{
-    wait::wait_deadline, Error, Label, Lease, LockKey, LockOptions, Owner, Result, WaitPolicy,
-};
+use fenced_api::{wait::wait_deadline, Error, Label, Lease, LockKey, LockOptions, Owner, Result};
 use tokio::{task::JoinHandle, time::Instant};
 
+pub(crate) use watch::WatchHub;
+use watch::{Seen, Watch};
+
 use crate::{
+    client::{revision, Etcd},
     entry, error,
-    lock::{newest, newest_before, oldest, revision},
-    session::{Class, RefreshError, View},
-    watch::{Seen, Watch},
-    EtcdLock,
+    keys::{newest, newest_before, oldest, Keys},
+    session::{Class, RefreshError, Sessions, View},
+    track::Tracker,
 };
+
+/// The parts of a client that waiting uses.
+#[derive(Clone, Copy)]
+pub(crate) struct Parts<'a> {
+    pub(crate) etcd: &'a Etcd,
+    pub(crate) keys: &'a Keys,
+    pub(crate) sessions: &'a Arc<Sessions>,
+    pub(crate) tracker: &'a Arc<Tracker>,
+    pub(crate) watches: &'a WatchHub,
+}
 
 /// Cleans up after an acquisition that did not finish: our entry — a place
 /// in line, or a lock granted by a request whose answer never arrived.
@@ -72,7 +86,9 @@ use crate::{
 /// our entry if it exists — now, and once more after twice the operation
 /// timeout (a request in flight could still be applied after the first pass).
 pub(crate) struct Attempt {
-    lock: EtcdLock,
+    /// The client's session leases, and through them its transport and
+    /// its held locks.
+    sessions: Arc<Sessions>,
     entry: Vec<u8>,
     /// The value the attempt puts (owner and label).
     value: Vec<u8>,
@@ -85,7 +101,7 @@ pub(crate) struct Attempt {
 
 impl Attempt {
     pub(crate) fn new(
-        lock: &EtcdLock,
+        parts: Parts<'_>,
         key: &LockKey,
         owner: &Owner,
         label: Option<&Label>,
@@ -93,8 +109,8 @@ impl Attempt {
         explicit: bool,
     ) -> Attempt {
         Attempt {
-            lock: lock.clone(),
-            entry: lock.entry_path(key, owner.as_str().as_bytes()),
+            sessions: Arc::clone(parts.sessions),
+            entry: parts.keys.entry(key, owner.as_str().as_bytes()),
             value: entry::value(owner, label),
             lease,
             explicit,
@@ -109,8 +125,8 @@ impl Attempt {
     /// One cleanup pass: deletes our entry if it is ours (our value — owner
     /// and label —, our lease) — unless an explicit owner holds the key
     /// through this client.
-    async fn clean(lock: &EtcdLock, entry: &[u8], value: &[u8], lease: i64, explicit: bool) {
-        if explicit && lock.inner.tracker.holds(entry) {
+    async fn clean(sessions: &Sessions, entry: &[u8], value: &[u8], lease: i64, explicit: bool) {
+        if explicit && sessions.tracker().holds(entry) {
             return;
         }
         let txn = Txn::new()
@@ -119,7 +135,7 @@ impl Attempt {
                 Compare::lease(entry.to_vec(), CompareOp::Equal, lease),
             ])
             .and_then([TxnOp::delete(entry.to_vec(), None)]);
-        if let Err(e) = lock.txn("abandon txn", txn).await {
+        if let Err(e) = sessions.etcd().txn("abandon txn", txn).await {
             tracing::debug!(error = %e, "cleaning up an abandoned acquire failed; it expires with the session lease");
         }
     }
@@ -127,7 +143,7 @@ impl Attempt {
     /// Cleans up now (before trying again), then disarms.
     pub(crate) async fn clean_now(self) {
         Attempt::clean(
-            &self.lock,
+            &self.sessions,
             &self.entry,
             &self.value,
             self.lease,
@@ -143,21 +159,22 @@ impl Drop for Attempt {
         if !self.armed {
             return;
         }
-        // The first pass keeps the client alive for its one request (the
-        // dropped future may have owned the last handle on it); the second
-        // runs only if the client is still in use — otherwise its session
-        // leases, and anything left on them, expire one TTL after its last use.
-        let lock = self.lock.clone();
-        let weak = Arc::downgrade(&self.lock.inner);
+        // The first pass keeps the client's sessions alive for its one
+        // request (the dropped future may have owned the last handle on
+        // the client); the second runs only if the client is still in use —
+        // otherwise its session leases, and anything left on them, expire
+        // one TTL after its last use.
+        let sessions = Arc::clone(&self.sessions);
+        let weak = Arc::downgrade(&self.sessions);
         let (entry, value) = (self.entry.clone(), self.value.clone());
         let (lease, explicit) = (self.lease, self.explicit);
-        let later = self.lock.inner.config.op_timeout * 2;
+        let later = self.sessions.etcd().timeout() * 2;
         let cleanup = async move {
-            Attempt::clean(&lock, &entry, &value, lease, explicit).await;
-            drop(lock);
+            Attempt::clean(&sessions, &entry, &value, lease, explicit).await;
+            drop(sessions);
             tokio::time::sleep(later).await;
-            if let Some(inner) = weak.upgrade() {
-                Attempt::clean(&EtcdLock { inner }, &entry, &value, lease, explicit).await;
+            if let Some(sessions) = weak.upgrade() {
+                Attempt::clean(&sessions, &entry, &value, lease, explicit).await;
             }
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -181,7 +198,7 @@ struct Line {
 /// Reads `[Get(oldest), Get(predecessor), <ours>]` answers: `ours` is a
 /// nested transaction that put our entry (enqueue) or a get of our entry,
 /// which must still have create revision `my_rev` (line read).
-fn line(resp: &TxnResponse, my_rev: i64) -> Line {
+fn read_line(resp: &TxnResponse, my_rev: i64) -> Line {
     let ops = resp.op_responses();
     let kv = |i: usize| match ops.get(i) {
         Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
@@ -221,27 +238,41 @@ enum Waited {
     OwnGone,
 }
 
-pub(crate) async fn acquire_fifo(
-    lock: &EtcdLock,
-    key: &LockKey,
-    opts: &LockOptions,
-) -> Result<Lease> {
-    use fenced_api::DistributedLock;
+/// Where a waiter stands: its entry in the line of `key`, put at revision
+/// `rev` on the session lease `view` of `class`.
+struct Place<'a> {
+    key: &'a LockKey,
+    line: &'a [u8],
+    entry: &'a [u8],
+    rev: i64,
+    class: &'a Arc<Class>,
+    view: View,
+    deadline: Option<Instant>,
+}
+
+/// How waiting for our turn ended.
+enum Turn {
+    /// Nobody is ahead of us now: we hold, if the session lease is still
+    /// ours (the refresh that says so).
+    Ours(std::result::Result<View, RefreshError>),
+    /// Our place in line is gone (our entry or its session lease): queue again.
+    Lost,
+    /// The wait deadline passed.
+    TimedOut,
+}
+
+/// Acquires `key`, waiting in its line as the options allow (never
+/// [`WaitPolicy::NoWait`](fenced_api::WaitPolicy::NoWait): that is a plain
+/// `try_acquire`).
+pub(crate) async fn acquire(parts: Parts<'_>, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
     let start = Instant::now();
-    let timeout = || Error::Timeout {
-        key: key.clone(),
-        waited: start.elapsed(),
-    };
-    if opts.wait() == WaitPolicy::NoWait {
-        return lock.try_acquire(key, opts).await?.ok_or_else(timeout);
-    }
     let deadline = wait_deadline(opts.wait(), start);
     let explicit = opts.owner().is_some();
-    let line_prefix = lock.line_prefix(key);
+    let line = parts.keys.line(key);
     let mut owner = opts.owner_or_random();
     let mut stale: Option<Attempt> = None;
 
-    'enqueue: for _ in 0..3 {
+    for _ in 0..3 {
         // Queueing again (our session lease ended or was replaced): an entry
         // of ours may linger on the old lease. A generated owner simply
         // takes a new name; an explicit one clears the old entry first.
@@ -254,9 +285,9 @@ pub(crate) async fn acquire_fifo(
             }
         }
         let value = entry::value(&owner, opts.label());
-        let entry = lock.entry_path(key, owner.as_str().as_bytes());
-        let (class, view) = lock.session(opts.ttl()).await?;
-        let attempt = Attempt::new(lock, key, &owner, opts.label(), view.id, explicit);
+        let entry = parts.keys.entry(key, owner.as_str().as_bytes());
+        let (class, view) = parts.sessions.session(opts.ttl()).await?;
+        let attempt = Attempt::new(parts, key, &owner, opts.label(), view.id, explicit);
         let put = || {
             TxnOp::put(
                 entry.clone(),
@@ -265,13 +296,11 @@ pub(crate) async fn acquire_fifo(
             )
         };
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(line_prefix.clone(), CompareOp::Equal, 0).with_prefix(),
-            ])
+            .when([Compare::create_revision(line.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([put()])
             .or_else([
-                TxnOp::get(line_prefix.clone(), Some(oldest())),
-                TxnOp::get(line_prefix.clone(), Some(newest())),
+                TxnOp::get(line.clone(), Some(oldest())),
+                TxnOp::get(line.clone(), Some(newest())),
                 // Our entry, unless this owner already holds or waits.
                 TxnOp::txn(
                     Txn::new()
@@ -279,142 +308,52 @@ pub(crate) async fn acquire_fifo(
                         .and_then([put()]),
                 ),
             ]);
-        let (resp, fresh) = tokio::join!(lock.txn("enqueue txn", txn), lock.freshen(&class, view));
-        let Some(resp) = resp? else {
+        let sent = parts.sessions.txn_on(&class, view, "enqueue txn", txn);
+        let Some((resp, fresh)) = sent.await? else {
             attempt.disarm();
-            class.invalidate(view.id);
             continue;
         };
-        let my_rev = revision(&resp);
-        if resp.succeeded() {
-            match fresh {
-                Ok(v) => {
-                    attempt.disarm();
-                    return Ok(lock.hold(key, owner, my_rev, v));
-                }
-                Err(_) => {
-                    // The lease ended, and the lock with it (or was replaced).
-                    stale = Some(attempt);
-                    continue;
-                }
-            }
-        }
-        let first = line(&resp, my_rev);
-        if !first.ours {
+        let rev = revision(&resp);
+        let first = (!resp.succeeded()).then(|| read_line(&resp, rev));
+        if let Some(first) = first.as_ref().filter(|f| !f.ours) {
             attempt.disarm();
-            lock.check_reentry(key, opts, first.holder.as_ref().map(|h| h.1.as_slice()))?;
+            entry::check_reentry(key, opts, first.holder.as_ref().map(|h| h.1.as_slice()))?;
             return Err(Error::AlreadyHeld { key: key.clone() });
         }
-        let Some((mut ahead, mut ahead_lease)) = first.predecessor else {
-            // The line was not empty a moment ago, yet holds nothing older
-            // than us: we are first.
-            match lock.freshen(&class, view).await {
-                Ok(v) => {
-                    attempt.disarm();
-                    return Ok(lock.hold(key, owner, my_rev, v));
-                }
-                Err(_) => {
-                    stale = Some(attempt);
-                    continue;
-                }
+        // The line was empty: our entry is the lock. (In a line that was
+        // not, the newest entry read before our put is our predecessor; a
+        // line without one has nobody ahead of us either.)
+        let Some((first, ahead)) = first.and_then(|mut f| f.predecessor.take().map(|p| (f, p)))
+        else {
+            if let Ok(v) = fresh {
+                attempt.disarm();
+                return Ok(parts.sessions.hold(entry, key, owner, rev, v));
             }
+            // The lease ended, and the lock with it (or was replaced).
+            stale = Some(attempt);
+            continue;
         };
-        let mut ahead_holds = first.holder.as_ref().is_some_and(|h| h.0 == ahead);
-        let mut known = my_rev;
-        // Our own entry, watched on the same stream while we wait (etcd
-        // issue #11456: a waiter must not come back holding a lock whose
-        // entry is gone).
-        let mut own: Option<Watch> = None;
-        loop {
-            let waited = wait_deleted(
-                lock,
-                &class,
-                view.id,
-                (&ahead, &entry, &mut own),
-                known,
-                deadline,
-            )
-            .await?;
-            let deleted = match waited {
-                Waited::Deleted { announced, lease } => {
-                    ahead_holds |= announced;
-                    ahead_lease = lease.unwrap_or(ahead_lease);
-                    true
-                }
-                Waited::Unsure => {
-                    own = None;
-                    false
-                }
-                Waited::TimedOut => return Err(timeout()),
-                Waited::LeaseGone => {
-                    stale = Some(attempt);
-                    continue 'enqueue;
-                }
-                Waited::OwnGone => {
-                    tracing::warn!(key = %key, "our entry in the line vanished while waiting (session lease revoked, or the entry deleted); queueing again");
-                    lock.confirm_lease(&class, view.id).await;
-                    stale = Some(attempt);
-                    continue 'enqueue;
-                }
-            };
-            let current = class.view().filter(|v| v.id == view.id);
-            // The holder just left and nobody can queue ahead of us: we hold,
-            // with no request — our entry lives while the session lease does,
-            // and our watch reported no deletion of it before the holder's
-            // (etcd sends a stream's events in revision order). One deletion
-            // can remove both at once, though, when the holder is on our own
-            // session lease (a revoke): then the line read below checks.
-            if deleted && ahead_holds && ahead_lease != view.id {
-                if let Some(v) = current.filter(|v| v.valid_until > Instant::now()) {
-                    match lock.freshen(&class, v).await {
-                        Ok(v) => {
-                            attempt.disarm();
-                            return Ok(granted(lock, key, owner, my_rev, v, start));
-                        }
-                        Err(_) => {
-                            stale = Some(attempt);
-                            continue 'enqueue;
-                        }
-                    }
-                }
+        let ahead_holds = first.holder.as_ref().is_some_and(|h| h.0 == ahead.0);
+        let place = Place {
+            key,
+            line: &line,
+            entry: &entry,
+            rev,
+            class: &class,
+            view,
+            deadline,
+        };
+        match wait_turn(parts, &place, ahead, ahead_holds).await? {
+            Turn::Ours(Ok(v)) => {
+                attempt.disarm();
+                return Ok(granted(parts, key, owner, rev, v, start));
             }
-            // Someone ahead of us left: is anyone still in front?
-            let look = Txn::new().and_then([
-                TxnOp::get(line_prefix.clone(), Some(oldest())),
-                TxnOp::get(line_prefix.clone(), Some(newest_before(my_rev))),
-                TxnOp::get(entry.clone(), None),
-            ]);
-            let (resp, fresh) = tokio::join!(
-                lock.txn("line read", look),
-                lock.freshen(&class, current.unwrap_or(view))
-            );
-            let Some(resp) = resp? else {
-                stale = Some(attempt);
-                continue 'enqueue;
-            };
-            let now = line(&resp, my_rev);
-            if !now.ours {
-                // Our entry vanished (its lease ended): queue again.
-                stale = Some(attempt);
-                continue 'enqueue;
-            }
-            match now.predecessor {
-                None => match fresh {
-                    Ok(v) => {
-                        attempt.disarm();
-                        return Ok(granted(lock, key, owner, my_rev, v, start));
-                    }
-                    Err(_) => {
-                        stale = Some(attempt);
-                        continue 'enqueue;
-                    }
-                },
-                Some((p, p_lease)) => {
-                    ahead_holds = now.holder.as_ref().is_some_and(|h| h.0 == p);
-                    ahead = p;
-                    ahead_lease = p_lease;
-                    known = now.revision;
-                }
+            Turn::Ours(Err(_)) | Turn::Lost => stale = Some(attempt),
+            Turn::TimedOut => {
+                return Err(Error::Timeout {
+                    key: key.clone(),
+                    waited: start.elapsed(),
+                })
             }
         }
     }
@@ -425,6 +364,84 @@ pub(crate) async fn acquire_fifo(
     ))
 }
 
+/// Waits until nobody is ahead of `place` in its line: first for the
+/// deletion of `ahead` (the entry just ahead: its path and session lease;
+/// `ahead_holds` when it is known to be the holder), then for each new
+/// predecessor a line read finds.
+async fn wait_turn(
+    parts: Parts<'_>,
+    place: &Place<'_>,
+    (mut ahead, mut ahead_lease): (Vec<u8>, i64),
+    mut ahead_holds: bool,
+) -> Result<Turn> {
+    let mut known = place.rev;
+    // Our own entry, watched on the same stream while we wait: a waiter
+    // must not come back holding a lock whose entry is gone.
+    let mut own: Option<Watch> = None;
+    loop {
+        let deleted = match wait_deleted(parts, place, &ahead, &mut own, known).await? {
+            Waited::Deleted { announced, lease } => {
+                ahead_holds |= announced;
+                ahead_lease = lease.unwrap_or(ahead_lease);
+                true
+            }
+            Waited::Unsure => {
+                own = None;
+                false
+            }
+            Waited::TimedOut => return Ok(Turn::TimedOut),
+            Waited::LeaseGone => return Ok(Turn::Lost),
+            Waited::OwnGone => {
+                tracing::warn!(key = %place.key, "our entry in the line vanished while waiting (session lease revoked, or the entry deleted); queueing again");
+                parts
+                    .sessions
+                    .confirm_lease(place.class, place.view.id)
+                    .await;
+                return Ok(Turn::Lost);
+            }
+        };
+        let current = place.class.view().filter(|v| v.id == place.view.id);
+        // The holder just left and nobody can queue ahead of us: we hold,
+        // with no request — our entry lives while the session lease does,
+        // and our watch reported no deletion of it before the holder's
+        // (etcd sends a stream's events in revision order). One deletion
+        // can remove both at once, though, when the holder is on our own
+        // session lease (a revoke): then the line read below checks.
+        if deleted && ahead_holds && ahead_lease != place.view.id {
+            if let Some(v) = current.filter(|v| v.valid_until > Instant::now()) {
+                return Ok(Turn::Ours(parts.sessions.freshen(place.class, v).await));
+            }
+        }
+        // Someone ahead of us left: is anyone still in front?
+        let look = Txn::new().and_then([
+            TxnOp::get(place.line.to_vec(), Some(oldest())),
+            TxnOp::get(place.line.to_vec(), Some(newest_before(place.rev))),
+            TxnOp::get(place.entry.to_vec(), None),
+        ]);
+        let (resp, fresh) = tokio::join!(
+            parts.etcd.txn("line read", look),
+            parts
+                .sessions
+                .freshen(place.class, current.unwrap_or(place.view))
+        );
+        let Some(resp) = resp? else {
+            return Ok(Turn::Lost);
+        };
+        let now = read_line(&resp, place.rev);
+        if !now.ours {
+            // Our entry vanished (its lease ended): queue again.
+            return Ok(Turn::Lost);
+        }
+        let Some((p, p_lease)) = now.predecessor else {
+            return Ok(Turn::Ours(fresh));
+        };
+        ahead_holds = now.holder.as_ref().is_some_and(|h| h.0 == p);
+        ahead = p;
+        ahead_lease = p_lease;
+        known = now.revision;
+    }
+}
+
 /// A waiter became the holder: track it, and announce it to the next in
 /// line — a put on our own entry (same create revision, so the token and the
 /// place stay) that its watch sees. The next waiter then knows it is next and
@@ -432,7 +449,7 @@ pub(crate) async fn acquire_fifo(
 /// background and guarded (it never re-creates a released entry); if it is
 /// late or lost, the next waiter reads the line instead.
 fn granted(
-    lock: &EtcdLock,
+    parts: Parts<'_>,
     key: &LockKey,
     owner: Owner,
     token: i64,
@@ -440,8 +457,8 @@ fn granted(
     start: Instant,
 ) -> Lease {
     tracing::debug!(key = %key, token, waited_ms = start.elapsed().as_millis() as u64, "etcd lock granted after waiting");
-    let entry = lock.entry_path(key, owner.as_str().as_bytes());
-    let lease = lock.hold(key, owner, token, view);
+    let entry = parts.keys.entry(key, owner.as_str().as_bytes());
+    let lease = parts.sessions.hold(entry.clone(), key, owner, token, view);
     let announce = Txn::new()
         .when([Compare::create_revision(
             entry.clone(),
@@ -453,19 +470,19 @@ fn granted(
             Vec::new(),
             Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
         )]);
-    let background = lock.clone();
+    let (etcd, tracker) = (parts.etcd.clone(), Arc::clone(parts.tracker));
     tokio::spawn(async move {
-        match background.txn("announce txn", announce).await {
-            // The entry is gone already: released at once, or — the residue
-            // of etcd #11456 described in the crate docs — lost before we
-            // returned it. Either way the lock is not held: its next extend
-            // must say so.
+        match etcd.txn("announce txn", announce).await {
+            // The entry is gone already: released at once, or — the
+            // out-of-order residue described in the module docs — lost
+            // before we returned it. Either way the lock is not held: its
+            // next extend must say so.
             Ok(Some(r)) if !r.succeeded() => {
                 tracing::debug!(
                     token,
                     "announcing the new holder: its entry is gone; marked lost"
                 );
-                background.inner.tracker.entry_lost(&entry, token);
+                tracker.entry_lost(&entry, token);
             }
             Ok(_) => {}
             Err(e) => {
@@ -476,23 +493,23 @@ fn granted(
     lease
 }
 
-/// Waits until `key` — present at `known` — is deleted, the wait deadline
-/// passes, the session lease ends, or our own entry `mine` (present at
-/// `known` too) is deleted. Keeps the session lease alive. `own` is the
-/// watch of our entry, opened here on first use (beside the watch of `key`)
-/// and kept across waits; it is closed (`None`) after `Unsure`.
+/// Waits until `ahead` — present at `known` — is deleted, the wait deadline
+/// passes, the session lease ends, or our own entry (present at `known`
+/// too) is deleted. Keeps the session lease alive. `own` is the watch of our
+/// entry, opened here on first use (beside the watch of `ahead`) and kept
+/// across waits; it is closed (`None`) after `Unsure`.
 async fn wait_deleted(
-    lock: &EtcdLock,
-    class: &Arc<Class>,
-    lease: i64,
-    (key, mine, own): (&[u8], &[u8], &mut Option<Watch>),
+    parts: Parts<'_>,
+    place: &Place<'_>,
+    ahead: &[u8],
+    own: &mut Option<Watch>,
     known: i64,
-    deadline: Option<Instant>,
 ) -> Result<Waited> {
+    let (class, lease, mine) = (place.class, place.view.id, place.entry);
     let mut watch = match own {
-        Some(_) => lock.watch(key).await?,
+        Some(_) => parts.watches.watch(ahead).await?,
         None => {
-            let (o, w) = tokio::join!(lock.watch(mine), lock.watch(key));
+            let (o, w) = tokio::join!(parts.watches.watch(mine), parts.watches.watch(ahead));
             *own = Some(o?);
             w?
         }
@@ -506,10 +523,11 @@ async fn wait_deleted(
         // A watch starts later than our read: was either entry deleted in
         // between? (One read-only transaction for both.)
         let check = Txn::new().and_then([
-            TxnOp::get(key.to_vec(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(ahead.to_vec(), Some(GetOptions::new().with_count_only())),
             TxnOp::get(mine.to_vec(), None),
         ]);
-        let resp = lock
+        let resp = parts
+            .etcd
             .call("wait check txn", |mut c| {
                 let check = check.clone();
                 async move { c.txn(check).await }
@@ -586,10 +604,10 @@ async fn wait_deleted(
                     return Ok(Waited::Unsure);
                 }
             },
-            _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => return Ok(Waited::TimedOut),
+            _ = tokio::time::sleep_until(place.deadline.unwrap_or(far)) => return Ok(Waited::TimedOut),
             _ = tokio::time::sleep_until(next_refresh), if refreshing.is_none() => {
-                let (lock, class) = (lock.clone(), Arc::clone(class));
-                refreshing = Some(tokio::spawn(async move { lock.refresh(&class, false).await }));
+                let (sessions, class) = (Arc::clone(parts.sessions), Arc::clone(class));
+                refreshing = Some(tokio::spawn(async move { sessions.refresh(&class, false).await }));
             }
             Some(done) = async {
                 match refreshing.as_mut() {
