@@ -1,48 +1,49 @@
-//! Versioned schema, applied by `migrate`, checked on connect.
+//! Versioned schema, applied by `migrate` with the shared runner
+//! ([`fenced_sql::migrate`]), checked on connect.
+
+use std::future::Future;
 
 use fenced_api::{Error, Result};
-use sqlx::{AssertSqlSafe, MySqlPool, Row};
+use fenced_sql::migrate::{self, Hooks, Migration};
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row};
 
-use crate::{config::TableName, error::SqlResultExt};
+use crate::{config::TableName, error::SqlResultExt, fence::MySqlBackend};
 
-/// The migrations, in order. Each is a list of `;`-separated statements.
-const MIGRATIONS: &[(u32, &str, &str)] = &[
-    (1, "initial", include_str!("../migrations/0001_initial.sql")),
-    (
+/// The migrations, in order. Applied by an explicit `migrate` only, so no
+/// step is applied on connect (`compatible` is not used here).
+const MIGRATIONS: &[Migration] = &[
+    step(1, "initial", include_str!("../migrations/0001_initial.sql")),
+    step(
         2,
         "row_lock_live",
         include_str!("../migrations/0002_row_lock_live.sql"),
     ),
-    (
+    step(
         3,
         "unique_key_by_lock_key",
         include_str!("../migrations/0003_unique_key_by_lock_key.sql"),
     ),
-    (
+    step(
         4,
         "holder_label",
         include_str!("../migrations/0004_holder_label.sql"),
     ),
 ];
 
+const fn step(version: u32, name: &'static str, sql: &'static str) -> Migration {
+    Migration {
+        version,
+        name,
+        sql,
+        compatible: false,
+    }
+}
+
 /// The schema version this build needs.
 pub const SCHEMA_VERSION: u32 = 4;
 
 /// How long `migrate` waits for another node's migration of the same tables.
 const MIGRATE_LOCK_WAIT_S: u32 = 120;
-
-fn statements(template: &str, base: &TableName) -> Vec<String> {
-    let sql: String = template
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    sql.split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.replace("{base}", base.as_str()))
-        .collect()
-}
 
 /// Creates or upgrades every table of `base`. Idempotent and safe to run
 /// from several nodes at once: it holds a named lock (`GET_LOCK`, on one
@@ -83,61 +84,35 @@ pub(crate) async fn migrate(pool: &MySqlPool, base: &TableName) -> Result<Vec<u3
     result
 }
 
-async fn apply_missing(conn: &mut sqlx::MySqlConnection, base: &TableName) -> Result<Vec<u32>> {
-    let log = base.quoted("_migrations");
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {log} (version INT UNSIGNED NOT NULL PRIMARY KEY, \
-         name VARCHAR(100) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-    )))
-    .execute(&mut *conn)
-    .await
-    .db()?;
-    let done: Vec<u32> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {log}")))
-        .fetch_all(&mut *conn)
-        .await
-        .db()?
-        .iter()
-        .map(|r| r.try_get::<u32, _>(0))
-        .collect::<Result<_, _>>()
-        .db()?;
-    let mut applied = Vec::new();
-    for (version, name, template) in MIGRATIONS {
-        if done.contains(version) {
-            continue;
-        }
-        if already_in_place(conn, *version, base).await? {
-            // The statements ran but the process died before the log row
-            // below was written (DDL commits on its own, so the two cannot
-            // be one transaction): only the record is missing.
-            tracing::warn!(
-                table = %base,
-                version,
-                name,
-                "fenced schema migration was already in place but not recorded (an earlier migrate stopped halfway); recording it"
-            );
-        } else {
-            for stmt in statements(template, base) {
-                if column_in_place(conn, &stmt).await? {
-                    continue;
-                }
-                sqlx::query(AssertSqlSafe(stmt))
-                    .execute(&mut *conn)
-                    .await
-                    .db()?;
-            }
-        }
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT IGNORE INTO {log} (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
-        )))
-        .bind(version)
-        .bind(name)
-        .execute(&mut *conn)
-        .await
-        .db()?;
-        tracing::info!(table = %base, version, name, "fenced schema migration applied");
-        applied.push(*version);
+async fn apply_missing(conn: &mut MySqlConnection, base: &TableName) -> Result<Vec<u32>> {
+    migrate::apply::<MySqlBackend>(conn, base, MIGRATIONS, &Resume).await
+}
+
+/// Finishing a migrate that stopped halfway: DDL commits on its own, so a
+/// step's statements and its log row cannot be one transaction.
+struct Resume;
+
+impl Hooks<MySql> for Resume {
+    fn already_in_place<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        m: &'c Migration,
+        base: &'c TableName,
+    ) -> impl Future<Output = Result<bool>> + Send + 'c {
+        already_in_place(conn, m.version, base)
     }
-    Ok(applied)
+
+    fn statement_in_place<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        statement: &'c str,
+    ) -> impl Future<Output = Result<bool>> + Send + 'c {
+        column_in_place(conn, statement)
+    }
+
+    fn recorded(&self, base: &TableName, m: &Migration) {
+        tracing::info!(table = %base, version = m.version, name = m.name, "fenced schema migration applied");
+    }
 }
 
 /// Whether migration `version`'s changes are already in the tables though
@@ -148,7 +123,7 @@ async fn apply_missing(conn: &mut sqlx::MySqlConnection, base: &TableName) -> Re
 /// and MySQL 8 (and InnoDB's table rebuild is all or nothing before that),
 /// so "primary key on lock_key" means the whole of v3 is in place.
 async fn already_in_place(
-    conn: &mut sqlx::MySqlConnection,
+    conn: &mut MySqlConnection,
     version: u32,
     base: &TableName,
 ) -> Result<bool> {
@@ -179,7 +154,7 @@ fn added_column(stmt: &str) -> Option<(&str, &str)> {
 /// Whether `stmt` adds a column that the table already has: an `ADD
 /// COLUMN` cannot run twice (MySQL has no `IF NOT EXISTS` for it), and a
 /// migration of several of them may have stopped after some.
-async fn column_in_place(conn: &mut sqlx::MySqlConnection, stmt: &str) -> Result<bool> {
+async fn column_in_place(conn: &mut MySqlConnection, stmt: &str) -> Result<bool> {
     let Some((table, column)) = added_column(stmt) else {
         return Ok(false);
     };
@@ -233,23 +208,24 @@ mod tests {
     #[test]
     fn statements_are_split_and_named() {
         let base = TableName::new("jobs").unwrap();
-        let stmts = statements(MIGRATIONS[0].2, &base);
+        let statements = |m: &Migration| migrate::statements(m.sql, &base);
+        let stmts = statements(&MIGRATIONS[0]);
         assert_eq!(stmts.len(), 4);
         assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS `jobs` ("));
         assert!(stmts
             .iter()
             .all(|s| !s.contains("{base}") && !s.contains("--")));
         assert!(stmts[3].contains("`jobs_fence`"));
-        let v2 = statements(MIGRATIONS[1].2, &base);
+        let v2 = statements(&MIGRATIONS[1]);
         assert_eq!(v2.len(), 1);
         assert!(v2[0].starts_with("CREATE TABLE IF NOT EXISTS `jobs_live` ("));
         assert!(v2[0].ends_with("ENGINE=MEMORY"));
-        let v3 = statements(MIGRATIONS[2].2, &base);
+        let v3 = statements(&MIGRATIONS[2]);
         assert_eq!(v3.len(), 1);
         assert!(v3[0].starts_with("ALTER TABLE `jobs`"));
         assert!(v3[0].contains("ADD PRIMARY KEY (lock_key)"));
         assert_eq!(added_column(&v3[0]), None);
-        let v4 = statements(MIGRATIONS[3].2, &base);
+        let v4 = statements(&MIGRATIONS[3]);
         let added: Vec<_> = v4.iter().filter_map(|s| added_column(s)).collect();
         assert_eq!(
             added,
@@ -259,5 +235,10 @@ mod tests {
                 ("jobs_live", "label")
             ]
         );
+    }
+
+    #[test]
+    fn versions_are_consecutive_up_to_the_schema_version() {
+        assert!(migrate::consecutive(MIGRATIONS, SCHEMA_VERSION));
     }
 }

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use fenced_api::url::parse_duration;
+use fenced_api::url::{params, parse_duration, percent_decode};
 use fenced_api::{Error, Result};
 
 /// Default table name.
@@ -71,61 +71,7 @@ impl fmt::Display for Synchronous {
 /// Lowercase only because SQLite compares table names case-insensitively:
 /// `Locks` and `locks` would silently be one namespace. Always used
 /// double-quoted, so reserved words are fine.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TableName(String);
-
-impl TableName {
-    /// Longest name accepted (derived names add `_migrations`).
-    pub const MAX_LEN: usize = 48;
-
-    /// Validates a table name.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] naming the rule that was broken.
-    pub fn new(name: &str) -> Result<Self> {
-        let mut chars = name.chars();
-        let valid_start = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-        if !valid_start || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        {
-            return Err(Error::config(format!(
-                "invalid table name {name:?}: use lowercase ASCII letters, digits and `_`, \
-                 not starting with a digit (SQLite table names are case-insensitive)"
-            )));
-        }
-        if name.len() > Self::MAX_LEN {
-            return Err(Error::config(format!(
-                "table name {name:?} is {} characters long; the maximum is {}",
-                name.len(),
-                Self::MAX_LEN
-            )));
-        }
-        if name.starts_with("sqlite_") {
-            return Err(Error::config(format!(
-                "table name {name:?} starts with `sqlite_`, which SQLite reserves for itself"
-            )));
-        }
-        Ok(TableName(name.to_owned()))
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The double-quoted physical table `<name><suffix>`.
-    pub(crate) fn quoted(&self, suffix: &str) -> String {
-        format!("\"{}{}\"", self.0, suffix)
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub type TableName = fenced_sql::TableName<sqlx::Sqlite>;
 
 /// Everything needed to open the store; built from a URL or
 /// [`SqliteLockBuilder`](crate::SqliteLockBuilder). Holds no secret.
@@ -185,36 +131,27 @@ impl SqliteConfig {
             )));
         }
         let (raw_path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let path = percent_decode(raw_path)
-            .map_err(|why| Error::config(format!("invalid path in sqlite url `{url}`: {why}")))?;
+        let path = percent_decode(raw_path).map_err(|e| {
+            Error::config(format!("invalid path in sqlite url `{url}`: {}", reason(e)))
+        })?;
         if path.is_empty() {
             return Err(Error::config(format!(
                 "sqlite url `{url}` names no file; use sqlite:///absolute/path.db \
                  or sqlite://relative/path.db"
             )));
         }
+        // `mode=memory` asks for a database private to one connection.
+        if query.split('&').any(|p| p == "mode=memory") {
+            return Err(in_memory());
+        }
         let mut config = SqliteConfig::for_path(PathBuf::from(path))?;
-        let mut seen = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            if seen.contains(&k) {
-                return Err(Error::config(format!(
-                    "parameter `{k}` is given twice in sqlite url `{url}`"
-                )));
-            }
-            seen.push(k);
-            match k {
-                "table" => config.table = TableName::new(v)?,
-                "busy_timeout" => config.busy_timeout = parse_duration(v)?,
-                "synchronous" => config.synchronous = v.parse()?,
-                "max_connections" => config.max_connections = parse_pool_size(v)?,
-                "mode" if v == "memory" => return Err(in_memory()),
-                other => {
-                    return Err(Error::config(format!(
-                        "unknown parameter `{other}` in sqlite url `{url}`; \
-                         known: table, busy_timeout, synchronous, max_connections"
-                    )))
-                }
+        for p in params("sqlite", query, KNOWN)? {
+            match p.name {
+                "table" => config.table = TableName::new(p.value)?,
+                "busy_timeout" => config.busy_timeout = parse_duration(p.value)?,
+                "synchronous" => config.synchronous = p.value.parse()?,
+                // `max_connections`, the last name in KNOWN.
+                _ => config.max_connections = parse_pool_size(p.value)?,
             }
         }
         Ok(config)
@@ -261,6 +198,17 @@ impl SqliteConfig {
 
 const MAX_BUSY_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The URL parameters, in the order messages list them.
+const KNOWN: &[&str] = &["table", "busy_timeout", "synchronous", "max_connections"];
+
+/// The reason of a configuration error, for a message that adds context.
+fn reason(e: Error) -> String {
+    match e {
+        Error::Config { reason } => reason,
+        other => other.to_string(),
+    }
+}
+
 fn in_memory() -> Error {
     Error::config(
         "an in-memory SQLite database is private to one connection and cannot coordinate \
@@ -291,28 +239,6 @@ fn parse_pool_size(v: &str) -> Result<u32> {
             "max_connections must be a number from 1 to 64, got `{v}`"
         ))),
     }
-}
-
-/// Decodes `%XX` escapes; the result must be UTF-8.
-fn percent_decode(s: &str) -> std::result::Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("bad escape at byte {i}"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "the decoded path is not UTF-8".to_owned())
 }
 
 /// Escapes everything but unreserved characters and `/`.
@@ -372,71 +298,69 @@ mod tests {
 
     #[test]
     fn url_table() {
-        let cases: [(&str, &str, &str, Duration, Synchronous, u32); 7] = [
+        struct Want {
+            path: &'static str,
+            table: &'static str,
+            busy: Duration,
+            sync: Synchronous,
+            pool: u32,
+        }
+        let at = |path| Want {
+            path,
+            table: "fenced_locks",
+            busy: Duration::from_secs(5),
+            sync: Synchronous::Full,
+            pool: 4,
+        };
+        let cases = [
             (
                 "sqlite:///var/lib/app/locks.db",
-                "/var/lib/app/locks.db",
-                "fenced_locks",
-                Duration::from_secs(5),
-                Synchronous::Full,
-                4,
+                at("/var/lib/app/locks.db"),
             ),
-            (
-                "sqlite://locks.db",
-                "locks.db",
-                "fenced_locks",
-                Duration::from_secs(5),
-                Synchronous::Full,
-                4,
-            ),
+            ("sqlite://locks.db", at("locks.db")),
             (
                 "sqlite://./data/locks.db?table=jobs",
-                "./data/locks.db",
-                "jobs",
-                Duration::from_secs(5),
-                Synchronous::Full,
-                4,
+                Want {
+                    table: "jobs",
+                    ..at("./data/locks.db")
+                },
             ),
             (
                 "sqlite:///tmp/x.db?busy_timeout=250ms&synchronous=normal",
-                "/tmp/x.db",
-                "fenced_locks",
-                Duration::from_millis(250),
-                Synchronous::Normal,
-                4,
+                Want {
+                    busy: Duration::from_millis(250),
+                    sync: Synchronous::Normal,
+                    ..at("/tmp/x.db")
+                },
             ),
             (
                 "sqlite:///tmp/x.db?busy_timeout=2&max_connections=1&table=select",
-                "/tmp/x.db",
-                "select",
-                Duration::from_secs(2),
-                Synchronous::Full,
-                1,
+                Want {
+                    table: "select",
+                    busy: Duration::from_secs(2),
+                    pool: 1,
+                    ..at("/tmp/x.db")
+                },
             ),
             (
                 "sqlite:///tmp/with%20space/%3Fodd%23.db",
-                "/tmp/with space/?odd#.db",
-                "fenced_locks",
-                Duration::from_secs(5),
-                Synchronous::Full,
-                4,
+                at("/tmp/with space/?odd#.db"),
             ),
             (
                 "sqlite:///tmp/%C3%A9t%C3%A9.db?busy_timeout=1m",
-                "/tmp/été.db",
-                "fenced_locks",
-                Duration::from_secs(60),
-                Synchronous::Full,
-                4,
+                Want {
+                    busy: Duration::from_secs(60),
+                    ..at("/tmp/été.db")
+                },
             ),
         ];
-        for (url, path, table, busy, sync, pool) in cases {
+        for (url, want) in cases {
             let c = SqliteConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
-            assert_eq!(c.path(), Path::new(path), "{url}");
-            assert_eq!(c.table().as_str(), table, "{url}");
-            assert_eq!(c.busy_timeout(), busy, "{url}");
-            assert_eq!(c.synchronous(), sync, "{url}");
-            assert_eq!(c.max_connections(), pool, "{url}");
+            assert_eq!(c.path(), Path::new(want.path), "{url}");
+            assert_eq!(c.table().as_str(), want.table, "{url}");
+            assert_eq!(c.busy_timeout(), want.busy, "{url}");
+            assert_eq!(c.synchronous(), want.sync, "{url}");
+            assert_eq!(c.max_connections(), want.pool, "{url}");
         }
     }
 
@@ -475,32 +399,6 @@ mod tests {
                 other => panic!("{url}: expected a config error, got {other:?}"),
             }
         }
-    }
-
-    #[test]
-    fn table_names() {
-        for ok in ["locks", "_x", "locks_2", "select", "order", &"a".repeat(48)] {
-            assert!(TableName::new(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "9x",
-            "a-b",
-            "a.b",
-            "a b",
-            "\"a\"",
-            "a\"; DROP TABLE t; --",
-            "Locks",
-            "é",
-            "sqlite_x",
-            &"a".repeat(49),
-        ] {
-            assert!(TableName::new(bad).is_err(), "{bad}");
-        }
-        assert_eq!(
-            TableName::new("select").unwrap().quoted("_migrations"),
-            "\"select_migrations\""
-        );
     }
 
     #[test]

@@ -9,6 +9,8 @@ pub(crate) const BACKEND: &str = "sqlite";
 
 /// SQLite primary result codes we act on (the low byte of the extended code).
 mod code {
+    /// A generic error: a missing table or column, a syntax error, …
+    pub(super) const ERROR: i32 = 1;
     /// Another connection holds the lock we need, past `busy_timeout`.
     pub(super) const BUSY: i32 = 5;
     /// A table is locked by this process's shared cache.
@@ -48,17 +50,39 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(code::BUSY | code::LOCKED))
 }
 
+/// Whether `e` says that a table does not exist.
+///
+/// SQLite reports it only in the text of a generic `SQLITE_ERROR` (no code
+/// of its own, no sqlx error kind): the text refines that code, nothing else.
+pub(crate) fn is_no_such_table(e: &sqlx::Error) -> bool {
+    generic_error_says(e, "no such table")
+}
+
+/// Whether `e` says that a column does not exist: as [`is_no_such_table`],
+/// only in the text of a generic `SQLITE_ERROR`.
+pub(crate) fn is_no_such_column(e: &sqlx::Error) -> bool {
+    generic_error_says(e, "no such column")
+}
+
+/// Whether `e` is a generic `SQLITE_ERROR` whose message starts with `what`.
+fn generic_error_says(e: &sqlx::Error, what: &str) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            primary_code(e) == Some(code::ERROR) && db.message().starts_with(what)
+        }
+        _ => false,
+    }
+}
+
 /// Maps any other sqlx error to `Error::Backend` — retryable when waiting
 /// may help (busy, disk full, pool exhausted) — or `Error::Config` where the
 /// fix is configuration (a table dropped behind our back).
 pub(crate) fn map(e: sqlx::Error) -> Error {
-    if let sqlx::Error::Database(db) = &e {
-        if db.message().contains("no such table") {
-            return Error::config(format!(
-                "the lock table does not exist ({e}); it is created by `SqliteLock::connect` \
-                 (or `fenced migrate --url …`) — was it dropped while in use?"
-            ));
-        }
+    if is_no_such_table(&e) {
+        return Error::config(format!(
+            "the lock table does not exist ({e}); it is created by `SqliteLock::connect` \
+             (or `fenced migrate --url …`) — was it dropped while in use?"
+        ));
     }
     let retryable = match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
@@ -140,6 +164,25 @@ impl std::error::Error for Context {
     }
 }
 
+/// How the shared SQL code (`fenced_sql`: the fence, the migration runner)
+/// sees this backend: SQLite, with this crate's error mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct SqliteBackend;
+
+impl fenced_sql::SqlBackend for SqliteBackend {
+    type Db = sqlx::Sqlite;
+    const BACKEND: &'static str = BACKEND;
+    fn map(e: sqlx::Error) -> Error {
+        map(e)
+    }
+    fn is_missing_table(e: &sqlx::Error) -> bool {
+        is_no_such_table(e)
+    }
+    fn is_missing_column(e: &sqlx::Error) -> bool {
+        is_no_such_column(e)
+    }
+}
+
 /// `?`-friendly conversion for query results.
 pub(crate) trait SqlResultExt<T> {
     fn db(self) -> fenced_api::Result<T>;
@@ -148,5 +191,44 @@ pub(crate) trait SqlResultExt<T> {
 impl<T> SqlResultExt<T> for Result<T, sqlx::Error> {
     fn db(self) -> fenced_api::Result<T> {
         self.map_err(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::{Connection, SqliteConnection};
+
+    #[tokio::test]
+    async fn missing_tables_and_columns_are_told_apart_from_other_errors() {
+        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        sqlx::query("CREATE TABLE t (a INTEGER)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let fail = |sql: &'static str| sqlx::query(sql);
+        let no_table = fail("SELECT a FROM nowhere")
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
+        let no_column = fail("SELECT b FROM t")
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
+        let syntax = fail("SELEC 1").execute(&mut conn).await.unwrap_err();
+        assert!(is_no_such_table(&no_table), "{no_table}");
+        assert!(!is_no_such_column(&no_table), "{no_table}");
+        assert!(is_no_such_column(&no_column), "{no_column}");
+        assert!(!is_no_such_table(&no_column), "{no_column}");
+        assert!(!is_no_such_table(&syntax) && !is_no_such_column(&syntax));
+        assert!(!is_no_such_table(&sqlx::Error::RowNotFound));
+        assert!(matches!(map(no_table), Error::Config { .. }));
+        assert!(matches!(
+            map(syntax),
+            Error::Backend {
+                retryable: false,
+                ..
+            }
+        ));
     }
 }

@@ -1,23 +1,18 @@
-//! Versioned schema: created on first use, upgraded by `migrate`.
+//! Versioned schema: created on first use, upgraded by `migrate`, with the
+//! shared runner ([`fenced_sql::migrate`]).
 
 use fenced_api::{Error, Result};
+use fenced_sql::migrate::{self, Migration, NoHooks};
 use sqlx::{AssertSqlSafe, Row, SqlitePool};
 
-use crate::{config::TableName, error::SqlResultExt};
+use crate::{
+    config::TableName,
+    error::{SqlResultExt, SqliteBackend},
+};
 
-/// One schema step: a list of `;`-separated statements.
-struct Migration {
-    version: u32,
-    name: &'static str,
-    sql: &'static str,
-    /// Whether processes built against the previous version keep working
-    /// once it is applied (a nullable column they never name, for
-    /// instance). `connect` applies such steps itself, so files made by an
-    /// older build open without a `migrate`; any other step needs one.
-    compatible: bool,
-}
-
-/// The migrations, in order.
+/// The migrations, in order. A `compatible` step is one that processes
+/// built against the previous version tolerate: `connect` applies it itself,
+/// so files made by an older build open without a `migrate`.
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -45,19 +40,6 @@ pub(crate) enum Upgrade {
     CreateOnly,
     /// Apply every missing migration.
     Apply,
-}
-
-fn statements(template: &str, base: &TableName) -> Vec<String> {
-    let sql: String = template
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    sql.split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.replace("{base}", base.as_str()))
-        .collect()
 }
 
 /// The highest applied version, 0 when the tables do not exist.
@@ -103,47 +85,8 @@ pub(crate) async fn ensure(pool: &SqlitePool, base: &TableName, mode: Upgrade) -
              (or `fenced migrate --url …`) once"
         )));
     }
-    let log = base.quoted("_migrations");
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.db()?;
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {log} (version INTEGER PRIMARY KEY, \
-         name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT"
-    )))
-    .execute(&mut *tx)
-    .await
-    .db()?;
-    let done: Vec<i64> = sqlx::query(AssertSqlSafe(format!("SELECT version FROM {log}")))
-        .fetch_all(&mut *tx)
-        .await
-        .db()?
-        .iter()
-        .map(|r| r.try_get::<i64, _>(0))
-        .collect::<Result<_, _>>()
-        .db()?;
-    let mut applied = Vec::new();
-    for Migration {
-        version, name, sql, ..
-    } in MIGRATIONS
-    {
-        if done.contains(&i64::from(*version)) {
-            continue;
-        }
-        for stmt in statements(sql, base) {
-            sqlx::query(AssertSqlSafe(stmt))
-                .execute(&mut *tx)
-                .await
-                .db()?;
-        }
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {log} (version, name, applied_at) VALUES (?, ?, unixepoch())"
-        )))
-        .bind(i64::from(*version))
-        .bind(*name)
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        applied.push(*version);
-    }
+    let applied = migrate::apply::<SqliteBackend>(&mut tx, base, MIGRATIONS, &NoHooks).await?;
     tx.commit().await.db()?;
     for version in &applied {
         tracing::info!(table = %base, version, "fenced sqlite schema migration applied");
@@ -158,7 +101,7 @@ mod tests {
     #[test]
     fn statements_are_split_and_named() {
         let base = TableName::new("jobs").unwrap();
-        let stmts = statements(MIGRATIONS[0].sql, &base);
+        let stmts = migrate::statements(MIGRATIONS[0].sql, &base);
         assert_eq!(stmts.len(), 2);
         assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS \"jobs\" ("));
         assert!(stmts[0].contains("AUTOINCREMENT"));
@@ -166,15 +109,12 @@ mod tests {
             .iter()
             .all(|s| !s.contains("{base}") && !s.contains("--")));
         assert!(stmts[1].contains("\"jobs_expire_at\""));
-        let label = statements(MIGRATIONS[1].sql, &base);
+        let label = migrate::statements(MIGRATIONS[1].sql, &base);
         assert_eq!(label, ["ALTER TABLE \"jobs\" ADD COLUMN label TEXT"]);
     }
 
     #[test]
     fn versions_are_consecutive_up_to_the_schema_version() {
-        for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(m.version as usize, i + 1, "{}", m.name);
-        }
-        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+        assert!(migrate::consecutive(MIGRATIONS, SCHEMA_VERSION));
     }
 }

@@ -1,4 +1,4 @@
-//! The unique-key algorithm on one SQLite table (the seeds' "posture one").
+//! The unique-key algorithm on one SQLite table.
 //!
 //! * acquire = one autocommit `INSERT … ON CONFLICT DO NOTHING RETURNING id`;
 //!   no row back means "held". If the existing row is expired (crashed
@@ -16,34 +16,26 @@
 //! No read-then-write transaction is needed, so WAL's `SQLITE_BUSY_SNAPSHOT`
 //! (a deferred transaction that read a stale snapshot) cannot happen.
 
-use std::time::Duration;
+use std::{collections::HashSet, time::Duration};
 
-use async_trait::async_trait;
 use fenced_api::{
-    batch::{ChunkVerdict, ExtendChunk},
-    wait::{acquire_polling, notify_released, Backoff},
-    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
-    LockOptions, Owner, ReleaseOutcome, Result,
+    batch::ChunkVerdict, Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner,
+    ReleaseOutcome, Result,
 };
-use sqlx::{sqlite::SqliteRow, Row, SqlStr, SqlitePool};
+use fenced_sql::{sql, sqlite::NOW_US as NOW};
+use sqlx::{Row, SqlStr, Sqlite, SqlitePool};
 use tokio::time::Instant;
 
 use crate::{
+    config::TableName,
     error::{self, SqlResultExt},
-    sql,
 };
-
-/// SQLite's clock in whole microseconds since the Unix epoch. `'now'` reads
-/// the host's wall clock with millisecond resolution, truncated, and is
-/// constant within one statement. `ROUND` undoes the binary fraction of
-/// `unixepoch('subsec')` so the value is an exact multiple of 1000.
-const NOW: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
 
 /// The clock's resolution. The clock reads the *start* of the current
 /// millisecond, so expiries are counted from its *end*: the store never
 /// frees a lock before the holder's local deadline (TTL counted from the
 /// moment the request was sent).
-const RESOLUTION_US: i64 = 1000;
+pub(crate) const RESOLUTION_US: i64 = 1000;
 
 /// A TTL as whole microseconds plus the clock's resolution. TTLs are
 /// validated (≤ 24 h), so this cannot overflow.
@@ -53,35 +45,47 @@ fn expiry_us(ttl: Duration) -> i64 {
         .saturating_add(RESOLUTION_US)
 }
 
+/// The fencing token of row `id`.
+pub(crate) fn token(id: i64) -> FencingToken {
+    // AUTOINCREMENT ids start at 1 and only grow.
+    FencingToken::new(u64::try_from(id).unwrap_or(0))
+}
+
+fn row_id(lease: &Lease) -> i64 {
+    i64::try_from(lease.token.get()).unwrap_or(i64::MAX)
+}
+
+/// What a release or force-release did: its outcome, and whether a row of
+/// the key was deleted (so this process's waiters may try at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done<T> {
+    pub(crate) outcome: T,
+    pub(crate) freed: bool,
+}
+
 /// SQL for one table, built once.
 #[derive(Debug)]
 pub(crate) struct UniqueKey {
     pool: SqlitePool,
-    scope: String,
     insert: SqlStr,
     delete_expired: SqlStr,
     reenter: SqlStr,
     held_by: SqlStr,
     extend: SqlStr,
     /// `extend` for many ids of one owner: this, then `?3, ?4, …)
-    /// RETURNING id` (see [`fenced_api::batch`]).
+    /// RETURNING id` (see [`fenced_sql::in_list`]).
     extend_batch: String,
     release_last: SqlStr,
     release_one: SqlStr,
     delete_own: SqlStr,
-    inspect: SqlStr,
-    list: SqlStr,
     force: SqlStr,
 }
 
 impl UniqueKey {
-    /// `table` is the validated, quoted table; `scope` names file and table
-    /// for the in-process wake-ups of [`acquire_polling`].
-    pub(crate) fn new(pool: SqlitePool, table: String, scope: String) -> Self {
-        let t = &table;
+    pub(crate) fn new(pool: SqlitePool, table: &TableName) -> Self {
+        let t = &table.quoted("");
         UniqueKey {
             pool,
-            scope,
             insert: sql!(
                 "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_at, created_at, label) \
                  VALUES (?1, ?2, 1, {NOW} + ?3, {NOW}, ?4) \
@@ -117,18 +121,12 @@ impl UniqueKey {
                  RETURNING reentrant_count"
             ),
             delete_own: sql!("DELETE FROM {t} WHERE id = ?1 AND owner = ?2"),
-            inspect: sql!(
-                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), label \
-                 FROM {t} WHERE lock_key = ?1 AND expire_at > {NOW}"
-            ),
-            // The unique index on lock_key gives the order (byte order).
-            list: sql!(
-                "SELECT owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), label, \
-                 lock_key \
-                 FROM {t} WHERE expire_at > {NOW} ORDER BY lock_key LIMIT ?1"
-            ),
             force: sql!("DELETE FROM {t} WHERE lock_key = ?1 RETURNING expire_at > {NOW}"),
         }
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     async fn insert(
@@ -146,8 +144,8 @@ impl UniqueKey {
             .await;
         match res {
             Ok(row) => row.map(|r| r.try_get::<i64, _>(0)).transpose().db(),
-            // `ON CONFLICT DO NOTHING` covers it; kept in case a future
-            // schema adds another unique index.
+            // `ON CONFLICT DO NOTHING` covers the key's index; any other
+            // unique index also means "held", never a failure.
             Err(e) if error::is_unique_violation(&e) => Ok(None),
             Err(e) => Err(error::map(e)),
         }
@@ -192,53 +190,11 @@ impl UniqueKey {
         Ok(done.rows_affected() > 0)
     }
 
-    pub(crate) fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-}
-
-fn token(id: i64) -> FencingToken {
-    // AUTOINCREMENT ids start at 1 and only grow.
-    FencingToken::new(u64::try_from(id).unwrap_or(0))
-}
-
-fn info_from_row(key: &LockKey, row: &SqliteRow) -> Result<LockInfo> {
-    let owner: Vec<u8> = row.try_get(0).db()?;
-    let id: i64 = row.try_get(1).db()?;
-    let count: i64 = row.try_get(2).db()?;
-    let remaining_us: i64 = row.try_get(3).db()?;
-    let label: Option<String> = row.try_get(4).db()?;
-    let owner = std::str::from_utf8(&owner)
-        .ok()
-        .and_then(|o| Owner::new(o).ok())
-        .ok_or_else(|| {
-            Error::backend(
-                error::BACKEND,
-                false,
-                format!("the row of `{key}` has an invalid owner; was the table edited by hand?"),
-            )
-        })?;
-    Ok(LockInfo::new(
-        key.clone(),
-        owner,
-        token(id),
-        Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0)),
-        u32::try_from(count).unwrap_or(u32::MAX),
-    )
-    .with_label(label.and_then(|l| stored_label(key, &l))))
-}
-
-/// A stored label; one that is no longer valid (edited by hand) is shown
-/// as none rather than failing `inspect` — it is for people, not for the lock.
-fn stored_label(key: &LockKey, label: &str) -> Option<Label> {
-    Label::new(label)
-        .inspect_err(|e| tracing::warn!(key = %key, error = %e, "ignoring an invalid stored label"))
-        .ok()
-}
-
-#[async_trait]
-impl DistributedLock for UniqueKey {
-    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+    pub(crate) async fn try_acquire(
+        &self,
+        key: &LockKey,
+        opts: &LockOptions,
+    ) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
         let ttl = opts.ttl();
         for attempt in 0..2 {
@@ -262,16 +218,12 @@ impl DistributedLock for UniqueKey {
         Ok(None)
     }
 
-    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        acquire_polling(self, &self.scope, key, opts, Backoff::default()).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+    pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = LockOptions::validate_ttl(ttl)?;
         let sent = Instant::now();
         let done = sqlx::query(self.extend.clone())
             .bind(expiry_us(ttl))
-            .bind(i64::try_from(lease.token.get()).unwrap_or(i64::MAX))
+            .bind(row_id(lease))
             .bind(lease.owner.as_str().as_bytes())
             .execute(&self.pool)
             .await
@@ -279,23 +231,37 @@ impl DistributedLock for UniqueKey {
         if done.rows_affected() == 1 {
             Ok(lease.renewed(ttl, sent))
         } else {
-            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
-            Err(Error::lease_lost(
-                &lease.key,
-                lease.token,
-                "the row expired or belongs to another holder",
-            ))
+            Err(fenced_sql::extend_refused(lease))
         }
     }
 
-    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
-        fenced_api::batch::extend_in_chunks(self, leases, ttl, EXTEND_CHUNK).await
+    /// One statement renewing `chunk`; `RETURNING` says exactly which rows.
+    pub(crate) async fn extend_chunk(
+        &self,
+        owner: &Owner,
+        chunk: &[&Lease],
+        ttl: Duration,
+    ) -> Result<ChunkVerdict> {
+        let (list, leases) = fenced_sql::in_list::<Sqlite>(chunk, 3);
+        let text = format!("{}{list}) RETURNING id", self.extend_batch);
+        let mut query = sqlx::query(sql!("{text}"))
+            .bind(expiry_us(ttl))
+            .bind(owner.as_str().as_bytes());
+        for lease in leases {
+            query = query.bind(row_id(lease));
+        }
+        let rows = query.fetch_all(&self.pool).await.db()?;
+        let mut renewed = HashSet::with_capacity(rows.len());
+        for row in rows {
+            renewed.insert(token(row.try_get::<i64, _>(0).db()?));
+        }
+        Ok(ChunkVerdict::Exactly(renewed))
     }
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let id = i64::try_from(lease.token.get()).unwrap_or(i64::MAX);
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<Done<ReleaseOutcome>> {
+        let id = row_id(lease);
         let owner = lease.owner.as_str().as_bytes();
-        // Review fix: the three steps in one write transaction.
+        // The three steps in one write transaction: no other writer between them.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         let done = sqlx::query(self.release_last.clone())
             .bind(id)
@@ -305,8 +271,10 @@ impl DistributedLock for UniqueKey {
             .db()?;
         if done.rows_affected() == 1 {
             tx.commit().await.db()?;
-            notify_released(&self.scope, &lease.key);
-            return Ok(ReleaseOutcome::Released);
+            return Ok(Done {
+                outcome: ReleaseOutcome::Released,
+                freed: true,
+            });
         }
         let left = sqlx::query(self.release_one.clone())
             .bind(id)
@@ -317,10 +285,14 @@ impl DistributedLock for UniqueKey {
         if let Some(row) = left {
             let remaining: i64 = row.try_get(0).db()?;
             tx.commit().await.db()?;
-            return Ok(ReleaseOutcome::StillHeld {
-                remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            return Ok(Done {
+                outcome: ReleaseOutcome::StillHeld {
+                    remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                },
+                freed: false,
             });
         }
+        // Not current: an expired row of this lease is removed all the same.
         let cleaned = sqlx::query(self.delete_own.clone())
             .bind(id)
             .bind(owner)
@@ -328,46 +300,14 @@ impl DistributedLock for UniqueKey {
             .await
             .db()?;
         tx.commit().await.db()?;
-        if cleaned.rows_affected() > 0 {
-            notify_released(&self.scope, &lease.key);
-        }
-        Ok(ReleaseOutcome::NotHeld)
+        Ok(Done {
+            outcome: ReleaseOutcome::NotHeld,
+            freed: cleaned.rows_affected() > 0,
+        })
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row = sqlx::query(self.inspect.clone())
-            .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
-            .await
-            .db()?;
-        row.map(|r| info_from_row(key, &r)).transpose()
-    }
-
-    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
-        let rows = sqlx::query(self.list.clone())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .db()?;
-        let mut held = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let raw: Vec<u8> = row.try_get(5).db()?;
-            let key = std::str::from_utf8(&raw)
-                .ok()
-                .and_then(|k| LockKey::new(k).ok())
-                .ok_or_else(|| {
-                    Error::backend(
-                        error::BACKEND,
-                        false,
-                        "a row has an invalid lock_key; was the table edited by hand?",
-                    )
-                })?;
-            held.push(info_from_row(&key, row)?);
-        }
-        Ok(held)
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+    /// Deletes the key's row; the outcome is whether it had a live holder.
+    pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Done<bool>> {
         let rows = sqlx::query(self.force.clone())
             .bind(key.as_bytes())
             .fetch_all(&self.pool)
@@ -380,52 +320,10 @@ impl DistributedLock for UniqueKey {
         if current {
             tracing::warn!(key = %key, "lock force-released");
         }
-        if !rows.is_empty() {
-            notify_released(&self.scope, key);
-        }
-        Ok(current)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-            .backend(error::BACKEND)
-            .durable(true)
-            .fencing(true)
-            .reentrant(true)
-    }
-}
-
-/// Leases renewed by one statement (SQLite allows 32 766 parameters).
-const EXTEND_CHUNK: usize = 256;
-
-#[async_trait]
-impl ExtendChunk for UniqueKey {
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict> {
-        let places = fenced_api::batch::padded_len(chunk.len());
-        let mut text = self.extend_batch.clone();
-        for p in 0..places {
-            text.push_str(if p == 0 { "?" } else { ", ?" });
-            text.push_str(&(p + 3).to_string());
-        }
-        text.push_str(") RETURNING id");
-        let mut query = sqlx::query(sql!("{text}"))
-            .bind(expiry_us(ttl))
-            .bind(owner.as_str().as_bytes());
-        for p in 0..places {
-            let lease = chunk[p.min(chunk.len() - 1)];
-            query = query.bind(i64::try_from(lease.token.get()).unwrap_or(i64::MAX));
-        }
-        let rows = query.fetch_all(&self.pool).await.db()?;
-        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
-        for row in rows {
-            renewed.insert(token(row.try_get::<i64, _>(0).db()?));
-        }
-        Ok(ChunkVerdict::Exactly(renewed))
+        Ok(Done {
+            outcome: current,
+            freed: !rows.is_empty(),
+        })
     }
 }
 
