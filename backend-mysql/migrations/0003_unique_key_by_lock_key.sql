@@ -7,7 +7,7 @@
 -- removed yet, locking each: a tight acquire + release loop on one key took
 -- about 600 µs per cycle on MariaDB 10.11 here, against 160 µs with lock_key
 -- as the PRIMARY KEY, where an INSERT reuses the delete-marked record in
--- place (the article's naive table: 140 µs). The AUTO_INCREMENT id — the
+-- place (a plain insert-lock table measured 140 µs). The AUTO_INCREMENT id — the
 -- fencing token — keeps its own unique index, so release and extend by id
 -- stay index lookups and id allocation is unchanged.
 --

@@ -2,7 +2,7 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-pub(crate) use fenced_api::url::{parse_duration, redact};
+use fenced_api::url::{params, parse_bool, parse_duration, redact, split_query};
 use fenced_api::{Error, Result};
 use sqlx::mysql::MySqlConnectOptions;
 
@@ -53,54 +53,7 @@ impl fmt::Display for Strategy {
 /// [`TableName::MAX_LEN`] characters, so that derived names
 /// (`<base>_rows`, `<base>_migrations`…) stay within MySQL's 64-character limit.
 /// Always used backtick-quoted, so reserved words are fine.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TableName(String);
-
-impl TableName {
-    /// Longest base name accepted.
-    pub const MAX_LEN: usize = 48;
-
-    /// Validates a base table name.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] naming the rule that was broken.
-    pub fn new(name: &str) -> Result<Self> {
-        let mut chars = name.chars();
-        let valid_start = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-        if !valid_start || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(Error::config(format!(
-                "invalid table name {name:?}: use ASCII letters, digits and `_`, not starting with a digit"
-            )));
-        }
-        if name.len() > Self::MAX_LEN {
-            return Err(Error::config(format!(
-                "table name {name:?} is {} characters long; the maximum is {}",
-                name.len(),
-                Self::MAX_LEN
-            )));
-        }
-        Ok(TableName(name.to_owned()))
-    }
-
-    /// The base name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The backtick-quoted physical table `<base><suffix>`.
-    pub(crate) fn quoted(&self, suffix: &str) -> String {
-        format!("`{}{}`", self.0, suffix)
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub type TableName = fenced_sql::TableName<sqlx::MySql>;
 
 /// Everything needed to connect; built from a URL or [`MySqlLockBuilder`](crate::MySqlLockBuilder).
 #[derive(Clone)]
@@ -112,7 +65,7 @@ pub struct MySqlConfig {
     pub(crate) table: TableName,
     pub(crate) max_connections: u32,
     pub(crate) connect_timeout: Duration,
-    pub(crate) op_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
     pub(crate) row_lock_one_statement: bool,
 }
 
@@ -125,7 +78,7 @@ impl fmt::Debug for MySqlConfig {
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
+            .field("operation_timeout", &self.operation_timeout)
             .field("row_lock_one_statement", &self.row_lock_one_statement)
             .finish()
     }
@@ -138,19 +91,41 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 /// Default bound on connecting (and on waiting for a pooled connection).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on one operation (a silent network never hangs a call longer).
-pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// [`DEFAULT_OPERATION_TIMEOUT`] under its shorter name.
+pub const DEFAULT_OP_TIMEOUT: Duration = DEFAULT_OPERATION_TIMEOUT;
+
+/// The parameters [`MySqlConfig::from_url`] accepts (`a|b`: two spellings
+/// of one parameter). The ones after `row_lock_one_statement` go to sqlx.
+const KNOWN: &[&str] = &[
+    "strategy",
+    "table",
+    "max_connections",
+    "connect_timeout",
+    "operation_timeout|timeout",
+    "row_lock_one_statement",
+    "ssl-mode|sslmode",
+    "ssl-ca|sslca",
+    "ssl-cert|sslcert",
+    "ssl-key|sslkey",
+    "socket",
+    "charset",
+    "collation",
+    "timezone|time-zone",
+    "statement-cache-capacity",
+];
 
 impl MySqlConfig {
     /// Parses `mysql://user:pass@host:port/db?strategy=…&table=…&max_connections=…&connect_timeout=…`.
     ///
     /// fenced's parameters: `strategy` (default `unique_key`), `table`
     /// (default `fenced_locks`), `max_connections` (default 10),
-    /// `connect_timeout` (`500ms`, `5s`; default 5 s), `timeout` (bound on
-    /// one operation; default 10 s) and `row_lock_one_statement`
-    /// (`true`/`false`, default `true`: on MariaDB `row_lock` takes the row
-    /// lock and its fencing token in one statement; `false` forces the
-    /// portable two-statement grant that MySQL uses anyway — for comparison
-    /// and tests).
+    /// `connect_timeout` (`500ms`, `5s`; default 5 s), `operation_timeout`
+    /// or `timeout` (bound on one operation; default 10 s) and
+    /// `row_lock_one_statement` (`true`/`false`, default `true`: on MariaDB
+    /// `row_lock` takes the row lock and its fencing token in one
+    /// statement; `false` forces the portable two-statement grant that
+    /// MySQL uses anyway — for comparison and tests).
     ///
     /// Passed to sqlx: `ssl-mode` (`DISABLED`, `PREFERRED` — the default,
     /// TLS if the server offers it, unverified —, `REQUIRED`, `VERIFY_CA`,
@@ -160,85 +135,54 @@ impl MySqlConfig {
     /// `statement-cache-capacity` (and the spellings `sslmode`, `sslca`,
     /// `sslcert`, `sslkey`, `time-zone`).
     ///
-    /// Any other parameter, or one given twice, is an [`Error::Config`]
-    /// naming it: a typo such as `tabel=jobs` must not silently put the
-    /// application in the default namespace, shared with everybody else
-    /// who kept it.
+    /// Any other parameter, or one given twice (in either spelling), is an
+    /// [`Error::Config`] naming it: a typo such as `tabel=jobs` must not
+    /// silently put the application in the default namespace, shared with
+    /// everybody else who kept it.
     ///
     /// # Errors
     ///
     /// [`Error::Config`] for a malformed URL or parameter; nothing is connected.
     pub fn from_url(url: &str) -> Result<Self> {
         let (base, query) = split_query(url);
-        let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
-        if !matches!(scheme, "mysql" | "mariadb") {
+        let Some(("mysql" | "mariadb", rest)) = base.split_once("://") else {
             return Err(Error::config(format!(
                 "expected a mysql:// or mariadb:// url, got `{}`",
                 redact(url)
             )));
-        }
-        let mut strategy = Strategy::default();
-        let mut table = TableName::new(DEFAULT_TABLE)?;
-        let mut max_connections = DEFAULT_MAX_CONNECTIONS;
-        let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
-        let mut op_timeout = DEFAULT_OP_TIMEOUT;
-        let mut row_lock_one_statement = true;
-        let mut passthrough = Vec::new();
-        let mut seen: Vec<&str> = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let Some(name) = canonical_param(k) else {
-                return Err(Error::config(format!(
-                    "unknown mysql url parameter {}; known: {KNOWN_PARAMS}",
-                    shown_param(k)
-                )));
-            };
-            // `ssl-mode=REQUIRED&sslmode=DISABLED` is as ambiguous as a
-            // plain repeat: spellings of one parameter count as one.
-            if seen.contains(&name) {
-                return Err(Error::config(format!(
-                    "the mysql url parameter `{name}` is given twice"
-                )));
-            }
-            seen.push(name);
-            match name {
-                "strategy" => strategy = v.parse()?,
-                "table" => table = TableName::new(v)?,
-                "max_connections" => max_connections = parse_pool_size(v)?,
-                "connect_timeout" => connect_timeout = parse_duration(v)?,
-                "timeout" => op_timeout = parse_duration(v)?,
-                "row_lock_one_statement" => {
-                    row_lock_one_statement = match v {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => {
-                            return Err(Error::config(format!(
-                                "row_lock_one_statement must be true or false, got `{v}`"
-                            )))
-                        }
-                    }
-                }
-                _ => passthrough.push(pair),
-            }
-        }
-        let sqlx_url = format!(
-            "mysql://{}{}{}",
-            base.split_once("://").map(|(_, r)| r).unwrap_or_default(),
-            if passthrough.is_empty() { "" } else { "?" },
-            passthrough.join("&")
-        );
-        let connect = MySqlConnectOptions::from_str(&sqlx_url)
-            .map_err(|e| Error::config(format!("invalid mysql url `{}`: {e}", redact(url))))?;
-        Ok(MySqlConfig {
-            connect,
+        };
+        let mut config = MySqlConfig {
+            connect: MySqlConnectOptions::new(),
             display_url: redact(base),
-            strategy,
-            table,
-            max_connections,
-            connect_timeout,
-            op_timeout,
-            row_lock_one_statement,
-        })
+            strategy: Strategy::default(),
+            table: TableName::new(DEFAULT_TABLE)?,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+            row_lock_one_statement: true,
+        };
+        let mut passthrough = Vec::new();
+        for p in params("mysql", query, KNOWN)? {
+            match p.name {
+                "strategy" => config.strategy = p.value.parse()?,
+                "table" => config.table = TableName::new(p.value)?,
+                "max_connections" => config.max_connections = parse_pool_size(p.value)?,
+                "connect_timeout" => config.connect_timeout = parse_duration(p.value)?,
+                "operation_timeout" => config.operation_timeout = parse_duration(p.value)?,
+                "row_lock_one_statement" => {
+                    config.row_lock_one_statement = parse_bool(p.name, p.value)?;
+                }
+                _ => passthrough.push(p.raw),
+            }
+        }
+        let sqlx_url = if passthrough.is_empty() {
+            format!("mysql://{rest}")
+        } else {
+            format!("mysql://{rest}?{}", passthrough.join("&"))
+        };
+        config.connect = MySqlConnectOptions::from_str(&sqlx_url)
+            .map_err(|e| Error::config(format!("invalid mysql url `{}`: {e}", redact(url))))?;
+        Ok(config)
     }
 
     /// The strategy.
@@ -249,6 +193,11 @@ impl MySqlConfig {
     /// The base table name.
     pub fn table(&self) -> &TableName {
         &self.table
+    }
+
+    /// The bound on one operation.
+    pub fn operation_timeout(&self) -> Duration {
+        self.operation_timeout
     }
 }
 
@@ -271,129 +220,43 @@ fn parse_pool_size(v: &str) -> Result<u32> {
     }
 }
 
-/// The parameters [`MySqlConfig::from_url`] accepts, for error messages.
-const KNOWN_PARAMS: &str = "strategy, table, max_connections, connect_timeout, timeout, \
-     row_lock_one_statement, ssl-mode, ssl-ca, ssl-cert, ssl-key, socket, charset, collation, \
-     timezone, statement-cache-capacity";
-
-/// The one name of a known URL parameter (sqlx accepts two spellings of
-/// some), or `None` for an unknown one.
-fn canonical_param(k: &str) -> Option<&'static str> {
-    Some(match k {
-        "strategy" => "strategy",
-        "table" => "table",
-        "max_connections" => "max_connections",
-        "connect_timeout" => "connect_timeout",
-        "timeout" => "timeout",
-        "row_lock_one_statement" => "row_lock_one_statement",
-        "ssl-mode" | "sslmode" => "ssl-mode",
-        "ssl-ca" | "sslca" => "ssl-ca",
-        "ssl-cert" | "sslcert" => "ssl-cert",
-        "ssl-key" | "sslkey" => "ssl-key",
-        "socket" => "socket",
-        "charset" => "charset",
-        "collation" => "collation",
-        "timezone" | "time-zone" => "timezone",
-        "statement-cache-capacity" => "statement-cache-capacity",
-        _ => return None,
-    })
-}
-
-/// An unknown parameter's name for a message — only if it looks like a
-/// name: after a password with an unencoded `?` the "parameter" may be
-/// the rest of that password.
-fn shown_param(k: &str) -> String {
-    let plain = !k.is_empty()
-        && k.len() <= 40
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if plain {
-        format!("`{k}`")
-    } else {
-        "(name not shown: it does not look like one; is a `?` in the password not percent-encoded?)"
-            .to_owned()
-    }
-}
-
-/// Splits `url` into the part before the query and the query. The query
-/// starts at the first `?` after the user info, so a password holding an
-/// unencoded `?` is not taken for parameters (and echoed in an error).
-fn split_query(url: &str) -> (&str, &str) {
-    let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    let rest = &url[after_scheme..];
-    // The user info ends at the first `@` followed by something that looks
-    // like `host[:port]` up to `/`, `?`, `#` or the end.
-    let host_start = rest
-        .match_indices('@')
-        .map(|(i, _)| i + 1)
-        .find(|&i| {
-            let tail = &rest[i..];
-            let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
-            let host = &tail[..end];
-            !host.is_empty()
-                && host.chars().all(|c| {
-                    c.is_ascii_alphanumeric()
-                        || matches!(c, '.' | '-' | '_' | ':' | '[' | ']' | '%')
-                })
-        })
-        .unwrap_or(0);
-    let from = after_scheme + host_start;
-    match url[from..].find('?') {
-        Some(q) => (&url[..from + q], &url[from + q + 1..]),
-        None => (url, ""),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn url_table() {
-        let cases: [(&str, Strategy, &str, u32, Duration); 5] = [
-            (
-                "mysql://root@127.0.0.1:3306/test",
-                Strategy::UniqueKey,
-                "fenced_locks",
-                10,
-                Duration::from_secs(5),
-            ),
-            (
-                "mysql://root@h/db?strategy=row_lock",
-                Strategy::RowLock,
-                "fenced_locks",
-                10,
-                Duration::from_secs(5),
-            ),
-            (
-                "mariadb://u:p@h/db?strategy=optimistic&table=jobs_lock",
-                Strategy::Optimistic,
-                "jobs_lock",
-                10,
-                Duration::from_secs(5),
-            ),
-            (
-                "mysql://h/db?max_connections=3&connect_timeout=250ms",
-                Strategy::UniqueKey,
-                "fenced_locks",
-                3,
-                Duration::from_millis(250),
-            ),
-            (
-                "mysql://h/db?ssl-mode=disabled&table=t",
-                Strategy::UniqueKey,
-                "t",
-                10,
-                Duration::from_secs(5),
-            ),
-        ];
-        for (url, strategy, table, pool, timeout) in cases {
+        // Each URL, then what it must give: strategy, table, pool size, connect timeout.
+        let cases = "\
+            mysql://root@127.0.0.1:3306/test                         UniqueKey fenced_locks 10 5s
+            mysql://root@h/db?strategy=row_lock                      RowLock fenced_locks 10 5s
+            mariadb://u:p@h/db?strategy=optimistic&table=jobs_lock   Optimistic jobs_lock 10 5s
+            mysql://h/db?max_connections=3&connect_timeout=250ms     UniqueKey fenced_locks 3 250ms
+            mysql://h/db?ssl-mode=disabled&table=t                   UniqueKey t 10 5s";
+        for line in cases.lines() {
+            let (url, expected) = line.trim().split_once(' ').unwrap();
             let c = MySqlConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
-            assert_eq!(c.strategy, strategy, "{url}");
-            assert_eq!(c.table.as_str(), table, "{url}");
-            assert_eq!(c.max_connections, pool, "{url}");
-            assert_eq!(c.connect_timeout, timeout, "{url}");
+            let got = format!(
+                "{:?} {} {} {:?}",
+                c.strategy, c.table, c.max_connections, c.connect_timeout
+            );
+            assert_eq!(got, expected.trim(), "{url}");
         }
+    }
+
+    #[test]
+    fn operation_timeout_has_two_spellings() {
+        for url in [
+            "mysql://h/db?operation_timeout=2s",
+            "mysql://h/db?timeout=2s",
+        ] {
+            let c = MySqlConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.operation_timeout(), Duration::from_secs(2), "{url}");
+        }
+        let c = MySqlConfig::from_url("mysql://h/db").unwrap();
+        assert_eq!(c.operation_timeout(), DEFAULT_OPERATION_TIMEOUT);
+        let e = MySqlConfig::from_url("mysql://h/db?timeout=1s&operation_timeout=2s").unwrap_err();
+        assert!(e.to_string().contains("`operation_timeout`"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The one place where sqlx errors become fenced errors.
 
-use fenced_api::Error;
+use std::{future::Future, time::Duration};
+
+use fenced_api::{Error, Result};
 
 pub(crate) const BACKEND: &str = "mysql";
 
@@ -19,6 +21,11 @@ pub(crate) mod code {
     /// Server shutdown, connection killed, too many connections, query
     /// interrupted, MySQL 8's inactivity disconnect.
     pub(crate) const TRANSIENT: [u16; 5] = [1053, 1927, 1040, 1317, 4031];
+    /// Errors that end the session: server shutdown, connection killed,
+    /// MySQL 8's inactivity disconnect, server gone away, lost connection.
+    pub(crate) const SESSION_ENDED: [u16; 5] = [1053, 1927, 4031, 2006, 2013];
+    /// ER_NO_SUCH_THREAD: `KILL` of a connection that is gone.
+    pub(crate) const NO_SUCH_THREAD: u16 = 1094;
 }
 
 /// The server's error number, if `e` came from the server.
@@ -72,29 +79,25 @@ pub(crate) fn map(e: sqlx::Error) -> Error {
 }
 
 /// A failed first connection, as one line naming the server (never the
-/// password) and the cause: refused, timed out, unknown host, TLS.
-pub(crate) fn connect_failed(cfg: &crate::MySqlConfig, e: sqlx::Error) -> Error {
-    let at = crate::config::server_name(&cfg.connect);
-    let (cause, retryable) = match &e {
-        sqlx::Error::Io(io) => (
-            match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => {
-                    "connection refused (is the server running?)".to_owned()
-                }
-                std::io::ErrorKind::TimedOut => {
-                    "connection timed out (is the host reachable?)".to_owned()
-                }
-                _ => io.to_string(),
-            },
-            true,
-        ),
-        sqlx::Error::Tls(t) => (format!("TLS failed: {t}"), true),
-        // Wrong password, unknown database…: the server answered; retrying
-        // the same settings will not help.
-        sqlx::Error::Database(_) => return map(e),
-        sqlx::Error::Configuration(c) => (format!("invalid settings: {c}"), false),
-        other => (other.to_string(), true),
-    };
+/// password) and the cause.
+///
+/// The server's own refusals (wrong password, unknown database) are mapped
+/// like any statement's error: retrying the same settings will not help.
+/// Transport failures go through [`Error::connecting`], which reads the
+/// cause from the I/O error's kind (refused, unreachable, no answer) and adds
+/// what to check; a TLS failure keeps the TLS library's reason.
+pub(crate) fn connect_failed(at: &str, e: sqlx::Error) -> Error {
+    match e {
+        sqlx::Error::Database(_) => map(e),
+        sqlx::Error::Configuration(c) => {
+            cannot_connect(at, false, format!("invalid settings: {c}"))
+        }
+        sqlx::Error::Tls(t) => cannot_connect(at, true, format!("TLS failed: {t}")),
+        other => Error::backend(BACKEND, true, other).connecting(at),
+    }
+}
+
+fn cannot_connect(at: &str, retryable: bool, cause: String) -> Error {
     // One line, whatever the OS or the TLS library put in the message.
     let cause = cause.replace(['\n', '\r'], " ");
     Error::backend(
@@ -104,13 +107,23 @@ pub(crate) fn connect_failed(cfg: &crate::MySqlConfig, e: sqlx::Error) -> Error 
     )
 }
 
-/// `?`-friendly conversion for query results.
-pub(crate) trait SqlResultExt<T> {
-    fn db(self) -> fenced_api::Result<T>;
+/// Bounds one call to the server by `limit`: a silent network or a stalled
+/// server yields a retryable [`Error::Backend`] naming `what` and the bound.
+pub(crate) async fn bounded<T>(
+    what: &str,
+    limit: Duration,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    fenced_api::bounded(BACKEND, what, limit, call).await
 }
 
-impl<T> SqlResultExt<T> for Result<T, sqlx::Error> {
-    fn db(self) -> fenced_api::Result<T> {
+/// `?`-friendly conversion for query results.
+pub(crate) trait SqlResultExt<T> {
+    fn db(self) -> Result<T>;
+}
+
+impl<T> SqlResultExt<T> for std::result::Result<T, sqlx::Error> {
+    fn db(self) -> Result<T> {
         self.map_err(map)
     }
 }
@@ -121,7 +134,7 @@ impl<T> SqlResultExt<T> for Result<T, sqlx::Error> {
 /// protocol failures or errors that end the session.
 pub(crate) fn leaves_session_usable(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(_) => !matches!(number(e), Some(1053 | 1927 | 4031 | 2006 | 2013)),
+        sqlx::Error::Database(_) => !number(e).is_some_and(|n| code::SESSION_ENDED.contains(&n)),
         sqlx::Error::RowNotFound => true,
         _ => false,
     }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use fenced_api::{DistributedLock, Error, LockKey, LockOptions, Result};
 
-use crate::{MySqlLock, Strategy};
+use crate::config::Strategy;
+use crate::error::BACKEND;
+use crate::lock::MySqlLock;
+use crate::strategy::unique_key::{UniqueKey, REAPER_KEY};
 
 /// Stops the background reaper when dropped (or with [`ReaperHandle::stop`]).
 #[derive(Debug)]
@@ -25,17 +28,13 @@ impl Drop for ReaperHandle {
 }
 
 const BATCH: u32 = 500;
-/// The key under which reapers of one table exclude each other (reserved:
-/// do not use `fenced:reaper` as an application key) — using the
-/// table's own lock, so no extra mechanism (and no `GET_LOCK`, which Galera lacks).
-pub(crate) const REAPER_KEY: &str = "fenced:reaper";
 /// TTL of the reaper's guard lock.
 const GUARD_TTL: Duration = Duration::from_secs(60);
 
 impl MySqlLock {
-    fn unique_key_only(&self, what: &str) -> Result<&crate::strategy::unique_key::UniqueKey> {
+    fn unique_key_only(&self, what: &str) -> Result<&UniqueKey> {
         self.unique_key().ok_or_else(|| Error::Unsupported {
-            backend: "mysql",
+            backend: BACKEND,
             what: format!(
                 "{what} with strategy {} (only unique_key rows expire in place)",
                 self.config().strategy()
@@ -69,8 +68,9 @@ impl MySqlLock {
         // last batch may start just before it and then run for at most the
         // operation timeout, which must fit in the other half.
         let stop_at = guard.deadline - GUARD_TTL / 2;
-        let op_timeout = self.inner.config.op_timeout;
-        let pass = uk.reap(BATCH, stop_at, op_timeout).await;
+        let pass = uk
+            .reap(BATCH, stop_at, self.config().operation_timeout)
+            .await;
         self.release(&guard).await?;
         let pass = pass?;
         if pass.reaped > 0 {
@@ -87,9 +87,10 @@ impl MySqlLock {
         Ok(Some(pass.reaped))
     }
 
-    /// Deletes rows that expired more than `older_than` ago, in batches — the
-    /// seeds' daily low-traffic purge. Unlike [`reap_expired`](Self::reap_expired)
-    /// it is not guarded: deletes of long-dead rows are idempotent.
+    /// Deletes rows that expired more than `older_than` ago, in batches — a
+    /// purge for a quiet hour (daily, say). Unlike
+    /// [`reap_expired`](Self::reap_expired) it is not guarded: deletes of
+    /// long-dead rows are idempotent.
     ///
     /// # Errors
     ///
@@ -147,14 +148,6 @@ impl MySqlLock {
     }
 }
 
-/// What one bounded reaper pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Pass {
-    pub(crate) reaped: u64,
-    /// False when the pass stopped at its time bound with rows possibly left.
-    pub(crate) finished: bool,
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -163,6 +156,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::strategy::unique_key::Pass;
 
     /// A pass ends at its time bound (after at least one batch), and never
     /// deletes the reaper's own guard row, even an expired one.
@@ -177,26 +171,30 @@ mod tests {
         MySqlLock::migrate(&url).await.unwrap();
         let lock = MySqlLock::connect(&url).await.unwrap();
         let pool = sqlx::MySqlPool::connect(&server).await.unwrap();
+        // Dead rows, seconds since they expired; the guard row expired
+        // longest ago: first in the reaper's order.
+        let dead = [
+            (REAPER_KEY, 100),
+            ("a", 50),
+            ("b", 40),
+            ("c", 30),
+            ("d", 20),
+            ("e", 10),
+        ];
+        let values: Vec<String> = dead
+            .iter()
+            .map(|(key, ago)| {
+                format!("('{key}', 'dead', 1, UTC_TIMESTAMP(6) - INTERVAL {ago} SECOND, UTC_TIMESTAMP(6))")
+            })
+            .collect();
         let insert = format!(
-            "INSERT INTO `{base}` (lock_key, owner, reentrant_count, expire_time, create_time) \
-             VALUES (?, 'dead', 1, UTC_TIMESTAMP(6) - INTERVAL ? SECOND, UTC_TIMESTAMP(6))"
+            "INSERT INTO `{base}` (lock_key, owner, reentrant_count, expire_time, create_time) VALUES {}",
+            values.join(", ")
         );
-        // The guard row expired longest ago: first in the reaper's order.
-        for (key, ago) in [
-            (REAPER_KEY.to_owned(), 100),
-            ("a".into(), 50),
-            ("b".into(), 40),
-            ("c".into(), 30),
-            ("d".into(), 20),
-            ("e".into(), 10),
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-                .bind(key.into_bytes())
-                .bind(ago)
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+            .execute(&pool)
+            .await
+            .unwrap();
         let uk = lock.unique_key().unwrap();
         let op = Duration::from_secs(10);
         // Bound already passed: exactly one batch.
@@ -217,25 +215,24 @@ mod tests {
                 finished: true
             }
         );
-        let left: Vec<Vec<u8>> = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT lock_key FROM `{base}`"
-        )))
-        .fetch_all(&pool)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        let select = format!("SELECT lock_key FROM `{base}`");
+        let left = sqlx::query(sqlx::AssertSqlSafe(select))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let left: Vec<Vec<u8>> = left.iter().map(|r| r.get(0)).collect();
         assert_eq!(left, vec![REAPER_KEY.as_bytes().to_vec()]);
         // A full pass through the guard: takes over the dead guard row
         // (inline takeover), reaps nothing else, releases.
         assert_eq!(lock.reap_expired().await.unwrap(), Some(0));
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP TABLE `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, \
-             `{base}_live`, `{base}_migrations`"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
+        let tables: Vec<String> = ["", "_optimistic", "_rows", "_fence", "_live", "_migrations"]
+            .iter()
+            .map(|suffix| format!("`{base}{suffix}`"))
+            .collect();
+        let drop = format!("DROP TABLE {}", tables.join(", "));
+        sqlx::query(sqlx::AssertSqlSafe(drop))
+            .execute(&pool)
+            .await
+            .unwrap();
     }
 }

@@ -6,9 +6,11 @@ use std::fmt;
 use fenced_api::{DistributedLock, Result};
 use sqlx::{Row, SqlStr};
 
-use crate::{
-    error::SqlResultExt, sql, strategy::row_lock::LIFETIME_KEY, Engine, MySqlLock, Strategy,
-};
+use crate::config::{Strategy, TableName};
+use crate::error::SqlResultExt;
+use crate::lock::MySqlLock;
+use crate::sql::sql;
+use crate::strategy::row_lock::LIFETIME_KEY;
 
 /// Gauge: rows in one of the lock store's tables (labels `backend`, e.g.
 /// `mysql/unique_key`, and `table`). Set by every reaper pass and by
@@ -19,14 +21,14 @@ pub const METRIC_TABLE_EXPIRED_ROWS: &str = "fenced_table_expired_rows";
 /// Counter: expired `unique_key` rows deleted by the reaper (same labels).
 pub const METRIC_REAPED_ROWS: &str = "fenced_reaped_rows_total";
 
-/// Expired `unique_key` rows from which a pass warns: the seeds' rule of
-/// thumb ("more than a few ten thousand rows: check whether releases are
-/// being skipped"). Held keys never count here, only dead ones.
+/// Expired `unique_key` rows from which a pass warns: that many dead rows
+/// mean releases are being skipped (or the reaper is not running). Held
+/// keys never count here, only dead ones.
 const EXPIRED_WARN: u64 = 10_000;
 
-/// Row counts of the tables a strategy uses, for monitoring growth (the
-/// seeds' "定期监控表大小": a table that keeps growing means releases are
-/// being skipped, or keys are made up per request).
+/// Row counts of the tables a strategy uses, for monitoring growth (a
+/// table that keeps growing means releases are being skipped, or keys are
+/// made up per request).
 ///
 /// What grows, per strategy:
 ///
@@ -78,7 +80,7 @@ impl fmt::Display for TableStats {
 
 /// One statement per strategy: `(rows, expired)` of each table, in order,
 /// as scalar subqueries — one round trip however many tables.
-fn count_sql(strategy: Strategy, base: &crate::TableName) -> (Vec<String>, SqlStr) {
+fn count_sql(strategy: Strategy, base: &TableName) -> (Vec<String>, SqlStr) {
     let now = "UTC_TIMESTAMP(6)";
     let pair = |t: &str, expired: &str, filter: &str| {
         format!(
@@ -164,11 +166,7 @@ impl MySqlLock {
         if strategy == Strategy::RowLock {
             query = query.bind(LIFETIME_KEY).bind(LIFETIME_KEY);
         }
-        let row = match &self.inner.engine {
-            Engine::UniqueKey(e) => e.conns().fetch_one(query).await.db()?,
-            Engine::Optimistic(e) => e.conns().fetch_one(query).await.db()?,
-            Engine::RowLock(e) => e.fetch_one(query).await?,
-        };
+        let row = self.fetch_one(query).await?;
         let mut tables = Vec::with_capacity(names.len());
         for (i, table) in names.into_iter().enumerate() {
             let rows: i64 = row.try_get(2 * i).db()?;

@@ -158,7 +158,6 @@ impl Error {
             return self;
         };
         let cause = connect_cause(source.as_ref())
-            .map(str::to_owned)
             .unwrap_or_else(|| source.to_string().replace(['\n', '\r'], " "));
         Error::backend(
             backend,
@@ -179,23 +178,26 @@ impl Error {
 
 /// What the first error in `e`'s source chain that has a kind says about a
 /// failed connection.
-fn connect_cause(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+fn connect_cause(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     use std::io::ErrorKind as K;
     let mut next = Some(e);
     while let Some(e) = next {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            match io.kind() {
-                K::ConnectionRefused => return Some("connection refused"),
-                K::TimedOut => return Some("no answer in time"),
-                K::HostUnreachable | K::NetworkUnreachable => return Some("network unreachable"),
+            let cause = match io.kind() {
+                K::ConnectionRefused => Some("connection refused"),
+                K::TimedOut => Some("no answer in time"),
+                K::HostUnreachable | K::NetworkUnreachable => Some("network unreachable"),
                 K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
-                    return Some("the connection was closed before the server answered")
+                    Some("the connection was closed before the server answered")
                 }
-                _ => {}
+                _ => None,
+            };
+            if let Some(cause) = cause {
+                return Some(cause.to_owned());
             }
         }
-        if e.downcast_ref::<crate::NoAnswer>().is_some() {
-            return Some("no answer in time");
+        if let Some(n) = e.downcast_ref::<crate::NoAnswer>() {
+            return Some(format!("no answer within {:?}", n.limit));
         }
         next = e.source();
     }
@@ -281,7 +283,7 @@ mod tests {
         assert!(elapsed
             .connecting("h")
             .to_string()
-            .contains(": no answer in time ("));
+            .contains(": no answer within 1s ("));
         let misleading = Error::backend(
             "redis",
             true,

@@ -1,4 +1,4 @@
-//! `unique_key`: INSERT a row per held key (the seeds' "posture one").
+//! `unique_key`: INSERT a row per held key, DELETE it on release.
 //!
 //! * acquire = one autocommit `INSERT … ON DUPLICATE KEY UPDATE`: inserted
 //!   means acquired; on a duplicate the update clause changes nothing of a
@@ -14,8 +14,8 @@
 //!   lock (another holder's DELETE in flight, or a refused contender's
 //!   duplicate check) can be granted its old id after a later-allocated,
 //!   higher id was granted and released — a token going backwards, and the
-//!   release of that lower token then succeeds (the fault suite's "834 after
-//!   835"). Measured here with eight clients on one key (`tests/regressions.rs`
+//!   release of that lower token then succeeds. Measured here with eight
+//!   clients on one key (`tests/regressions.rs`
 //!   `tokens_never_go_backwards_under_contention`): `INSERT … VALUES … ON
 //!   DUPLICATE KEY UPDATE` about 6 inversions per 15 s. Written as `INSERT …
 //!   SELECT … FROM DUAL`, the INSERT is a "bulk insert", for which InnoDB
@@ -48,21 +48,27 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use fenced_api::{
-    batch::{ChunkVerdict, ExtendChunk},
-    wait::{acquire_polling, notify_released, Backoff},
-    Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
-    Owner, ReleaseOutcome, Result,
-};
-use sqlx::{MySqlConnection, MySqlPool, Row, SqlStr};
+use fenced_api::{wait::Polling, Error, Lease, LockKey, LockOptions, Owner, Result};
+use sqlx::{MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use super::{info_from_row, infos_from_rows, label_param, micros, retry_lock_conflicts, sql_limit};
-use crate::conn::Conns;
+use super::rows::{granted, Polled, Query, RowStrategy, Rows, Statements, Table, LIVE};
+use super::{label_param, micros};
 use crate::error::{self, SqlResultExt};
-use crate::reaper::{Pass, REAPER_KEY};
-use crate::sql;
+use crate::sql::sql;
+
+/// The key under which reapers of one table exclude each other (reserved:
+/// do not use `fenced:reaper` as an application key) — using the
+/// table's own lock, so no extra mechanism (and no `GET_LOCK`, which Galera lacks).
+pub(crate) const REAPER_KEY: &str = "fenced:reaper";
+
+/// What one bounded reaper pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pass {
+    pub(crate) reaped: u64,
+    /// False when the pass stopped at its time bound with rows possibly left.
+    pub(crate) finished: bool,
+}
 
 /// Refuses a server that allocates AUTO_INCREMENT ids without the AUTO-INC
 /// lock (`innodb_autoinc_lock_mode = 2`): there a waiting INSERT can be
@@ -103,21 +109,9 @@ enum Insert {
 /// SQL for one base table, built once.
 #[derive(Debug)]
 pub(crate) struct UniqueKey {
-    conns: Conns,
-    scope: String,
+    rows: Rows,
     insert: SqlStr,
     delete_expired: SqlStr,
-    reenter: SqlStr,
-    held_by: SqlStr,
-    extend: SqlStr,
-    /// `extend` for many ids of one owner: this, then `?, ?, …)`.
-    extend_batch: String,
-    release_last: SqlStr,
-    release_one: SqlStr,
-    delete_own: SqlStr,
-    lock_own: SqlStr,
-    inspect: SqlStr,
-    list: SqlStr,
     force_current: SqlStr,
     force_any: SqlStr,
     reap: SqlStr,
@@ -125,11 +119,26 @@ pub(crate) struct UniqueKey {
 }
 
 impl UniqueKey {
-    pub(crate) fn new(pool: MySqlPool, table: String, scope: String) -> Self {
+    pub(crate) fn new(pool: MySqlPool, table: String, polling: Polling) -> Polled<Self> {
         let t = &table;
-        UniqueKey {
-            conns: Conns::new(pool),
-            scope,
+        let table = Table {
+            name: t,
+            holder: "owner",
+            token: "id",
+            held: LIVE,
+            lease: &format!("id = ? AND owner = ? AND {LIVE}"),
+            batch_by: "id",
+            free: &format!("DELETE FROM {t}"),
+        };
+        let lock_own = sql!(
+            "SELECT reentrant_count, CAST({LIVE} AS SIGNED) \
+             FROM {t} WHERE id = ? AND owner = ? FOR UPDATE"
+        );
+        // Current and last, or this owner's own dead row: deleted.
+        let release_own = sql!("DELETE FROM {t} WHERE id = ? AND owner = ?");
+        let rows = Statements::new(&table, lock_own, release_own);
+        Polled(UniqueKey {
+            rows: Rows::new(pool, polling, rows),
             // `SELECT … FROM DUAL`, not `VALUES`: a bulk insert keeps the
             // AUTO-INC lock to the end of the statement, so its id cannot be
             // overtaken while it waits (see the module docs). On a duplicate,
@@ -147,57 +156,7 @@ impl UniqueKey {
             delete_expired: sql!(
                 "DELETE FROM {t} WHERE lock_key = ? AND expire_time <= UTC_TIMESTAMP(6)"
             ),
-            // `id = LAST_INSERT_ID(id)` hands the token back in the OK packet:
-            // re-entering costs one round trip.
-            reenter: sql!(
-                "UPDATE {t} SET reentrant_count = reentrant_count + 1, id = LAST_INSERT_ID(id), \
-                 expire_time = GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 WHERE lock_key = ? AND owner = ? AND expire_time > UTC_TIMESTAMP(6)"
-            ),
-            held_by: sql!(
-                "SELECT 1 FROM {t} WHERE lock_key = ? AND owner = ? AND expire_time > UTC_TIMESTAMP(6)"
-            ),
-            // Re-entered holds never have their expiry cut by one entry's extend.
-            extend: sql!(
-                "UPDATE {t} SET expire_time = IF(reentrant_count > 1, \
-                 GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
-                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 WHERE id = ? AND owner = ? AND expire_time > UTC_TIMESTAMP(6)"
-            ),
-            extend_batch: format!(
-                "UPDATE {t} SET expire_time = IF(reentrant_count > 1, \
-                 GREATEST(expire_time, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
-                 UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 WHERE owner = ? AND expire_time > UTC_TIMESTAMP(6) AND id IN ("
-            ),
-            release_last: sql!(
-                "DELETE FROM {t} WHERE id = ? AND owner = ? AND reentrant_count <= 1 \
-                 AND expire_time > UTC_TIMESTAMP(6)"
-            ),
-            release_one: sql!(
-                "UPDATE {t} SET reentrant_count = LAST_INSERT_ID(reentrant_count - 1) \
-                 WHERE id = ? AND owner = ? AND reentrant_count > 1 AND expire_time > UTC_TIMESTAMP(6)"
-            ),
-            delete_own: sql!("DELETE FROM {t} WHERE id = ? AND owner = ?"),
-            lock_own: sql!(
-                "SELECT reentrant_count, CAST(expire_time > UTC_TIMESTAMP(6) AS SIGNED) \
-                 FROM {t} WHERE id = ? AND owner = ? FOR UPDATE"
-            ),
-            inspect: sql!(
-                "SELECT owner, id, reentrant_count, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), label \
-                 FROM {t} WHERE lock_key = ? AND expire_time > UTC_TIMESTAMP(6)"
-            ),
-            // lock_key is the primary key: the rows come in key (byte)
-            // order, and the scan stops after `limit` unexpired ones.
-            list: sql!(
-                "SELECT owner, id, reentrant_count, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), label, lock_key \
-                 FROM {t} WHERE expire_time > UTC_TIMESTAMP(6) ORDER BY lock_key LIMIT ?"
-            ),
-            force_current: sql!(
-                "DELETE FROM {t} WHERE lock_key = ? AND expire_time > UTC_TIMESTAMP(6)"
-            ),
+            force_current: sql!("DELETE FROM {t} WHERE lock_key = ? AND {LIVE}"),
             // Only rows already expired: a holder that inserted after the
             // first statement keeps its fresh lock.
             force_any: sql!("DELETE FROM {t} WHERE lock_key = ? AND expire_time <= UTC_TIMESTAMP(6)"),
@@ -211,80 +170,28 @@ impl UniqueKey {
             purge: sql!(
                 "DELETE FROM {t} WHERE expire_time < UTC_TIMESTAMP(6) - INTERVAL ? SECOND LIMIT ?"
             ),
-            }
+        })
     }
 
     async fn insert(&self, key: &LockKey, owner: &Owner, opts: &LockOptions) -> Result<Insert> {
-        let mut deadlocks = 0;
-        loop {
-            let res = self
-                .conns
-                .execute(
-                    sqlx::query(self.insert.clone())
-                        .bind(key.as_bytes())
-                        .bind(owner.as_str().as_bytes())
-                        .bind(micros(opts.ttl()))
-                        .bind(label_param(opts)),
-                )
-                .await;
-            return match res {
-                Ok(done) if done.last_insert_id() > 0 => {
-                    Ok(Insert::Acquired(done.last_insert_id()))
-                }
-                Ok(done) if done.rows_affected() >= 2 => Ok(Insert::Expired),
-                Ok(_) => Ok(Insert::Held),
-                // Chosen as a deadlock victim by concurrent inserts or
-                // deletes — of other keys too (gap locks): rolled back,
-                // changed nothing, says nothing about this key. Try again.
-                Err(e) if error::number(&e) == Some(error::code::DEADLOCK) && deadlocks < 3 => {
-                    deadlocks += 1;
-                    continue;
-                }
-                // A lock wait while racing other inserters: not acquired.
-                Err(e) if error::is_lock_conflict(&e) => Ok(Insert::Held),
-                Err(e) => Err(error::map(e)),
-            };
-        }
-    }
-
-    /// Same owner already holds the key: re-enter or refuse.
-    async fn same_owner(
-        &self,
-        key: &LockKey,
-        opts: &LockOptions,
-        owner: &Owner,
-    ) -> Result<Option<u64>> {
-        if opts.is_reentrant() {
-            let done = self
-                .conns
-                .execute(
-                    sqlx::query(self.reenter.clone())
-                        .bind(micros(opts.ttl()))
-                        .bind(key.as_bytes())
-                        .bind(owner.as_str().as_bytes()),
-                )
-                .await
-                .db()?;
-            return Ok((done.rows_affected() == 1).then(|| done.last_insert_id()));
-        }
-        let held = self
-            .conns
-            .fetch_optional(
-                sqlx::query(self.held_by.clone())
-                    .bind(key.as_bytes())
-                    .bind(owner.as_str().as_bytes()),
-            )
-            .await
-            .db()?;
-        if held.is_some() {
-            return Err(Error::AlreadyHeld { key: key.clone() });
-        }
-        Ok(None)
+        let query = || {
+            sqlx::query(self.insert.clone())
+                .bind(key.as_bytes())
+                .bind(owner.as_str().as_bytes())
+                .bind(micros(opts.ttl()))
+                .bind(label_param(opts))
+        };
+        Ok(match self.rows.take(&mut 0, query).await? {
+            Some(done) if done.last_insert_id() > 0 => Insert::Acquired(done.last_insert_id()),
+            Some(done) if done.rows_affected() >= 2 => Insert::Expired,
+            Some(_) | None => Insert::Held,
+        })
     }
 
     /// One expired-row cleanup for the key; true if a row was removed.
     async fn take_over_expired(&self, key: &LockKey) -> Result<bool> {
         let done = self
+            .rows
             .conns
             .execute(sqlx::query(self.delete_expired.clone()).bind(key.as_bytes()))
             .await;
@@ -306,33 +213,18 @@ impl UniqueKey {
     ) -> Result<Pass> {
         let mut reaped = 0;
         loop {
-            let delete = self.conns.execute(
+            let delete = self.rows.conns.execute(
                 sqlx::query(self.reap.clone())
                     .bind(REAPER_KEY.as_bytes())
                     .bind(batch),
             );
-            let n = match tokio::time::timeout(op_timeout, delete).await {
-                Ok(r) => r.db()?.rows_affected(),
-                Err(_) => {
-                    return Err(Error::backend(
-                        error::BACKEND,
-                        true,
-                        format!("reaper batch: no answer from the server within {op_timeout:?}"),
-                    ))
-                }
-            };
+            let n = error::bounded("reaper batch", op_timeout, async { delete.await.db() })
+                .await?
+                .rows_affected();
             reaped += n;
-            if n < u64::from(batch) {
-                return Ok(Pass {
-                    reaped,
-                    finished: true,
-                });
-            }
-            if Instant::now() >= stop_at {
-                return Ok(Pass {
-                    reaped,
-                    finished: false,
-                });
+            let finished = n < u64::from(batch);
+            if finished || Instant::now() >= stop_at {
+                return Ok(Pass { reaped, finished });
             }
         }
     }
@@ -341,145 +233,48 @@ impl UniqueKey {
     pub(crate) async fn purge(&self, older_than: Duration, batch: u32) -> Result<u64> {
         let mut total = 0;
         loop {
-            let n = self
-                .conns
-                .execute(
-                    sqlx::query(self.purge.clone())
-                        .bind(older_than.as_secs())
-                        .bind(batch),
-                )
-                .await
-                .db()?
-                .rows_affected();
+            let purge = sqlx::query(self.purge.clone())
+                .bind(older_than.as_secs())
+                .bind(batch);
+            let n = self.rows.conns.execute(purge).await.db()?.rows_affected();
             total += n;
             if n < u64::from(batch) {
                 return Ok(total);
             }
         }
     }
-
-    /// The connections (for statements outside the lock operations).
-    pub(crate) fn conns(&self) -> &Conns {
-        &self.conns
-    }
 }
 
-impl UniqueKey {
-    async fn release_once(
-        &self,
-        lease: &Lease,
-    ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
-        let id = lease.token.get();
-        let owner = lease.owner.as_str().as_bytes();
-        let mut c = self.conns.get().await?;
-        let done = sqlx::query(self.release_last.clone())
-            .bind(id)
-            .bind(owner)
-            .execute(c.conn())
-            .await;
-        let done = match done {
-            Ok(d) => d,
-            Err(e) => {
-                c.settle(Some(&e));
-                return Err(e);
-            }
-        };
-        if done.rows_affected() == 1 {
-            c.settle(None);
-            notify_released(&self.scope, &lease.key);
-            return Ok(ReleaseOutcome::Released);
-        }
-        // Slow path (re-entered, expired or foreign lease): decide under a row
-        // lock, so concurrent releases of re-entered entries never race
-        // (separate statements could delete a row another entry just re-took).
-        // On any failure the connection is closed, never reused mid-transaction.
-        let outcome = self.release_slow(c.conn(), id, owner).await?;
-        c.settle(None);
-        if !matches!(outcome, ReleaseOutcome::StillHeld { .. }) {
-            notify_released(&self.scope, &lease.key);
-        }
-        if outcome == ReleaseOutcome::NotHeld {
-            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was no longer held");
-        }
-        Ok(outcome)
+impl RowStrategy for UniqueKey {
+    fn rows(&self) -> &Rows {
+        &self.rows
     }
 
-    async fn release_slow(
-        &self,
-        conn: &mut MySqlConnection,
-        id: u64,
-        owner: &[u8],
-    ) -> std::result::Result<ReleaseOutcome, sqlx::Error> {
-        let mut tx = sqlx::Connection::begin(conn).await?;
-        let row = sqlx::query(self.lock_own.clone())
-            .bind(id)
-            .bind(owner)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let outcome = match row {
-            None => ReleaseOutcome::NotHeld,
-            Some(r) => {
-                let count: u32 = r.try_get(0)?;
-                let current: i64 = r.try_get(1)?;
-                if current != 0 && count > 1 {
-                    sqlx::query(self.release_one.clone())
-                        .bind(id)
-                        .bind(owner)
-                        .execute(&mut *tx)
-                        .await?;
-                    ReleaseOutcome::StillHeld {
-                        remaining: count - 1,
-                    }
-                } else {
-                    // Current and last: release. Expired: our own dead row, clean it up.
-                    sqlx::query(self.delete_own.clone())
-                        .bind(id)
-                        .bind(owner)
-                        .execute(&mut *tx)
-                        .await?;
-                    if current != 0 {
-                        ReleaseOutcome::Released
-                    } else {
-                        ReleaseOutcome::NotHeld
-                    }
-                }
-            }
-        };
-        tx.commit().await?;
-        Ok(outcome)
-    }
-}
+    const NAME: &'static str = "mysql/unique_key";
 
-#[async_trait]
-impl DistributedLock for UniqueKey {
+    /// The slow release deletes the lease's own dead row, or finds it gone
+    /// already: either way the key may be free.
+    const NOT_HELD_FREES: bool = true;
+
+    /// `id` (the token) and `owner`.
+    fn bind_lease<'q>(query: Query<'q>, lease: &'q Lease) -> Query<'q> {
+        query
+            .bind(lease.token.get())
+            .bind(lease.owner.as_str().as_bytes())
+    }
+
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
-        let ttl = opts.ttl();
         for attempt in 0..2 {
             let sent = Instant::now();
             let expired = match self.insert(key, &owner, opts).await? {
-                Insert::Acquired(id) => {
-                    return Ok(Some(Lease::new(
-                        key.clone(),
-                        owner,
-                        FencingToken::new(id),
-                        ttl,
-                        sent,
-                    )))
-                }
+                Insert::Acquired(id) => return Ok(Some(granted(key, &owner, id, opts, sent))),
                 Insert::Held => false,
                 Insert::Expired => true,
             };
-            if !expired && opts.owner().is_some() {
-                let sent = Instant::now();
-                if let Some(id) = self.same_owner(key, opts, &owner).await? {
-                    return Ok(Some(Lease::new(
-                        key.clone(),
-                        owner,
-                        FencingToken::new(id),
-                        ttl,
-                        sent,
-                    )));
+            if !expired {
+                if let Some(lease) = self.rows.same_owner(key, opts, &owner).await? {
+                    return Ok(Some(lease));
                 }
             }
             // A crashed holder's expired row is removed right here (only
@@ -492,124 +287,29 @@ impl DistributedLock for UniqueKey {
         Ok(None)
     }
 
-    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        acquire_polling(self, &self.scope, key, opts, Backoff::default()).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = LockOptions::validate_ttl(ttl)?;
-        let sent = Instant::now();
-        let done = self
-            .conns
-            .execute(
-                sqlx::query(self.extend.clone())
-                    .bind(micros(ttl))
-                    .bind(micros(ttl))
-                    .bind(lease.token.get())
-                    .bind(lease.owner.as_str().as_bytes()),
-            )
-            .await
-            .db()?;
-        // sqlx sets CLIENT_FOUND_ROWS, so this counts matched rows, not only
-        // changed ones: an unchanged expire_time still reads as 1.
-        if done.rows_affected() == 1 {
-            Ok(lease.renewed(ttl, sent))
-        } else {
-            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
-            Err(Error::lease_lost(
-                &lease.key,
-                lease.token,
-                "the row expired or belongs to another holder",
-            ))
-        }
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        retry_lock_conflicts(|| self.release_once(lease)).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row = self
-            .conns
-            .fetch_optional(sqlx::query(self.inspect.clone()).bind(key.as_bytes()))
-            .await
-            .db()?;
-        row.map(|r| info_from_row(key, &r)).transpose()
-    }
-
-    /// The unexpired rows (server clock), first `limit` in key order: one
-    /// `SELECT` walking the primary key (`lock_key`), which holds only held
-    /// locks and expired rows not yet taken over or reaped. The reaper's
-    /// guard row (`fenced:reaper`) is listed while a reaper pass runs: it is
-    /// a lock like any other.
-    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let rows = self
-            .conns
-            .fetch_all(sqlx::query(self.list.clone()).bind(sql_limit(limit)))
-            .await
-            .db()?;
-        infos_from_rows(&rows)
-    }
-
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let current = self
-            .conns
+        let conns = &self.rows.conns;
+        let current = conns
             .execute(sqlx::query(self.force_current.clone()).bind(key.as_bytes()))
             .await
             .db()?
             .rows_affected()
             > 0;
-        self.conns
+        conns
             .execute(sqlx::query(self.force_any.clone()).bind(key.as_bytes()))
             .await
             .db()?;
         if current {
             tracing::warn!(key = %key, "lock force-released");
         }
-        notify_released(&self.scope, key);
+        // Whatever the two deletes found, the key is free now: local
+        // waiters look at once.
+        self.rows.polling.freed(key);
         Ok(current)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-            .backend("mysql/unique_key")
-            .durable(true)
-            .fencing(true)
-            .reentrant(true)
-    }
-}
-
-#[async_trait]
-impl ExtendChunk for UniqueKey {
-    /// One UPDATE on the ids (primary key) of the chunk. Found rows (sqlx
-    /// sets CLIENT_FOUND_ROWS) equal to the chunk's size means every lease
-    /// was renewed; fewer, and MySQL cannot say which (no `RETURNING` on
-    /// UPDATE): the chunk is renewed again one by one.
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict> {
-        let places = fenced_api::batch::padded_len(chunk.len());
-        let mut text = self.extend_batch.clone();
-        text.push_str(&vec!["?"; places].join(", "));
-        text.push(')');
-        let mut query = sqlx::query(sql!("{text}"))
-            .bind(micros(ttl))
-            .bind(micros(ttl))
-            .bind(owner.as_str().as_bytes());
-        for p in 0..places {
-            query = query.bind(chunk[p.min(chunk.len() - 1)].token.get());
-        }
-        let done = self.conns.execute(query).await.db()?;
-        Ok(if done.rows_affected() == chunk.len() as u64 {
-            ChunkVerdict::All
-        } else {
-            ChunkVerdict::Unknown
-        })
+    /// The list is the ids (the primary key of the leases' rows).
+    fn bind_batch<'q>(query: Query<'q>, leases: &[&'q Lease]) -> Query<'q> {
+        leases.iter().fold(query, |q, l| q.bind(l.token.get()))
     }
 }

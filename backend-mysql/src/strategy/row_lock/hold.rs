@@ -1,5 +1,6 @@
 //! Operations on a hold that exists: extend (the keep-alive on the holding
-//! connection), release, inspect and force-release.
+//! connection), release, inspect and force-release, and the probe that
+//! tells whether some connection holds a key.
 
 use std::{
     sync::{atomic::Ordering, Arc},
@@ -10,9 +11,10 @@ use fenced_api::{Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, R
 use sqlx::Row;
 use tokio::time::Instant;
 
-use super::{effective_ttl, RowLock};
+use super::{conn::HeldConn, effective_ttl, HeldRow, RowLock};
 use crate::error::{self, SqlResultExt};
-use crate::strategy::{info_from_row, micros};
+use crate::list::info_from_row;
+use crate::strategy::micros;
 
 impl RowLock {
     pub(super) async fn extend_hold(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -70,10 +72,9 @@ impl RowLock {
                     }
                     Ok::<_, Error>(())
                 };
-                matches!(
-                    tokio::time::timeout(self.op_timeout, keepalive).await,
-                    Ok(Ok(()))
-                )
+                error::bounded("keep-alive", self.op_timeout, keepalive)
+                    .await
+                    .is_ok()
             }
             Err(_) => false,
         };
@@ -132,14 +133,14 @@ impl RowLock {
         }
     }
 
+    /// The description of `key`'s latest grant.
+    async fn read_live(&self, key: &LockKey) -> Result<Option<sqlx::mysql::MySqlRow>> {
+        self.fetch_optional(sqlx::query(self.sql.read_live.clone()).bind(key.as_bytes()))
+            .await
+    }
+
     pub(super) async fn inspect_key(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let mut c = self.plain().await?;
-        let r = sqlx::query(self.sql.read_live.clone())
-            .bind(key.as_bytes())
-            .fetch_optional(c.conn())
-            .await;
-        c.finish(&r);
-        let Some(row) = r.db()? else {
+        let Some(row) = self.read_live(key).await? else {
             return Ok(None);
         };
         let info = info_from_row(key, &row)?;
@@ -182,20 +183,12 @@ impl RowLock {
         // still this one — a released holder's connection that went on to
         // lock another key is left alone; one that sits idle may be killed,
         // which costs its owner only a reconnect.
-        let described = {
-            let mut c = self.plain().await?;
-            let r = sqlx::query(self.sql.read_live.clone())
-                .bind(key.as_bytes())
-                .fetch_optional(c.conn())
-                .await;
-            c.finish(&r);
-            match r.db()? {
-                Some(row) => Some((
-                    row.try_get::<u64, _>(1).db()?,
-                    row.try_get::<Option<u64>, _>(5).db()?,
-                )),
-                None => None,
-            }
+        let described = match self.read_live(key).await? {
+            Some(row) => Some((
+                row.try_get::<u64, _>(1).db()?,
+                row.try_get::<Option<u64>, _>(5).db()?,
+            )),
+            None => None,
         };
         let Some((token, Some(conn_id))) = described else {
             return Ok(false);
@@ -203,16 +196,14 @@ impl RowLock {
         if !self.probe_held(key).await? {
             return Ok(false);
         }
-        let moved_on = {
-            let mut c = self.plain().await?;
-            let r = sqlx::query(self.sql.moved_on.clone())
-                .bind(conn_id)
-                .bind(token)
-                .fetch_optional(c.conn())
-                .await;
-            c.finish(&r);
-            r.db()?.is_some()
-        };
+        let moved_on = self
+            .fetch_optional(
+                sqlx::query(self.sql.moved_on.clone())
+                    .bind(conn_id)
+                    .bind(token),
+            )
+            .await?
+            .is_some();
         if moved_on {
             return Ok(false);
         }
@@ -220,10 +211,56 @@ impl RowLock {
         // prepared; the id is a number the server gave us.
         match self.conns.raw(format!("KILL CONNECTION {conn_id}")).await {
             Ok(_) => {}
-            Err(e) if error::number(&e) == Some(1094) => return Ok(false), // unknown thread id
+            Err(e) if error::number(&e) == Some(error::code::NO_SUCH_THREAD) => return Ok(false),
             Err(e) => return Err(error::map(e)),
         }
         tracing::warn!(key = %key, conn_id, "lock force-released by killing the holder's connection");
         Ok(true)
+    }
+
+    pub(super) fn take_held(&self, lease: &Lease) -> Option<std::result::Result<u32, HeldRow>> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let h = held.get_mut(&lease.key)?;
+        if h.owner != lease.owner || h.token != lease.token.get() {
+            return None;
+        }
+        if h.count > 1 {
+            h.count -= 1;
+            return Some(Ok(h.count));
+        }
+        held.remove(&lease.key).map(Err)
+    }
+
+    /// Ends a hold with `ROLLBACK` and keeps the connection for the next
+    /// one. False if the connection was dead (the server had already rolled
+    /// back: the lock was lost).
+    pub(super) async fn end_hold(&self, mut held: HeldConn) -> bool {
+        let Ok(conn) = held.conn() else { return false };
+        if sqlx::raw_sql("ROLLBACK").execute(conn).await.is_err() {
+            return false;
+        }
+        if let Some(lc) = held.take() {
+            self.locks.put(lc, &self.conns);
+        }
+        true
+    }
+
+    /// Whether another connection holds the row lock of `key` (NOWAIT probe
+    /// on a lock connection, rolled back).
+    pub(super) async fn probe_held(&self, key: &LockKey) -> Result<bool> {
+        match self.lock_row(key, None, None, None).await? {
+            None => Ok(true),
+            Some(locked) => {
+                if self.end_hold(locked.held).await {
+                    Ok(false)
+                } else {
+                    Err(Error::backend(
+                        error::BACKEND,
+                        true,
+                        "the inspect probe lost its connection",
+                    ))
+                }
+            }
+        }
     }
 }

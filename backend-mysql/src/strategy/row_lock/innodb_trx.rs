@@ -20,9 +20,8 @@
 //! back), begun after the moment the caller cares about, and first asks
 //! whether that transaction is in the cache — running the asking statement
 //! itself, recognised by a nonce in its text (a stale copy can show an
-//! earlier transaction of the same pooled connection; a first version of
-//! this check matched on the connection id alone and was fooled that way
-//! in its own test). If it is, the cache was filled after the caller's
+//! earlier transaction of the same pooled connection, so the connection id
+//! alone would be fooled). If it is, the cache was filled after the caller's
 //! moment and so lists every transaction that started before it and is
 //! still open; the query that follows reads that copy or a newer one. If
 //! it is not, the answer is stale and the read is repeated ([`TRIES`] times
@@ -37,7 +36,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fenced_api::{Error, Result};
+use fenced_api::Result;
 use sqlx::mysql::{MySqlArguments, MySqlRow};
 use sqlx::query::Query;
 use sqlx::MySql;
@@ -132,26 +131,20 @@ impl RowLock {
             if let Some(t) = *last {
                 tokio::time::sleep_until(t + spacing()).await;
             }
-            let read = tokio::time::timeout(self.op_timeout, self.witnessed(&query)).await;
+            let read = error::bounded(
+                "reading INNODB_TRX",
+                self.op_timeout,
+                self.witnessed(&query),
+            )
+            .await;
             *last = Some(Instant::now());
             drop(last);
-            let (rows, fresh) = match read {
-                Ok(Ok(Ok(read))) => read,
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(Err(e))) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
+            let (rows, fresh) = match read? {
+                Ok(read) => read,
+                Err(e) if error::number(&e).is_some_and(|n| ACCESS_DENIED.contains(&n)) => {
                     return Ok(TrxView::Denied(e))
                 }
-                Ok(Ok(Err(e))) => return Err(error::map(e)),
-                Err(_) => {
-                    return Err(Error::backend(
-                        error::BACKEND,
-                        true,
-                        format!(
-                            "reading INNODB_TRX: no answer from the server within {:?}",
-                            self.op_timeout
-                        ),
-                    ))
-                }
+                Err(e) => return Err(error::map(e)),
             };
             if fresh || attempt >= TRIES || enough(&rows) {
                 if !fresh {

@@ -48,7 +48,7 @@ use tokio::time::Instant;
 
 use super::{innodb_trx::TrxView, token::LIFETIME_KEY, RowLock};
 use crate::error;
-use crate::strategy::infos_from_rows;
+use crate::list::infos_from_rows;
 
 impl RowLock {
     /// The held row locks of this table, first `limit` in key order (see
@@ -91,19 +91,9 @@ impl RowLock {
     async fn bounded<T>(
         &self,
         what: &str,
-        fut: impl std::future::Future<Output = Result<T>>,
+        step: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        match tokio::time::timeout(self.op_timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::backend(
-                error::BACKEND,
-                true,
-                format!(
-                    "{what}: no answer from the server within {:?}",
-                    self.op_timeout
-                ),
-            )),
-        }
+        error::bounded(what, self.op_timeout, step).await
     }
 
     /// Step 1 of the module docs: the candidate descriptions, in key order.

@@ -16,7 +16,7 @@
 //! the shard's row), without the `PROCESS` privilege (needed to read
 //! `information_schema.INNODB_TRX`), or while something else on the server
 //! reads that table more often than every 0.1 s (its cache then never
-//! refills), nothing is detected and the second instance waits as before.
+//! refills), nothing is detected and the second instance waits.
 //!
 //! The map can also be stale: a hold whose connection the server closed
 //! (`KILL`, a force-release from another instance) stays in the map until
@@ -33,7 +33,6 @@ use tokio::time::Instant;
 
 use super::innodb_trx::TrxView;
 use super::{RowLock, RowMode};
-use crate::error::SqlResultExt;
 
 /// Whether the connection with this id is alive: absent from the process
 /// list, or marked killed (rolling back), it is not. Every lock connection
@@ -117,15 +116,10 @@ impl RowLock {
         };
         let gone = match conn_id {
             None => true,
-            Some(id) => {
-                let mut c = self.plain().await?;
-                let r = sqlx::query(CONN_ALIVE)
-                    .bind(id)
-                    .fetch_optional(c.conn())
-                    .await;
-                c.finish(&r);
-                r.db()?.is_none()
-            }
+            Some(id) => self
+                .fetch_optional(sqlx::query(CONN_ALIVE).bind(id))
+                .await?
+                .is_none(),
         };
         if gone {
             let removed = {
@@ -163,14 +157,10 @@ impl RowLock {
         if matches!(self.mode, RowMode::Shards(_)) {
             return Ok(false);
         }
-        let mut c = self.plain().await?;
-        let r = sqlx::query(self.sql.same_owner_described.clone())
+        let described = sqlx::query(self.sql.same_owner_described.clone())
             .bind(key.as_bytes())
-            .bind(owner.as_str().as_bytes())
-            .fetch_optional(c.conn())
-            .await;
-        c.finish(&r);
-        if r.db()?.is_none() {
+            .bind(owner.as_str().as_bytes());
+        if self.fetch_optional(described).await?.is_none() {
             return Ok(false);
         }
         let view = self

@@ -1,5 +1,5 @@
-//! `row_lock`: `SELECT … FOR UPDATE` on a row that exists (the seeds'
-//! "posture two", fixed-id / per-key / sharded rows).
+//! `row_lock`: `SELECT … FOR UPDATE` on a row that exists (per-key, sharded
+//! or fixed-id rows).
 //!
 //! The held lock **is** an open transaction on a dedicated connection kept
 //! inside the backend; the lease stays plain data. Consequences, all handled:
@@ -17,8 +17,8 @@
 //!
 //! # Statements per acquire + release
 //!
-//! Two on MariaDB — one fewer than the seeds' `BEGIN` / `SELECT … FOR
-//! UPDATE` / `COMMIT` — once a connection has served one hold:
+//! Two on MariaDB — one fewer than a plain `BEGIN` / `SELECT … FOR UPDATE` /
+//! `COMMIT` — once a connection has served one hold:
 //!
 //! 1. `SET STATEMENT innodb_lock_wait_timeout = 0 FOR REPLACE INTO <base>_live
 //!    … SELECT … FROM <base>_rows r JOIN <base>_live l … FOR UPDATE`: the row
@@ -51,19 +51,27 @@
 //! the token `REPLACE`, `ROLLBACK` — three per cycle, a refused try one
 //! (`… NOWAIT`, plus the background `ROLLBACK`).
 //!
-//! What is *not* sent per hold any more, and why that is safe:
+//! What a hold does not send, and why that is safe:
 //!
 //! * session settings (`autocommit`, `wait_timeout`, `innodb_lock_wait_timeout`)
 //!   and the connection id: set once when a pooled connection becomes a lock
 //!   connection ([`conn`]), `wait_timeout` again only when the TTL changes;
 //!   lock connections are kept between holds and never handed back to the
 //!   pool with that session;
-//! * a separate token bump on a second connection, a holder mark and a
-//!   `DO 1` proof after the grant, clearing the holder at release: all folded
-//!   into the token statement; a stale description after a release is harmless
+//! * a token bump on a second connection, a holder mark, a `DO 1` proof
+//!   after the grant, clearing the holder at release: the token statement
+//!   does all of it; the description left after a release is harmless
 //!   because `inspect` confirms with a `NOWAIT` probe and `force_release`
 //!   only kills a connection whose latest grant was that key;
 //! * no `COM_PING` per pool checkout or return (see [`crate::conn`]).
+//!
+//! The files: [`statements`] (the SQL), [`grant`] (making the row exist,
+//! lock connections, the locking statement, waiting in InnoDB's queue),
+//! [`token`] (the fencing token and its lifetime), [`hold`] (extend,
+//! release, inspect and force-release of a hold), [`local`] (what this
+//! instance knows of its own holds), [`list`], [`innodb_trx`] (reading
+//! which transactions are open), [`transaction`] (the transaction-scoped
+//! API) and [`conn`] (lock connections).
 //!
 //! # Fencing tokens without a durable write per acquire
 //!
@@ -93,20 +101,19 @@
 //! lease counts (a `NOWAIT` grant counts from the locking statement's send).
 
 mod conn;
+mod grant;
 mod hold;
 mod innodb_trx;
 mod list;
 mod local;
+mod statements;
 mod token;
 mod transaction;
 
 use std::{
     collections::{HashMap, HashSet},
     fmt,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    sync::{atomic::AtomicBool, Arc, Mutex},
     time::Duration,
 };
 
@@ -115,17 +122,16 @@ use fenced_api::{
     wait::wait_deadline, Capabilities, DistributedLock, Error, Label, Lease, LockInfo, LockKey,
     LockOptions, Owner, ReleaseOutcome, Result,
 };
-use sqlx::{MySqlPool, Row, SqlStr};
+use sqlx::MySqlPool;
 use tokio::time::Instant;
 
-use self::conn::{plain, HeldConn, KillQueryOnDrop, LockConn, LockConns, WAIT_CHUNK_SECS};
+use self::conn::{HeldConn, LockConns};
+use self::statements::Sql;
 use self::token::Granted;
 pub(crate) use self::token::{live_is_memory, LIFETIME_KEY};
 pub use self::transaction::RowLockTransaction;
 use crate::conn::Conns;
-use crate::error::{self, SqlResultExt};
-use crate::sql;
-use crate::strategy::micros;
+use crate::error;
 
 /// Which row a key locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,13 +140,13 @@ pub enum RowMode {
     #[default]
     PerKey,
     /// Rows created ahead of time with [`MySqlLock::create_rows`](crate::MySqlLock::create_rows)
-    /// (the seeds' `fixed_lock` table; `migrate` creates none). Locking an
+    /// (a fixed set of lock ids; `migrate` creates none). Locking an
     /// unknown key is an [`Error::Config`], found by a plain (non-locking)
     /// read — a `FOR UPDATE` on the missing row would take a gap lock.
     /// Rows seen once are cached, so a known key costs no extra statement.
     Fixed,
-    /// Keys hashed onto N rows (the seeds' §5.3): bounded table size, but two
-    /// keys on the same shard exclude each other.
+    /// Keys hashed onto N rows: bounded table size, but two keys on the same
+    /// shard exclude each other.
     Shards(u32),
 }
 
@@ -191,26 +197,6 @@ struct HeldRow {
     conn: Arc<tokio::sync::Mutex<Option<HeldConn>>>,
 }
 
-/// SQL for one base table, built once.
-struct Sql {
-    lock_token: SqlStr,
-    ensure_row: SqlStr,
-    row_exists: SqlStr,
-    lock_nowait: SqlStr,
-    lock_wait: SqlStr,
-    token: SqlStr,
-    touch: SqlStr,
-    read_live: SqlStr,
-    list_in_trx: SqlStr,
-    list_described: SqlStr,
-    moved_on: SqlStr,
-    same_owner_described: SqlStr,
-    same_owner: SqlStr,
-    epoch: SqlStr,
-    open_lifetime: SqlStr,
-    prune: SqlStr,
-}
-
 pub(crate) struct RowLock {
     conns: Conns,
     locks: LockConns,
@@ -250,12 +236,6 @@ fn no_fixed_row(key: &LockKey) -> Error {
     ))
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 pub(crate) struct Tables {
     pub(crate) rows: String,
     pub(crate) fence: String,
@@ -271,8 +251,6 @@ impl RowLock {
         live_is_memory: bool,
         one_statement: bool,
     ) -> Self {
-        let Tables { rows, fence, live } = tables;
-        let now_plus = "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND";
         let max_connections = pool.options().get_max_connections();
         RowLock {
             conns: Conns::new(pool),
@@ -284,476 +262,7 @@ impl RowLock {
             one_statement: AtomicBool::new(live_is_memory && one_statement),
             held: Mutex::default(),
             known_rows: Mutex::default(),
-            sql: Sql {
-                // MariaDB's per-statement setting makes InnoDB refuse at once
-                // (like NOWAIT) while the MEMORY table lock is still waited
-                // for; NOWAIT itself would also refuse when another holder's
-                // token statement has that table for a few microseconds.
-                lock_token: sql!(
-                    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-                     REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id, label) \
-                     SELECT ?, ?, 1, {now_plus}, CONNECTION_ID(), ? \
-                     FROM {rows} r JOIN {live} l ON l.lock_key = ? WHERE r.lock_key = ? FOR UPDATE"
-                ),
-                ensure_row: sql!("INSERT IGNORE INTO {rows} (lock_key) VALUES (?)"),
-                row_exists: sql!("SELECT 1 FROM {rows} WHERE lock_key = ?"),
-                lock_nowait: sql!(
-                    "SELECT lock_key, CONNECTION_ID() FROM {rows} WHERE lock_key = ? FOR UPDATE NOWAIT"
-                ),
-                lock_wait: sql!(
-                    "SELECT lock_key, CONNECTION_ID() FROM {rows} WHERE lock_key = ? FOR UPDATE"
-                ),
-                // Writes only while the lifetime row exists (0 rows otherwise);
-                // the new AUTO_INCREMENT id comes back in the OK packet.
-                token: sql!(
-                    "REPLACE INTO {live} (lock_key, owner, hold_count, expire_time, conn_id, label) \
-                     SELECT ?, ?, 1, {now_plus}, ?, ? FROM {live} WHERE lock_key = ?"
-                ),
-                touch: sql!(
-                    "UPDATE {live} SET expire_time = {now_plus}, hold_count = ? WHERE lock_key = ? AND id = ?"
-                ),
-                read_live: sql!(
-                    "SELECT owner, id, hold_count, \
-                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expire_time), 0), label, \
-                     conn_id FROM {live} WHERE lock_key = ?"
-                ),
-                // Candidates for `list` (see `list.rs`): each key's latest
-                // grant whose connection has not gone on to a later grant,
-                // in key order — with `INNODB_TRX` (needs `PROCESS`) only
-                // those whose connection is inside a transaction.
-                list_in_trx: sql!(
-                    "SELECT l.owner, l.id, l.hold_count, \
-                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.label, \
-                     l.lock_key FROM {live} l JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
-                     WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
-                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
-                     ORDER BY l.lock_key"
-                ),
-                list_described: sql!(
-                    "SELECT l.owner, l.id, l.hold_count, \
-                     COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expire_time), 0), l.label, \
-                     l.lock_key FROM {live} l WHERE l.lock_key <> ? AND l.owner IS NOT NULL \
-                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
-                     ORDER BY l.lock_key"
-                ),
-                moved_on: sql!("SELECT 1 FROM {live} WHERE conn_id = ? AND id > ? LIMIT 1"),
-                // The key's latest grant is this owner's, unexpired, and
-                // its connection has not gone on to a later grant.
-                same_owner_described: sql!(
-                    "SELECT 1 FROM {live} l \
-                     WHERE l.lock_key = ? AND l.owner = ? AND l.expire_time > UTC_TIMESTAMP(6) \
-                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
-                     LIMIT 1"
-                ),
-                // The same, and that connection is still inside a
-                // transaction: that transaction holds the key.
-                same_owner: sql!(
-                    "SELECT 1 FROM {live} l \
-                     JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = l.conn_id \
-                     WHERE l.lock_key = ? AND l.owner = ? AND l.expire_time > UTC_TIMESTAMP(6) \
-                     AND NOT EXISTS (SELECT 1 FROM {live} m WHERE m.conn_id = l.conn_id AND m.id > l.id) \
-                     LIMIT 1"
-                ),
-                epoch: sql!(
-                    "INSERT INTO {fence} (lock_key, fence) VALUES (?, LAST_INSERT_ID(1)) \
-                     ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)"
-                ),
-                open_lifetime: sql!(
-                    "INSERT IGNORE INTO {live} (id, lock_key, hold_count) VALUES (?, ?, 0)"
-                ),
-                prune: sql!(
-                    "DELETE FROM {live} WHERE lock_key <> ? AND expire_time < UTC_TIMESTAMP(6) LIMIT 1000"
-                ),
-            },
-        }
-    }
-
-    /// The row a key locks.
-    fn row_key(&self, key: &LockKey) -> Vec<u8> {
-        match self.mode {
-            RowMode::PerKey | RowMode::Fixed => key.as_bytes().to_vec(),
-            // `\x01` cannot appear in a key, so shard rows never collide with keys.
-            RowMode::Shards(n) => {
-                format!("\u{1}shard:{}", fnv1a(key.as_bytes()) % u64::from(n.max(1))).into_bytes()
-            }
-        }
-    }
-
-    /// A plain autocommit connection for side statements.
-    async fn plain(&self) -> Result<crate::conn::Conn<'_>> {
-        plain(&self.conns, &self.locks, self.max_connections).await
-    }
-
-    /// One side statement returning one row (table statistics), on a plain
-    /// connection — evicting an idle lock connection if the pool is full.
-    pub(crate) async fn fetch_one(
-        &self,
-        q: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
-    ) -> Result<sqlx::mysql::MySqlRow> {
-        let mut c = self.plain().await?;
-        let r = q.fetch_one(c.conn()).await;
-        c.finish(&r);
-        r.db()
-    }
-
-    /// Pre-creates rows (for [`RowMode::Fixed`], or to warm any mode).
-    pub(crate) async fn create_rows(&self, keys: &[LockKey]) -> Result<u64> {
-        let mut created = 0;
-        for key in keys {
-            let mut c = self.plain().await?;
-            let r = sqlx::query(self.sql.ensure_row.clone())
-                .bind(self.row_key(key))
-                .execute(c.conn())
-                .await;
-            c.finish(&r);
-            created += r.db()?.rows_affected();
-            self.remember_row(&self.row_key(key));
-        }
-        Ok(created)
-    }
-
-    /// Makes sure the row exists before it is locked. A non-locking read
-    /// first: `INSERT IGNORE` on a row that another holder has locked would
-    /// wait for that holder (the duplicate check takes a shared lock).
-    ///
-    /// In fixed-row mode a missing row is a configuration error, found by
-    /// that same non-locking read — never by a `FOR UPDATE`, which on a
-    /// missing row takes a gap lock (blocking inserts of neighbouring rows,
-    /// `create_rows` of other ids included) until it is rolled back. Rows
-    /// are only cached once seen: a row created later (by `create_rows` on
-    /// another node) is found by the next read.
-    async fn ensure_row(&self, key: &LockKey, row: &[u8]) -> Result<()> {
-        let known = self
-            .known_rows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(row);
-        if known {
-            return Ok(());
-        }
-        let mut c = self.plain().await?;
-        let r = sqlx::query(self.sql.row_exists.clone())
-            .bind(row)
-            .fetch_optional(c.conn())
-            .await;
-        let exists = match r {
-            Ok(r) => r.is_some(),
-            Err(e) => {
-                c.settle(Some(&e));
-                return Err(error::map(e));
-            }
-        };
-        if !exists && self.mode == RowMode::Fixed {
-            c.settle(None);
-            return Err(no_fixed_row(key));
-        }
-        let r = if exists {
-            Ok(())
-        } else {
-            sqlx::query(self.sql.ensure_row.clone())
-                .bind(row)
-                .execute(c.conn())
-                .await
-                .map(|_| ())
-        };
-        c.finish(&r);
-        r.db()?;
-        self.remember_row(row);
-        Ok(())
-    }
-
-    fn remember_row(&self, row: &[u8]) {
-        let mut set = self.known_rows.lock().unwrap_or_else(|p| p.into_inner());
-        if set.len() > 100_000 {
-            set.clear();
-        }
-        set.insert(row.to_vec());
-    }
-
-    fn forget_row(&self, row: &[u8]) {
-        self.known_rows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(row);
-    }
-
-    /// A lock connection with `wait_timeout = ttl_secs` (any, for `None`: a
-    /// momentary probe): a kept one, else a pooled one adopted into the lock
-    /// session — waiting for the pool no longer than `deadline` (when given;
-    /// `None` returned after it).
-    async fn lock_conn(
-        &self,
-        ttl_secs: Option<u64>,
-        deadline: Option<Instant>,
-    ) -> Result<Option<LockConn>> {
-        let mut lc = match self.locks.pop().await {
-            Some(c) => c,
-            None => {
-                let pooled = match self.conns.take_cached() {
-                    Some(c) => c,
-                    None => match self.conns.queue_for_pool(deadline).await.db()? {
-                        Some(c) => c,
-                        None => return Ok(None),
-                    },
-                };
-                LockConns::adopt(pooled, ttl_secs.unwrap_or(WAIT_CHUNK_SECS)).await?
-            }
-        };
-        if let Some(secs) = ttl_secs {
-            lc.set_wait(secs).await?;
-        }
-        Ok(Some(lc))
-    }
-
-    /// Takes the row lock. `wait = None` means NOWAIT; `Some(d)` waits in
-    /// InnoDB's queue until the client-side deadline `d`. `None` when the
-    /// lock is held elsewhere or the wait (chunk) ran out.
-    async fn lock_row(
-        &self,
-        key: &LockKey,
-        grant: Option<Grant<'_>>,
-        ttl_secs: Option<u64>,
-        wait: Option<Instant>,
-    ) -> Result<Option<Locked<'_>>> {
-        let row = self.row_key(key);
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            self.ensure_row(key, &row).await?;
-            let side = if self.token_in_txn.load(Ordering::Relaxed) || ttl_secs.is_none() {
-                None
-            } else {
-                Some(self.plain().await?)
-            };
-            let Some(lc) = self.lock_conn(ttl_secs, wait).await? else {
-                return Ok(None);
-            };
-            let reused = lc.reused;
-            let mut held = HeldConn(Some(lc));
-            if let Some(g) = grant.filter(|_| self.one_statement.load(Ordering::Relaxed)) {
-                let sent = Instant::now();
-                let res = sqlx::query(self.sql.lock_token.clone())
-                    .bind(key.as_bytes())
-                    .bind(g.owner.as_str().as_bytes())
-                    .bind(micros(g.ttl))
-                    .bind(g.label_param())
-                    .bind(token::LIFETIME_KEY)
-                    .bind(&row)
-                    .execute(held.conn()?)
-                    .await;
-                match res {
-                    Ok(done) if done.rows_affected() > 0 => {
-                        return Ok(Some(Locked {
-                            held,
-                            sent,
-                            waited: false,
-                            side,
-                            token: Some(done.last_insert_id()),
-                        }));
-                    }
-                    // No row to lock, or no token lifetime: give back any gap
-                    // lock; the two-statement path below sorts either out.
-                    Ok(_) => {
-                        sqlx::raw_sql("ROLLBACK").execute(held.conn()?).await.db()?;
-                    }
-                    // Held elsewhere (refused at once, no row lock taken,
-                    // but the transaction it opened is still open): a
-                    // refused try costs this one statement on its path and
-                    // a background ROLLBACK; a waiting acquire queues below.
-                    Err(e) if error::is_lock_conflict(&e) => {
-                        if wait.is_none() {
-                            if let Some(lc) = held.take() {
-                                self.locks
-                                    .put_rolling_back(lc, &self.conns, self.op_timeout);
-                            }
-                            return Ok(None);
-                        }
-                    }
-                    Err(e) if token::refuses_one_statement(&e) => {
-                        tracing::info!(error = %e, "the server does not take row_lock's single-statement grant; using two statements");
-                        self.one_statement.store(false, Ordering::Relaxed);
-                    }
-                    Err(e) if reused && !error::leaves_session_usable(&e) => {
-                        tracing::debug!(key = %key, error = %e, "kept lock connection was dead; retrying on a fresh one");
-                        if attempts >= 3 {
-                            return Err(error::map(e));
-                        }
-                        continue;
-                    }
-                    Err(e) => return Err(error::map(e)),
-                }
-            }
-            // A blocking wait that is abandoned (timeout, dropped future) must
-            // leave InnoDB's queue too: closing the socket does not stop a
-            // server-side lock wait, `KILL QUERY` does.
-            let mut abandon = wait.map(|_| KillQueryOnDrop {
-                conns: self.conns.clone(),
-                conn_id: held.0.as_ref().map_or(0, |c| c.id),
-                armed: true,
-            });
-            let sql = if wait.is_some() {
-                &self.sql.lock_wait
-            } else {
-                &self.sql.lock_nowait
-            };
-            let sent = Instant::now();
-            let query = sqlx::query(sql.clone())
-                .bind(&row)
-                .fetch_optional(held.conn()?);
-            let res = match wait {
-                // Client-side bound for sub-second precision; on expiry the
-                // attempt is dropped, its query killed, its connection closed.
-                Some(deadline) => match tokio::time::timeout_at(deadline, query).await {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None),
-                },
-                None => query.await,
-            };
-            // The statement finished: nothing to kill any more.
-            if let Some(a) = abandon.as_mut() {
-                a.armed = false;
-            }
-            match res {
-                Ok(Some(r)) => {
-                    let conn_id: u64 = r.try_get(1).db()?;
-                    let lc = held.lock_conn()?;
-                    if lc.id != conn_id {
-                        // Cannot happen unless the session was swapped under
-                        // us; trust the server.
-                        lc.id = conn_id;
-                    }
-                    return Ok(Some(Locked {
-                        held,
-                        sent,
-                        waited: wait.is_some(),
-                        side,
-                        token: None,
-                    }));
-                }
-                Ok(None) => {
-                    // The row vanished (purged): never keep a gap lock. Roll
-                    // back, recreate, retry.
-                    sqlx::raw_sql("ROLLBACK").execute(held.conn()?).await.db()?;
-                    if let Some(lc) = held.take() {
-                        self.locks.put(lc, &self.conns);
-                    }
-                    // Seen before, deleted since (cached rows skip the read).
-                    self.forget_row(&row);
-                    if self.mode == RowMode::Fixed {
-                        return Err(no_fixed_row(key));
-                    }
-                }
-                // Refused (NOWAIT) or the wait chunk ran out: the statement is
-                // rolled back and holds no row lock, but its transaction —
-                // with the metadata locks on the lock tables — is still open:
-                // the connection is kept with a ROLLBACK sent in the
-                // background. A refused try costs this one statement on the
-                // caller's path (and that ROLLBACK on the server).
-                Err(e) if error::is_lock_conflict(&e) => {
-                    if error::number(&e) == Some(error::code::DEADLOCK) {
-                        // A deadlock victim's whole transaction is gone already.
-                        tracing::debug!(key = %key, "lock wait chosen as deadlock victim");
-                    }
-                    if let Some(lc) = held.take() {
-                        self.locks
-                            .put_rolling_back(lc, &self.conns, self.op_timeout);
-                    }
-                    return Ok(None);
-                }
-                // A kept connection the server closed meanwhile (idle timeout,
-                // restart, KILL): nothing was locked on it; try a fresh one.
-                Err(e) if reused && !error::leaves_session_usable(&e) => {
-                    tracing::debug!(key = %key, error = %e, "kept lock connection was dead; retrying on a fresh one");
-                }
-                Err(e) => return Err(error::map(e)),
-            }
-            if attempts >= 3 {
-                return Err(Error::backend(
-                    error::BACKEND,
-                    true,
-                    format!("could not lock the row for `{key}` after {attempts} attempts (row disappearing or connections dying)"),
-                ));
-            }
-        }
-    }
-
-    fn take_held(&self, lease: &Lease) -> Option<std::result::Result<u32, HeldRow>> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let h = held.get_mut(&lease.key)?;
-        if h.owner != lease.owner || h.token != lease.token.get() {
-            return None;
-        }
-        if h.count > 1 {
-            h.count -= 1;
-            return Some(Ok(h.count));
-        }
-        held.remove(&lease.key).map(Err)
-    }
-
-    /// Ends a hold with `ROLLBACK` and keeps the connection for the next
-    /// one. False if the connection was dead (the server had already rolled
-    /// back: the lock was lost).
-    async fn end_hold(&self, mut held: HeldConn) -> bool {
-        let Ok(conn) = held.conn() else { return false };
-        if sqlx::raw_sql("ROLLBACK").execute(conn).await.is_err() {
-            return false;
-        }
-        if let Some(lc) = held.take() {
-            self.locks.put(lc, &self.conns);
-        }
-        true
-    }
-
-    async fn wait_for_row(
-        &self,
-        key: &LockKey,
-        grant: Grant<'_>,
-        ttl_secs: u64,
-        deadline: Option<Instant>,
-        start: Instant,
-    ) -> Result<Locked<'_>> {
-        loop {
-            let sent = Instant::now();
-            // The server ends a wait after WAIT_CHUNK_SECS (and the loop
-            // re-arms it); the client ends it at the caller's deadline.
-            let chunk_end = sent + Duration::from_secs(WAIT_CHUNK_SECS + 1);
-            let wait = match deadline {
-                None => Some(chunk_end),
-                Some(d) if d <= sent => None,
-                Some(d) => Some(d.min(chunk_end)),
-            };
-            if let Some(locked) = self
-                .lock_row(key, Some(grant), Some(ttl_secs), wait)
-                .await?
-            {
-                return Ok(locked);
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(Error::Timeout {
-                    key: key.clone(),
-                    waited: now - start,
-                });
-            }
-        }
-    }
-
-    /// Whether another connection holds the row lock of `key` (NOWAIT probe
-    /// on a lock connection, rolled back).
-    async fn probe_held(&self, key: &LockKey) -> Result<bool> {
-        match self.lock_row(key, None, None, None).await? {
-            None => Ok(true),
-            Some(locked) => {
-                if self.end_hold(locked.held).await {
-                    Ok(false)
-                } else {
-                    Err(Error::backend(
-                        error::BACKEND,
-                        true,
-                        "the inspect probe lost its connection",
-                    ))
-                }
-            }
+            sql: Sql::new(&tables),
         }
     }
 }

@@ -226,8 +226,8 @@ impl RowLock {
     /// on the lock connection itself — so no second connection is needed
     /// while a row is held: the row is given back first (`ROLLBACK`), the
     /// epoch bumped durably (`COMMIT`), then the `MEMORY` table's id counter
-    /// seeded at `epoch << 40` with the lifetime row. Concurrent openers are
-    /// fine: the first seed wins and every epoch bumped is durable before use.
+    /// started at `epoch << 40` with the lifetime row. Concurrent openers are
+    /// fine: the first start wins and every epoch bumped is durable before use.
     async fn open_lifetime(&self, mut held: HeldConn) -> Result<()> {
         let opened = async {
             let c = held.conn()?;
