@@ -116,9 +116,8 @@ impl MySqlLockBuilder {
         if !(1..=1000).contains(&self.config.max_connections) {
             return Err(Error::config("max_connections must be from 1 to 1000"));
         }
-        if self.config.operation_timeout.is_zero() {
-            return Err(Error::config("operation_timeout must be above zero"));
-        }
+        fenced_api::url::check_duration("connect_timeout", self.config.connect_timeout)?;
+        fenced_api::url::check_duration("operation_timeout", self.config.operation_timeout)?;
         if self.config.strategy == Strategy::RowLock && self.config.max_connections < 2 {
             return Err(Error::config(
                 "row_lock needs max_connections >= 2: one connection per held lock or waiter, plus one for the token",

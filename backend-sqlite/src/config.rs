@@ -187,16 +187,10 @@ impl SqliteConfig {
         if !(1..=64).contains(&self.max_connections) {
             return Err(Error::config("max_connections must be from 1 to 64"));
         }
-        if self.busy_timeout.is_zero() || self.busy_timeout > MAX_BUSY_TIMEOUT {
-            return Err(Error::config(format!(
-                "busy_timeout must be above zero and at most {MAX_BUSY_TIMEOUT:?}"
-            )));
-        }
+        fenced_api::url::check_duration("busy_timeout", self.busy_timeout)?;
         Ok(())
     }
 }
-
-const MAX_BUSY_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The URL parameters, in the order messages list them.
 const KNOWN: &[&str] = &["table", "busy_timeout", "synchronous", "max_connections"];

@@ -12,10 +12,6 @@ mod schema;
 mod unique_key;
 mod wait;
 
-use std::sync::Arc;
-
-use fenced_api::DistributedLock;
-
 pub use config::{
     SqliteConfig, Synchronous, TableName, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_TABLE,
@@ -33,11 +29,7 @@ pub fn driver() -> fenced_api::Driver {
     fenced_api::Driver {
         name: "sqlite",
         schemes: SCHEMES,
-        connect: |url| {
-            Box::pin(async move {
-                Ok(Arc::new(SqliteLock::connect(&url).await?) as Arc<dyn DistributedLock>)
-            })
-        },
+        connect: |url| fenced_api::Driver::boxed(async move { SqliteLock::connect(&url).await }),
         migrate: Some(|url| Box::pin(async move { SqliteLock::migrate(&url).await.map(|_| ()) })),
     }
 }
