@@ -1,10 +1,20 @@
-//! A recorder of lock operations and a checker of what they must satisfy.
+//! A recorder of lock operations and the checks on what was recorded.
 //!
-//! Each client appends records with a monotonic timestamp taken *outside* the
-//! store call (an acquire's `Ok` is stamped after the call returned; a
-//! release's `Invoke` before it is sent), so the intervals the checker sees
-//! are conservative: if two of them overlap, the clients really believed they
-//! held the key at the same time.
+//! Each client appends [`Event`]s stamped with one monotonic clock shared by
+//! the history, taken *outside* the store call (an acquire's `Ok` is stamped
+//! after the call returned; a release's `Invoke` before it is sent), so the
+//! intervals the checks see are conservative: if two of them overlap, the
+//! clients really believed they held the key at the same time.
+//!
+//! A client believes it holds a key from an acquire `Ok` to its next release
+//! `Invoke` on that key or the lease's loss signal ([`Op::Lost`]), whichever
+//! comes first; a belief still open runs to the end of the history. On those
+//! intervals:
+//!
+//! * [`check_exclusive`] demands that, per key, no two intersect and tokens
+//!   strictly increase (the conformance suite's mutual-exclusion check);
+//! * [`belief_overlaps`] measures the intersections instead (the fault suite,
+//!   where a client paused past its TTL cannot know it lost the lock).
 
 use std::{
     collections::BTreeMap,
@@ -15,7 +25,7 @@ use std::{
 use fenced_api::{FencingToken, LockKey};
 use serde::{Deserialize, Serialize};
 
-/// The operation a record describes.
+/// The operation an event describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
@@ -23,25 +33,34 @@ pub enum Op {
     Acquire,
     /// Giving it back.
     Release,
+    /// Writing the protected resource.
+    Write,
+    /// The lease's loss signal fired.
+    Lost,
+    /// A fault was injected (detail says which) or lifted.
+    Fault,
 }
 
-/// Where in an operation a record was taken.
+/// Where in an operation an event was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Before the request was sent.
     Invoke,
-    /// After it succeeded.
+    /// It succeeded.
     Ok,
-    /// After it failed (definitely no effect).
+    /// It failed with no effect (a refusal, a timeout of a wait).
     Fail,
+    /// It failed in a way that may or may not have taken effect.
+    Unknown,
 }
 
 /// One line of history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// Which client (process, task) did it.
-    pub client: usize,
+pub struct Event {
+    /// Which client (task, thread or process).
+    #[serde(alias = "client")]
+    pub process: usize,
     /// The operation.
     pub op: Op,
     /// The phase.
@@ -52,13 +71,41 @@ pub struct Record {
     pub token: Option<u64>,
     /// Monotonic nanoseconds since the history started.
     pub t_ns: u64,
+    /// Free text: an error, a fault name, a write outcome.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
 }
+
+impl Event {
+    /// An event without detail.
+    pub fn new(
+        process: usize,
+        op: Op,
+        phase: Phase,
+        key: &str,
+        token: Option<u64>,
+        t_ns: u64,
+    ) -> Self {
+        Event {
+            process,
+            op,
+            phase,
+            key: key.to_owned(),
+            token,
+            t_ns,
+            detail: String::new(),
+        }
+    }
+}
+
+/// A line of history under the conformance suite's name for it.
+pub type Record = Event;
 
 /// A shared, append-only history. Clone it into every client task.
 #[derive(Debug, Clone)]
 pub struct History {
     start: Instant,
-    records: Arc<Mutex<Vec<Record>>>,
+    events: Arc<Mutex<Vec<Event>>>,
 }
 
 impl Default for History {
@@ -68,15 +115,42 @@ impl Default for History {
 }
 
 impl History {
-    /// An empty history starting now.
+    /// An empty history whose clock starts now.
     pub fn new() -> Self {
         History {
             start: Instant::now(),
-            records: Arc::default(),
+            events: Arc::default(),
         }
     }
 
-    /// Appends a record stamped now.
+    /// Nanoseconds since the start of the history.
+    pub fn now_ns(&self) -> u64 {
+        self.at_ns(Instant::now())
+    }
+
+    /// Nanoseconds from the start of the history to `t` (0 before it).
+    pub fn at_ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.start).as_nanos() as u64
+    }
+
+    /// Appends an event stamped now.
+    pub fn push(
+        &self,
+        process: usize,
+        op: Op,
+        phase: Phase,
+        key: &str,
+        token: Option<u64>,
+        detail: impl Into<String>,
+    ) {
+        let e = Event {
+            detail: detail.into(),
+            ..Event::new(process, op, phase, key, token, self.now_ns())
+        };
+        self.lock().push(e);
+    }
+
+    /// Appends a lock operation of `client` on `key`, stamped now.
     pub fn record(
         &self,
         client: usize,
@@ -85,37 +159,101 @@ impl History {
         key: &LockKey,
         token: Option<FencingToken>,
     ) {
-        let t_ns = self.start.elapsed().as_nanos() as u64;
-        let rec = Record {
-            client,
-            op,
-            phase,
-            key: key.as_str().to_owned(),
-            token: token.map(FencingToken::get),
-            t_ns,
-        };
-        self.records
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(rec);
+        let token = token.map(FencingToken::get);
+        self.push(client, op, phase, key.as_str(), token, String::new());
     }
 
-    /// A copy of the records so far, in recording order.
-    pub fn records(&self) -> Vec<Record> {
-        self.records
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// A copy of the events so far, in recording order.
+    pub fn records(&self) -> Vec<Event> {
+        self.lock().clone()
     }
 
-    /// The history as JSON lines, for offline re-checking.
+    /// A copy of the events so far, in time order.
+    pub fn events(&self) -> Vec<Event> {
+        let mut v = self.records();
+        v.sort_by_key(|e| e.t_ns);
+        v
+    }
+
+    /// The history as JSON lines (in time order), for offline re-checking.
     pub fn to_jsonl(&self) -> String {
-        self.records()
+        self.events()
             .iter()
-            .filter_map(|r| serde_json::to_string(r).ok())
+            .filter_map(|e| serde_json::to_string(e).ok())
             .map(|l| l + "\n")
             .collect()
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
+        self.events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One client's belief that it held a key: `[from, to]` in nanoseconds.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    process: usize,
+    token: Option<u64>,
+    from: u64,
+    to: u64,
+}
+
+/// An acquire `Ok` that [`check_exclusive`] refuses.
+#[derive(Debug, Clone, Copy)]
+enum Anomaly<'a> {
+    /// No token came with the grant.
+    NoToken(&'a Event),
+    /// The client was granted a key it already believed it held.
+    Reacquired(&'a Event),
+}
+
+/// The holds in `events` (taken in the order given), per key in order of
+/// their start, and the acquire `Ok`s that break the rules of a clean
+/// history in the order met. A second acquire `Ok` of a key the client still
+/// holds starts its hold anew.
+fn holds<'a>(events: &[&'a Event]) -> (BTreeMap<String, Vec<Hold>>, Vec<Anomaly<'a>>) {
+    let end = events.iter().map(|e| e.t_ns).max().unwrap_or(0);
+    let mut open: BTreeMap<(&str, usize), (Option<u64>, u64)> = BTreeMap::new();
+    let mut by_key: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
+    let mut anomalies = Vec::new();
+    let mut close = |key: &str, process, (token, from), to| {
+        by_key.entry(key.to_owned()).or_default().push(Hold {
+            process,
+            token,
+            from,
+            to,
+        });
+    };
+    for e in events.iter().copied() {
+        match (e.op, e.phase) {
+            (Op::Acquire, Phase::Ok) => {
+                if e.token.is_none() {
+                    anomalies.push(Anomaly::NoToken(e));
+                }
+                if open
+                    .insert((&e.key, e.process), (e.token, e.t_ns))
+                    .is_some()
+                {
+                    anomalies.push(Anomaly::Reacquired(e));
+                }
+            }
+            (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
+                if let Some(start) = open.remove(&(e.key.as_str(), e.process)) {
+                    close(&e.key, e.process, start, e.t_ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((key, process), start) in open {
+        close(key, process, start, end);
+    }
+    for v in by_key.values_mut() {
+        v.sort_by_key(|h| h.from);
+    }
+    (by_key, anomalies)
 }
 
 /// What a clean history contained.
@@ -127,82 +265,48 @@ pub struct Summary {
     pub keys: usize,
 }
 
-/// A hold reconstructed from the history: `[acquired, released]` in ns.
-#[derive(Debug, Clone, Copy)]
-struct Hold {
-    client: usize,
-    token: u64,
-    from: u64,
-    to: u64,
-}
-
 /// Checks that, per key, no two holds overlap and tokens strictly increase in
-/// the order the holds began. A hold runs from an acquire `Ok` to the same
-/// client's next release `Invoke` on that key (or to the end of the history).
+/// the order the holds began.
 ///
 /// # Errors
 ///
-/// A description of the first violation: the two holds that overlap, or the
+/// A description of the first violation: an acquire `Ok` without a token, a
+/// client granted a key it still held, the two holds that overlap, or the
 /// two tokens out of order.
-pub fn check_exclusive(records: &[Record]) -> Result<Summary, String> {
-    let mut by_key: BTreeMap<&str, Vec<Hold>> = BTreeMap::new();
-    let mut open: BTreeMap<(&str, usize), (u64, u64)> = BTreeMap::new();
-    let end = records.iter().map(|r| r.t_ns).max().unwrap_or(0);
-    let mut sorted: Vec<&Record> = records.iter().collect();
-    sorted.sort_by_key(|r| r.t_ns);
-    for r in sorted {
-        match (r.op, r.phase) {
-            (Op::Acquire, Phase::Ok) => {
-                let token = r
-                    .token
-                    .ok_or_else(|| format!("acquire ok without a token: {r:?}"))?;
-                if open.insert((&r.key, r.client), (token, r.t_ns)).is_some() {
-                    return Err(format!(
-                        "client {} acquired `{}` again without releasing it",
-                        r.client, r.key
-                    ));
-                }
-            }
-            (Op::Release, Phase::Invoke) => {
-                if let Some((token, from)) = open.remove(&(r.key.as_str(), r.client)) {
-                    by_key.entry(&r.key).or_default().push(Hold {
-                        client: r.client,
-                        token,
-                        from,
-                        to: r.t_ns,
-                    });
-                }
-            }
-            _ => {}
+pub fn check_exclusive(events: &[Event]) -> Result<Summary, String> {
+    let mut sorted: Vec<&Event> = events.iter().collect();
+    sorted.sort_by_key(|e| e.t_ns);
+    let (by_key, anomalies) = holds(&sorted);
+    match anomalies.first() {
+        Some(Anomaly::NoToken(e)) => return Err(format!("acquire ok without a token: {e:?}")),
+        Some(Anomaly::Reacquired(e)) => {
+            return Err(format!(
+                "client {} acquired `{}` again without releasing it",
+                e.process, e.key
+            ))
         }
-    }
-    for ((key, client), (token, from)) in open {
-        by_key.entry(key).or_default().push(Hold {
-            client,
-            token,
-            from,
-            to: end,
-        });
+        None => {}
     }
     let mut summary = Summary {
         keys: by_key.len(),
         ..Summary::default()
     };
-    for (key, mut holds) in by_key {
-        holds.sort_by_key(|h| h.from);
+    for (key, holds) in by_key {
         for pair in holds.windows(2) {
             let (a, b) = (pair[0], pair[1]);
+            // No anomaly: every hold has its token.
+            let (at, bt) = (a.token.unwrap_or_default(), b.token.unwrap_or_default());
             if b.from < a.to {
                 return Err(format!(
-                    "overlapping holds on `{key}`: client {} (token {}) held it from {} to {} ns, \
-                     client {} (token {}) acquired it at {} ns",
-                    a.client, a.token, a.from, a.to, b.client, b.token, b.from
+                    "overlapping holds on `{key}`: client {} (token {at}) held it from {} to {} ns, \
+                     client {} (token {bt}) acquired it at {} ns",
+                    a.process, a.from, a.to, b.process, b.from
                 ));
             }
-            if b.token <= a.token {
+            if bt <= at {
                 return Err(format!(
-                    "fencing tokens on `{key}` did not increase: token {} (client {}) was followed by token {} (client {})",
-                    a.token, a.client, b.token, b.client
+                    "fencing tokens on `{key}` did not increase: token {at} (client {}) was followed by token {bt} (client {})",
+                    a.process, b.process
                 ));
             }
         }
@@ -211,19 +315,53 @@ pub fn check_exclusive(records: &[Record]) -> Result<Summary, String> {
     Ok(summary)
 }
 
+/// Two clients believing at once that they hold the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BeliefOverlap {
+    /// The earlier holder.
+    pub first: usize,
+    /// The later one.
+    pub second: usize,
+    /// How long both believed it, in nanoseconds.
+    pub ns: u64,
+}
+
+/// Per key, the beliefs of different clients that intersect, with how long
+/// they did. `events` are taken in the order given (time order, as
+/// [`History::events`] returns them).
+pub fn belief_overlaps(events: &[Event]) -> Vec<BeliefOverlap> {
+    let events: Vec<&Event> = events.iter().collect();
+    let (by_key, _) = holds(&events);
+    let mut out = Vec::new();
+    for v in by_key.values() {
+        for (i, a) in v.iter().enumerate() {
+            for b in &v[i + 1..] {
+                if b.from >= a.to {
+                    break;
+                }
+                if a.process != b.process {
+                    out.push(BeliefOverlap {
+                        first: a.process,
+                        second: b.process,
+                        ns: a.to.min(b.to) - b.from,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn rec(client: usize, op: Op, phase: Phase, token: Option<u64>, t_ns: u64) -> Record {
-        Record {
-            client,
-            op,
-            phase,
-            key: "k".into(),
-            token,
-            t_ns,
-        }
+    fn rec(client: usize, op: Op, phase: Phase, token: Option<u64>, t_ns: u64) -> Event {
+        Event::new(client, op, phase, "k", token, t_ns)
+    }
+
+    fn ev(process: usize, op: Op, phase: Phase, t_ns: u64) -> Event {
+        rec(process, op, phase, Some(process as u64), t_ns)
     }
 
     #[test]
@@ -275,14 +413,70 @@ mod tests {
     }
 
     #[test]
+    fn grants_without_a_token_or_while_held_are_refused() {
+        let h = [rec(0, Op::Acquire, Phase::Ok, None, 10)];
+        assert!(check_exclusive(&h).unwrap_err().contains("without a token"));
+        let h = [
+            rec(0, Op::Acquire, Phase::Ok, Some(1), 10),
+            rec(0, Op::Acquire, Phase::Ok, Some(2), 20),
+        ];
+        assert!(check_exclusive(&h)
+            .unwrap_err()
+            .contains("again without releasing"));
+    }
+
+    #[test]
     fn jsonl_round_trips() {
         let h = History::new();
         let k = LockKey::new("k").unwrap();
         h.record(3, Op::Acquire, Phase::Ok, &k, Some(FencingToken::new(9)));
         let line = h.to_jsonl();
-        let back: Record = serde_json::from_str(line.trim()).unwrap();
-        assert_eq!(back.client, 3);
+        let back: Event = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(back.process, 3);
         assert_eq!(back.token, Some(9));
         assert!(line.contains("\"op\":\"acquire\""));
+        let old: Event = serde_json::from_str(
+            r#"{"client":1,"op":"release","phase":"invoke","key":"k","token":2,"t_ns":5}"#,
+        )
+        .unwrap();
+        assert_eq!((old.process, old.detail.as_str()), (1, ""));
+    }
+
+    #[test]
+    fn beliefs_that_touch_do_not_overlap_but_intersections_count() {
+        let clean = [
+            ev(0, Op::Acquire, Phase::Ok, 0),
+            ev(0, Op::Release, Phase::Invoke, 10),
+            ev(1, Op::Acquire, Phase::Ok, 10),
+            ev(1, Op::Release, Phase::Invoke, 20),
+        ];
+        assert!(belief_overlaps(&clean).is_empty());
+        let paused = [
+            ev(0, Op::Acquire, Phase::Ok, 0),
+            ev(1, Op::Acquire, Phase::Ok, 50),
+            ev(1, Op::Release, Phase::Invoke, 60),
+            ev(0, Op::Release, Phase::Invoke, 100),
+        ];
+        assert_eq!(
+            belief_overlaps(&paused),
+            vec![BeliefOverlap {
+                first: 0,
+                second: 1,
+                ns: 10
+            }]
+        );
+    }
+
+    #[test]
+    fn a_loss_signal_ends_the_belief() {
+        let h = [
+            ev(0, Op::Acquire, Phase::Ok, 0),
+            ev(0, Op::Lost, Phase::Ok, 40),
+            ev(1, Op::Acquire, Phase::Ok, 50),
+            ev(0, Op::Release, Phase::Invoke, 100),
+            ev(1, Op::Release, Phase::Invoke, 110),
+        ];
+        assert!(belief_overlaps(&h).is_empty());
+        assert_eq!(check_exclusive(&h).unwrap(), Summary { holds: 2, keys: 1 });
     }
 }

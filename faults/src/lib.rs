@@ -1,12 +1,12 @@
-//! Fault injection for `fenced` (issue 8): the tools that break things on
+//! Fault injection for `fenced`: the tools that break things on
 //! purpose, so the safety suite can show the locks still hold.
 //!
 //! * [`proxy`] — a TCP fault proxy between a client and a server (latency,
 //!   one-way delay, blackhole without RST, connection cut, refused
 //!   connections, a dropped reply);
-//! * `private` — private server instances (MariaDB, redis-server, etcd single
-//!   and 3-member) on their own ports and data directories, so destructive
-//!   tests never disturb the shared services;
+//! * [`private`] — private server instances (MariaDB, redis-server, etcd
+//!   single and 3-member) on their own ports and data directories, so
+//!   destructive tests never disturb the shared services;
 //! * [`procs`] — client *processes* (the `fenced-faults-client` binary) for
 //!   SIGSTOP, SIGKILL and skewed clocks, sharing the fenced resource and the
 //!   history through a small TCP hub in the parent;
@@ -21,7 +21,6 @@
 pub mod checks;
 pub mod history;
 pub mod mutant;
-pub mod private;
 pub mod procs;
 pub mod proxy;
 pub mod report;
@@ -29,3 +28,13 @@ pub mod resource;
 pub mod scenario;
 pub mod servers;
 pub mod truth;
+
+/// Private server instances and a throw-away certificate authority for the
+/// TLS cases: the test-server kit's ([`fenced_testkit::private`]).
+pub mod private {
+    pub use fenced_testkit::private::{
+        find_binary, free_port, send_signal, EtcdMember, EtcdOptions, MariaDbOptions, PrivateEtcd,
+        PrivateMariaDb, PrivateRedis, RedisOptions, RedisPersistence, TestCa, TlsFiles,
+        START_TIMEOUT,
+    };
+}

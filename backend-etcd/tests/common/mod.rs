@@ -11,28 +11,16 @@ use tokio::time::Instant;
 
 use async_trait::async_trait;
 use fenced_api::{DistributedLock, LockKey, Result};
-use fenced_conformance::{services, Harness};
+use fenced_conformance::Harness;
 use fenced_etcd::{etcd_client, EtcdLock};
 
-/// The shared etcd endpoint (`FENCED_TEST_ETCD_URL`, an http:// URL), after
-/// checking it answers — or a panic naming `scripts/services.sh`.
-pub async fn server_hostport() -> String {
-    let url = services::etcd_url();
-    if let Err(message) = services::probe_etcd(&url).await {
-        panic!("{message}");
-    }
-    services::host_port(&url, 2379).unwrap()
-}
+/// `host:port` of the shared etcd (`FENCED_TEST_ETCD_URL`) once it answers; a test
+/// whose server is down fails with a message naming `scripts/services.sh`.
+pub use fenced_testkit::shared::require_etcd_hostport as server_hostport;
 
 /// A namespace prefix unique to this test process.
 pub fn run_prefix() -> &'static str {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        format!(
-            "fenced-test-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        )
-    })
+    fenced_testkit::run_name("fenced-test-")
 }
 
 /// A raw etcd client on the shared server.

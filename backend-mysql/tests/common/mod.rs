@@ -9,28 +9,16 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{DistributedLock, LockKey, LockOptions, Result};
-use fenced_conformance::{services, Harness};
+use fenced_conformance::Harness;
 use fenced_mysql::{MySqlLock, Strategy};
 
-/// The shared server's URL (`FENCED_TEST_MYSQL_URL`), after checking it
-/// answers — or a panic that names `scripts/services.sh`.
-pub async fn server_url() -> String {
-    let url = services::mysql_url();
-    if let Err(message) = services::probe_mysql(&url).await {
-        panic!("{message}");
-    }
-    url
-}
+/// The shared server's URL (`FENCED_TEST_MYSQL_URL`) once it answers; a test whose
+/// server is down fails with a message naming `scripts/services.sh`.
+pub use fenced_testkit::shared::require_mysql as server_url;
 
 /// A table name unique to this test process ("a fresh uuid namespace per run").
 pub fn run_table() -> &'static str {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        format!(
-            "fenced_t_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        )
-    })
+    fenced_testkit::run_name("fenced_t_")
 }
 
 pub fn url_for(server: &str, strategy: Strategy, table: &str) -> String {
@@ -94,10 +82,7 @@ impl Harness for MySqlHarness {
     }
 
     async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
-        let clean: String = suffix
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
+        let clean = fenced_testkit::namespace_suffix(suffix);
         let table = format!("{}_{clean}", self.table);
         self.migrate(&table).await;
         Ok(Arc::new(

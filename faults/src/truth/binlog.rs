@@ -48,6 +48,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use fenced::mysql::sqlx::{self, Connection as _, Row as _};
 
+/// Why `row_lock` overlaps are not judged (see the module docs).
+pub use crate::history::ROW_LOCK_UNJUDGED;
 pub use rows::{changes, check, micros, parse, Change, RowEvent};
 
 use crate::{
@@ -58,9 +60,6 @@ use crate::{
 
 static SHARED: Mutex<Weak<PrivateMariaDb>> = Mutex::new(Weak::new());
 static START: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Why `row_lock` overlaps are not judged (see the module docs).
-pub const ROW_LOCK_UNJUDGED: &str = "row_lock: the lock is an open transaction's row lock; a dead holder's rollback leaves no trace in the binary log";
 
 /// The process's private MariaDB with a binary log, started on first use.
 /// While a handle lives, the MySQL targets of the fault suite use it

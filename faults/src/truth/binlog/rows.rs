@@ -3,8 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::ROW_LOCK_UNJUDGED;
-use crate::{history::ServerTruth, scenario::Target};
+use crate::{
+    history::{ServerTruth, ROW_LOCK_UNJUDGED},
+    scenario::Target,
+};
 
 /// One decoded row change.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,10 +2,10 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
-use fenced::etcd::etcd_client::{self, Certificate, Client, ConnectOptions, TlsOptions};
+use etcd_client::{Client, ConnectOptions};
 use fenced_api::Result;
 
-use super::{fail, find_binary, free_port, send_signal, temp_dir, wait_until_up, Proc, TlsFiles};
+use super::{fail, find_binary, free_port, temp_dir, Proc, TlsFiles};
 
 /// How to start a [`PrivateEtcd`].
 #[derive(Debug, Clone)]
@@ -188,9 +188,7 @@ impl PrivateEtcd {
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5));
         let scheme = if let Some(tls) = &self.options.tls {
-            let ca = std::fs::read(&tls.ca).map_err(|e| fail(format!("reading the CA: {e}")))?;
-            super::redis::install_crypto_provider();
-            opts = opts.with_tls(TlsOptions::new().ca_certificate(Certificate::from_pem(ca)));
+            opts = with_test_ca(opts, tls)?;
             "https"
         } else {
             "http"
@@ -213,15 +211,16 @@ impl PrivateEtcd {
     }
 
     async fn wait_healthy(&self, i: usize) -> Result<()> {
-        wait_until_up("etcd", &self.procs[i], || async move {
-            let mut c = self.admin_client(i).await.map_err(|e| e.to_string())?;
-            match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("no status within 2s".to_owned()),
-            }
-        })
-        .await
+        self.procs[i]
+            .wait_until_up("etcd", || async move {
+                let mut c = self.admin_client(i).await.map_err(|e| e.to_string())?;
+                match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("no status within 2s".to_owned()),
+                }
+            })
+            .await
     }
 
     /// Turns authentication on: user `root` with `password` and the root role.
@@ -287,6 +286,24 @@ impl PrivateEtcd {
     ///
     /// When the member is not running or kill(1) fails.
     pub fn signal(&self, i: usize, signal: &str) -> Result<()> {
-        send_signal(self.procs[i].pid(), signal)
+        self.procs[i].signal(signal)
     }
+}
+
+/// `opts` trusting the CA of `tls` (ring as rustls's provider).
+#[cfg(feature = "tls")]
+fn with_test_ca(opts: ConnectOptions, tls: &TlsFiles) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, TlsOptions};
+
+    let ca = std::fs::read(&tls.ca).map_err(|e| fail(format!("reading the CA: {e}")))?;
+    super::tls::install_crypto_provider();
+    Ok(opts.with_tls(TlsOptions::new().ca_certificate(Certificate::from_pem(ca))))
+}
+
+/// A TLS admin connection needs etcd-client's TLS support.
+#[cfg(not(feature = "tls"))]
+fn with_test_ca(_: ConnectOptions, _: &TlsFiles) -> Result<ConnectOptions> {
+    Err(fail(
+        "an admin connection to a TLS etcd needs fenced-testkit's `tls` feature",
+    ))
 }

@@ -2,10 +2,9 @@
 
 use std::{process::Command, time::Duration};
 
-use fenced::redis::redis;
 use fenced_api::Result;
 
-use super::{fail, find_binary, free_port, send_signal, temp_dir, wait_until_up, Proc, TlsFiles};
+use super::{fail, find_binary, free_port, temp_dir, tls::install_crypto_provider, Proc, TlsFiles};
 
 /// How a [`PrivateRedis`] persists data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,6 +30,10 @@ pub struct RedisOptions {
     pub tls: Option<TlsFiles>,
     /// A read-only replica of the server on this port.
     pub replica_of: Option<u16>,
+    /// A Redis Cluster node (`cluster-enabled yes`) owning no slots yet,
+    /// alone in its cluster; [`PrivateRedis::cluster_bus`] is its bus port
+    /// for `CLUSTER MEET`.
+    pub cluster: bool,
 }
 
 /// A `redis-server` on a free loopback port. Killed and removed on drop.
@@ -38,6 +41,7 @@ pub struct RedisOptions {
 pub struct PrivateRedis {
     dir: tempfile::TempDir,
     port: u16,
+    cluster_bus: Option<u16>,
     options: RedisOptions,
     proc: Proc,
 }
@@ -52,6 +56,11 @@ impl PrivateRedis {
         let server = PrivateRedis {
             dir: temp_dir("redis")?,
             port: free_port()?,
+            cluster_bus: if options.cluster {
+                Some(free_port()?)
+            } else {
+                None
+            },
             options,
             proc: Proc::default(),
         };
@@ -62,6 +71,11 @@ impl PrivateRedis {
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The cluster bus port of a cluster node ([`RedisOptions::cluster`]).
+    pub fn cluster_bus(&self) -> Option<u16> {
+        self.cluster_bus
     }
 
     /// `redis://[:password@]127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>`
@@ -111,6 +125,12 @@ impl PrivateRedis {
             cmd.args(["--replicaof", "127.0.0.1"])
                 .arg(primary.to_string());
         }
+        if let Some(bus) = self.cluster_bus {
+            cmd.args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .arg("--cluster-port")
+                .arg(bus.to_string());
+        }
         if let Some(pw) = &self.options.password {
             cmd.arg("--requirepass").arg(pw);
         }
@@ -140,39 +160,10 @@ impl PrivateRedis {
     async fn launch(&self) -> Result<()> {
         self.proc.spawn(self.command()?, "redis-server")?;
         let url = self.admin_url();
-        wait_until_up("redis-server", &self.proc, || ping(&url)).await
+        self.proc.wait_until_up("redis-server", || ping(&url)).await
     }
 
-    /// Kills the server hard (SIGKILL: no shutdown save) and starts it again
-    /// on the same port and directory.
-    ///
-    /// # Errors
-    ///
-    /// When it does not come back.
-    pub async fn restart(&self) -> Result<()> {
-        self.proc.kill();
-        self.launch().await
-    }
-
-    /// The server's process id (`None` while it is down).
-    pub fn pid(&self) -> Option<u32> {
-        self.proc.pid()
-    }
-
-    /// Kills the server hard and leaves it down.
-    pub fn kill(&self) {
-        self.proc.kill();
-    }
-
-    /// Sends `signal` (`STOP`, `CONT`) to the server: SIGSTOP makes it a
-    /// silent peer — connections stay open, nothing is answered.
-    ///
-    /// # Errors
-    ///
-    /// When the server is not running or kill(1) fails.
-    pub fn signal(&self, signal: &str) -> Result<()> {
-        send_signal(self.proc.pid(), signal)
-    }
+    process_controls!();
 }
 
 /// A plain admin connection (RESP2) to any Redis URL the `redis` crate accepts.
@@ -180,7 +171,7 @@ impl PrivateRedis {
 /// # Errors
 ///
 /// When the server cannot be reached within 5 s.
-pub(crate) async fn admin_connection(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+pub async fn admin_connection(url: &str) -> Result<redis::aio::MultiplexedConnection> {
     install_crypto_provider();
     let client = redis::Client::open(url).map_err(|e| fail(format!("admin client: {e}")))?;
     match tokio::time::timeout(
@@ -208,10 +199,4 @@ async fn ping(url: &str) -> std::result::Result<(), String> {
         Ok(other) => Err(format!("PING answered {other:?}")),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// rustls needs one process-wide crypto provider; ring is the one every
-/// TLS stack in this workspace is built with.
-pub(crate) fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -8,7 +8,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose,
 };
 
-use super::fail;
+use super::{fail, TlsFiles};
 
 /// A self-signed CA generated at run time: its certificate is what a client
 /// trusts, and it signs server certificates for `127.0.0.1` / `localhost`.
@@ -24,17 +24,6 @@ impl std::fmt::Debug for TestCa {
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
-}
-
-/// PEM files for a server: the CA that signed it, its certificate and key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The CA certificate (what clients trust).
-    pub ca: PathBuf,
-    /// The server certificate, signed by `ca`.
-    pub cert: PathBuf,
-    /// The server's private key (PKCS#8 PEM).
-    pub key: PathBuf,
 }
 
 impl TestCa {

@@ -2,11 +2,11 @@
 
 use std::{path::PathBuf, process::Command};
 
-use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection};
 use fenced_api::Result;
-use fenced_conformance::services::probe_mysql;
+use sqlx::{mysql::MySqlConnectOptions, Connection};
 
-use super::{fail, find_binary, free_port, send_signal, temp_dir, wait_until_up, Proc, TlsFiles};
+use super::{fail, find_binary, free_port, temp_dir, Proc, TlsFiles};
+use crate::services::probe_mysql;
 
 /// How to start a [`PrivateMariaDb`].
 #[derive(Debug, Clone, Default)]
@@ -21,6 +21,9 @@ pub struct MariaDbOptions {
     /// Keep a row-based binary log (`--log-bin --binlog-format=ROW`) in the
     /// data directory, for the fault suite's server truth.
     pub binlog: bool,
+    /// More server options (`--innodb-lock-wait-timeout=1`…), given after
+    /// all others so that they win over the defaults.
+    pub extra: Vec<String>,
 }
 
 /// A `mariadbd` on a free port with a fresh datadir (`mariadb-install-db`),
@@ -43,12 +46,17 @@ impl PrivateMariaDb {
     pub async fn start(options: MariaDbOptions) -> Result<Self> {
         let dir = temp_dir("mariadb")?;
         let install = find_binary(&["mariadb-install-db", "mysql_install_db"], "MariaDB")?;
-        let data = dir.path().join("data");
+        // Its own tmpdir, for the install and the server: a MariaDB starting
+        // up removes the `#sql…` temporary files it finds there, so two on
+        // one /tmp break each other ("Could not remove temporary table …
+        // Unknown table 'mysql.tmp_proxies_priv'").
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| fail(format!("creating {}: {e}", tmp.display())))?;
         let out = tokio::process::Command::new(install)
             .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            // Its own tmpdir: two installs sharing /tmp collide on temp tables.
-            .arg(format!("--tmpdir={}", dir.path().display()))
+            .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg("--user=root")
             .arg("--auth-root-authentication-method=normal")
             .arg("--skip-test-db")
@@ -119,7 +127,7 @@ impl PrivateMariaDb {
             .arg(format!("--socket={}", self.socket().display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("error.log").display()))
-            .arg(format!("--tmpdir={}", d.display()))
+            .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg("--user=root")
             .arg("--innodb-flush-log-at-trx-commit=1")
             .arg("--innodb-buffer-pool-size=32M");
@@ -142,10 +150,12 @@ impl PrivateMariaDb {
         if self.options.read_only {
             cmd.arg("--read-only=ON");
         }
+        cmd.args(&self.options.extra);
         self.proc.spawn(cmd, "mariadbd")?;
         let url = format!("mysql://root@127.0.0.1:{}/mysql", self.port);
         let log = d.join("error.log");
-        wait_until_up("mariadbd", &self.proc, || probe_mysql(&url))
+        self.proc
+            .wait_until_up("mariadbd", || probe_mysql(&url))
             .await
             .map_err(|e| {
                 let tail = std::fs::read_to_string(&log).unwrap_or_default();
@@ -154,34 +164,7 @@ impl PrivateMariaDb {
             })
     }
 
-    /// Kills the server hard (SIGKILL) and starts it again on the same datadir and port.
-    ///
-    /// # Errors
-    ///
-    /// When it does not come back.
-    pub async fn restart(&self) -> Result<()> {
-        self.proc.kill();
-        self.launch().await
-    }
-
-    /// The server's process id (`None` while it is down).
-    pub fn pid(&self) -> Option<u32> {
-        self.proc.pid()
-    }
-
-    /// Kills the server hard (SIGKILL) and leaves it down.
-    pub fn kill(&self) {
-        self.proc.kill();
-    }
-
-    /// Sends `signal` (`STOP`, `CONT`) to the server process.
-    ///
-    /// # Errors
-    ///
-    /// When the server is not running or kill(1) fails.
-    pub fn signal(&self, signal: &str) -> Result<()> {
-        send_signal(self.proc.pid(), signal)
-    }
+    process_controls!();
 
     /// Sets `@@global.read_only`.
     ///
