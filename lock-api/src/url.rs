@@ -262,14 +262,19 @@ pub fn percent_decode(v: &str) -> Result<String> {
 }
 
 /// Parses a duration the way every fenced setting does, in URLs and on the
-/// command line: a bare number of seconds (`3`) or a humantime duration
-/// (`250ms`, `5s`, `2m`, `1h 30m`, `1.5s`). No bounds: callers apply theirs.
+/// command line: a bare number of seconds (`3`), or whole numbers with a
+/// unit — `ms`, `s`, `m`, `h` — one term or several (`250ms`, `5s`, `2m`,
+/// `1h`, `1m 30s`, `3s 400ms`, the form fenced prints durations in). No
+/// fractions and no space between a number and its unit, so `1.5s` and
+/// `1 s` are errors rather than guesses. No bounds: callers apply theirs.
 ///
 /// ```
 /// use std::time::Duration;
 /// use fenced_api::url::parse_duration_syntax;
 /// assert_eq!(parse_duration_syntax("1m 30s")?, Duration::from_secs(90));
+/// assert_eq!(parse_duration_syntax("3s 400ms")?, Duration::from_millis(3400));
 /// assert_eq!(parse_duration_syntax("0")?, Duration::ZERO);
+/// assert!(parse_duration_syntax("1.5s").is_err() && parse_duration_syntax("10us").is_err());
 /// # Ok::<(), fenced_api::Error>(())
 /// ```
 ///
@@ -281,7 +286,38 @@ pub fn parse_duration_syntax(v: &str) -> Result<Duration> {
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
         return v.parse().map(Duration::from_secs).map_err(|_| bad());
     }
-    humantime::parse_duration(v).map_err(|_| bad())
+    let mut total = Duration::ZERO;
+    let mut terms = 0;
+    let mut rest = v;
+    loop {
+        rest = rest.trim_start_matches(' ');
+        if rest.is_empty() {
+            break;
+        }
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        let after = &rest[digits..];
+        let letters = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let secs = |per: u64| n.checked_mul(per).map(Duration::from_secs);
+        let term = match &after[..letters] {
+            "ms" => Some(Duration::from_millis(n)),
+            "s" => Some(Duration::from_secs(n)),
+            "m" => secs(60),
+            "h" => secs(3600),
+            _ => None,
+        };
+        total = term.and_then(|t| total.checked_add(t)).ok_or_else(bad)?;
+        terms += 1;
+        rest = &after[letters..];
+    }
+    if terms == 0 {
+        return Err(bad());
+    }
+    Ok(total)
 }
 
 /// Parses a URL duration parameter ([`parse_duration_syntax`]): above zero
@@ -379,9 +415,27 @@ mod tests {
     #[test]
     fn durations_share_one_syntax() {
         assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-        for bad in ["", "s", "-1s", "5 parsecs", "1h 1s"] {
+        assert_eq!(
+            parse_duration_syntax("1h 2m 3s 4ms").unwrap(),
+            Duration::from_millis(3_723_004)
+        );
+        for bad in [
+            "",
+            " ",
+            "s",
+            "-1s",
+            "5 parsecs",
+            "1h 1s",
+            "1.5s",
+            "1 s",
+            "10us",
+            "1min",
+            "5s,",
+            "0x10s",
+            "99999999999999999999s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_bool("x", "1").unwrap(), true);
