@@ -105,19 +105,19 @@ pub fn takeover_ms(events: &[Event]) -> Option<f64> {
 /// RELIABILITY.md's second table: for the process and server faults (and
 /// their controls), whether each fault was confirmed to have happened, and
 /// the checks those faults add.
-pub fn evidence_markdown(results: &[crate::scenario::RunResult]) -> String {
+pub fn evidence_markdown(results: &[crate::model::RunResult]) -> String {
     use std::fmt::Write as _;
 
-    use crate::scenario::{Fault, FaultKind, Target};
+    use crate::model::{Fault, FaultKind, Target};
     let mut cells: std::collections::BTreeMap<
         (usize, usize, usize),
-        Vec<&crate::scenario::RunResult>,
+        Vec<&crate::model::RunResult>,
     > = Default::default();
     for r in results {
         if r.config.fault.kind() == FaultKind::InProcess && r.config.mutant.is_none() {
             continue;
         }
-        cells.entry(crate::report::cell_key(r)).or_default().push(r);
+        cells.entry(crate::model::cell_key(r)).or_default().push(r);
     }
     let mut out = String::new();
     if cells.is_empty() {

@@ -20,11 +20,13 @@
 
 pub mod checks;
 pub mod history;
+mod model;
 pub mod mutant;
 pub mod procs;
 pub mod proxy;
 pub mod report;
 pub mod resource;
+mod run;
 pub mod scenario;
 pub mod servers;
 pub mod truth;

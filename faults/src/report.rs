@@ -2,9 +2,10 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
+pub use crate::model::{cell_key, variant};
 use crate::{
+    model::{Fault, RunResult, Target},
     mutant::Mutant,
-    scenario::{Fault, RunResult, Target},
 };
 
 /// Aggregated results of one store × fault cell.
@@ -127,15 +128,6 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |x| format!("{x:.0}"))
 }
 
-/// A run's variant: 0 the real lock with fencing, 1 fencing off, 2 + i the
-/// i-th mutant (control runs are the variants above 0).
-pub fn variant(r: &RunResult) -> usize {
-    match r.config.mutant {
-        Some(m) => 2 + Mutant::ALL.iter().position(|x| *x == m).unwrap_or(0),
-        None => usize::from(!r.config.fencing),
-    }
-}
-
 fn variant_label(v: usize) -> String {
     match v {
         0 => String::new(),
@@ -145,19 +137,6 @@ fn variant_label(v: usize) -> String {
             Mutant::ALL.get(v - 2).map_or("?", |m| m.name())
         ),
     }
-}
-
-/// A run's cell: (variant, index in [`Target::ALL`], index in [`Fault::ALL`]).
-pub fn cell_key(r: &RunResult) -> (usize, usize, usize) {
-    let t = Target::ALL
-        .iter()
-        .position(|t| *t == r.config.target)
-        .unwrap_or(0);
-    let f = Fault::ALL
-        .iter()
-        .position(|f| *f == r.config.fault)
-        .unwrap_or(0);
-    (variant(r), t, f)
 }
 
 /// Groups results by (variant, store, fault).
@@ -445,7 +424,7 @@ mod tests {
 
     fn result(target: Target, truth: Option<ServerTruth>) -> RunResult {
         RunResult {
-            config: crate::scenario::RunConfig::new(target, Fault::Contention, 1),
+            config: crate::model::RunConfig::new(target, Fault::Contention, 1),
             acquisitions: 10,
             faults: 1,
             belief_overlaps: 0,

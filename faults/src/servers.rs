@@ -22,11 +22,11 @@ use tokio::time::Instant;
 use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row as _};
 
 use crate::{
+    model::{Fault, Target},
     private::{
         EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, RedisOptions,
         RedisPersistence,
     },
-    scenario::{Fault, Target},
 };
 
 /// A private server for one run.

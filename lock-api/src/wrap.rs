@@ -16,16 +16,20 @@ use crate::{
 /// For instrumentation (count or log calls), read-only views, and test
 /// doubles that break one thing on purpose.
 ///
+/// Name the trait by its path in the `impl` (`impl fenced_api::WrapLock for
+/// …`) rather than importing it: with both traits in scope a call such as
+/// `store.try_acquire(…)` would be ambiguous between them.
+///
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use fenced_api::{async_trait, DistributedLock, Lease, LockKey, LockOptions, MemoryLock, Result, WrapLock};
+/// use fenced_api::{async_trait, DistributedLock, Lease, LockKey, LockOptions, MemoryLock, Result};
 ///
 /// /// Counts the grants of the store it wraps.
 /// #[derive(Debug, Default)]
 /// struct Counted { inner: MemoryLock, grants: AtomicUsize }
 ///
 /// #[async_trait]
-/// impl WrapLock for Counted {
+/// impl fenced_api::WrapLock for Counted {
 ///     fn inner(&self) -> &dyn DistributedLock { &self.inner }
 ///     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
 ///         let lease = self.inner.try_acquire(key, opts).await?;

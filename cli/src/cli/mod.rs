@@ -557,10 +557,8 @@ pub(crate) fn print(s: &str) {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use std::time::Duration;
-
     use clap::CommandFactory;
-    use fenced::{async_trait, DistributedLock, LockOptions, MemoryLock, Result, WrapLock};
+    use fenced::{async_trait, DistributedLock, LockOptions, MemoryLock, Result};
 
     use super::*;
 
@@ -578,7 +576,7 @@ mod tests {
     struct NoList(MemoryLock);
 
     #[async_trait]
-    impl WrapLock for NoList {
+    impl fenced::WrapLock for NoList {
         fn inner(&self) -> &dyn DistributedLock {
             &self.0
         }

@@ -41,9 +41,10 @@ use tokio::{
 
 use crate::{
     history::{History, Op, Phase},
+    model::{Fault, RunConfig, RunResult},
     private::send_signal,
     resource::{FencedResource, Read, WriteOutcome},
-    scenario::{finish, start_recorder, Collected, Fault, Prepared, RunConfig, RunResult},
+    run::{finish, start_recorder, Collected, Prepared},
 };
 
 /// What the hub does to a client when it next reads the resource.

@@ -54,8 +54,8 @@ pub use rows::{changes, check, micros, parse, Change, RowEvent};
 
 use crate::{
     history::ServerTruth,
+    model::Target,
     private::{find_binary, MariaDbOptions, PrivateMariaDb},
-    scenario::Target,
 };
 
 static SHARED: Mutex<Weak<PrivateMariaDb>> = Mutex::new(Weak::new());

@@ -35,7 +35,7 @@ use sqlx::{AssertSqlSafe, Connection as _, Row as _, SqliteConnection};
 
 use crate::{
     history::{check_server_grants, Event, History, Op, Phase, ServerGrant, ServerTruth},
-    scenario::Target,
+    model::Target,
 };
 
 /// The SQLite clock the backend uses for its own times (µs since the epoch).

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     history::{ServerTruth, ROW_LOCK_UNJUDGED},
-    scenario::Target,
+    model::Target,
 };
 
 /// One decoded row change.

@@ -1,0 +1,305 @@
+//! The stages every run shares, whether its clients are threads of this
+//! process or separate processes: where a target's clients reach it, the
+//! set-up of the store, the start of the store's own record, and liveness,
+//! the checks and the cleanup once the clients are done.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use fenced_api::{LockClient, WaitPolicy};
+use tokio::time::Instant;
+
+use crate::{
+    history::{belief_overlaps, Event, History, Op, Phase},
+    model::{FaultKind, RunConfig, RunResult, Target},
+    resource::FencedResource,
+    servers::PrivateStore,
+    truth::Recorder,
+};
+
+impl Target {
+    /// The shared server's URL and `host:port` (from the test environment).
+    fn server(self) -> Option<(String, u16)> {
+        use fenced_conformance::services;
+        match self {
+            Target::Sqlite => None,
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => Some((
+                // The private MariaDB with a binary log, while one is in use (server truth).
+                crate::truth::binlog::server_url().unwrap_or_else(services::mysql_url),
+                3306,
+            )),
+            Target::Redis => Some((services::redis_url(), 6379)),
+            Target::Etcd => Some((services::etcd_url(), 2379)),
+        }
+    }
+
+    /// The URL of this target in namespace `ns`, through `via` if given;
+    /// on the private server at `private` (its base URL) if given.
+    pub(crate) fn url(
+        self,
+        ns: &str,
+        via: Option<SocketAddr>,
+        dir: &std::path::Path,
+        private: Option<&str>,
+    ) -> Result<String, String> {
+        let base = match (self.server(), private) {
+            (None, _) => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
+            (Some(_), Some(p)) => p.to_owned(),
+            (Some((url, port)), None) => {
+                let hp = fenced_conformance::services::host_port(&url, port)?;
+                match via {
+                    Some(a) => url.replacen(&hp, &a.to_string(), 1),
+                    None => url,
+                }
+            }
+        };
+        Ok(match self {
+            Target::Sqlite => unreachable!("handled above"),
+            Target::MySqlUniqueKey => format!("{base}?strategy=unique_key&table=ff_{ns}"),
+            Target::MySqlRowLock => format!("{base}?strategy=row_lock&table=ff_{ns}"),
+            Target::MySqlOptimistic => format!("{base}?strategy=optimistic&table=ff_{ns}"),
+            Target::Redis => format!("{base}?prefix=ff{ns}"),
+            Target::Etcd => {
+                let hp = base
+                    .trim_start_matches("http://")
+                    .trim_start_matches("etcd://")
+                    .trim_end_matches('/');
+                format!("etcd://{hp}/fenced-faults-{ns}")
+            }
+        })
+    }
+
+    pub(crate) fn upstream(self) -> Result<Option<SocketAddr>, String> {
+        let Some((url, port)) = self.server() else {
+            return Ok(None);
+        };
+        let hp = fenced_conformance::services::host_port(&url, port)?;
+        let hp = hp.replace("localhost", "127.0.0.1");
+        hp.parse()
+            .map(Some)
+            .map_err(|e| format!("{} server address `{hp}`: {e}", self.name()))
+    }
+}
+
+/// What every run sets up before its clients start: a namespace, the
+/// migrated store.
+pub(crate) struct Prepared {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ns: String,
+    pub(crate) admin_url: String,
+    pub(crate) private: Option<Arc<PrivateStore>>,
+    pub(crate) key: String,
+}
+
+impl Prepared {
+    /// The store URL for a client (through `via` if given).
+    pub(crate) fn url(&self, cfg: &RunConfig, via: Option<SocketAddr>) -> Result<String, String> {
+        let base = self.private.as_ref().map(|p| p.base_url());
+        cfg.target
+            .url(&self.ns, via, self.dir.path(), base.as_deref())
+    }
+
+    /// Where mutants share what they share.
+    pub(crate) fn mutant_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("mutant")
+    }
+}
+
+pub(crate) async fn prepare(cfg: &RunConfig) -> Result<Prepared, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let ns = format!(
+        "{}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8],
+        cfg.seed
+    );
+    let private = PrivateStore::for_run(cfg.target, cfg.fault)
+        .await?
+        .map(Arc::new);
+    let base = private.as_ref().map(|p| p.base_url());
+    let admin_url = cfg.target.url(&ns, None, dir.path(), base.as_deref())?;
+    let setup = async {
+        fenced::migrate(&admin_url).await?;
+        fenced::connect(&admin_url).await.map(drop)
+    };
+    setup.await.map_err(|e| {
+        format!(
+            "{}: setting up failed ({e}); are the services up? run scripts/services.sh",
+            cfg.target.name()
+        )
+    })?;
+    Ok(Prepared {
+        dir,
+        ns,
+        admin_url,
+        private,
+        key: format!("faults/{}", cfg.fault.name()),
+    })
+}
+
+/// Starts the store's own record of the run (server truth, truth.rs);
+/// before the clients start.
+pub(crate) async fn start_recorder(
+    cfg: &RunConfig,
+    prep: &Prepared,
+    history: &History,
+) -> Result<Recorder, String> {
+    if cfg.fault.kind() == FaultKind::Server {
+        // Restarts and kills break a MONITOR stream or a watch, and the
+        // private servers of these faults keep no binary log.
+        return Ok(Recorder::None(SERVER_FAULT_REASON));
+    }
+    Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
+}
+
+/// Why server faults have no server truth.
+pub const SERVER_FAULT_REASON: &str =
+    "server faults run on a private server that the fault restarts or kills (which breaks a MONITOR stream or a watch) and that keeps no binary log";
+
+/// What the clients of a run collected, however they ran.
+pub(crate) struct Collected {
+    pub(crate) history: History,
+    /// The store's own record of the run (started before the clients).
+    pub(crate) recorder: Recorder,
+    pub(crate) resource: Arc<FencedResource>,
+    pub(crate) loss_latency_ms: Vec<f64>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) transient: u64,
+    pub(crate) evidence: Vec<String>,
+    pub(crate) confirmed: u64,
+    pub(crate) lock_conflicts: Option<(u64, u64)>,
+}
+
+/// Liveness, the checks and the cleanup after the clients are done.
+pub(crate) async fn finish(
+    cfg: RunConfig,
+    prep: Prepared,
+    mut c: Collected,
+) -> Result<RunResult, String> {
+    // Liveness: a fresh client, straight to the server, gets the key.
+    let liveness_ms = match liveness(&prep.admin_url, &prep.key, cfg.ttl).await {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            c.errors.push(e);
+            None
+        }
+    };
+    let events = c.history.events();
+    // Server truth: what the store itself recorded (truth.rs).
+    let recorder = std::mem::replace(&mut c.recorder, Recorder::None(""));
+    let server_truth = recorder.finish(&events).await?;
+    let overlaps = belief_overlaps(&events);
+    let faults = events
+        .iter()
+        .filter(|e| e.op == Op::Fault && e.phase == Phase::Invoke)
+        .count() as u64;
+    let result = RunResult {
+        acquisitions: count(&events, Op::Acquire, Phase::Ok),
+        faults,
+        belief_overlaps: overlaps.len(),
+        belief_overlap_max_ms: overlaps
+            .iter()
+            .map(|o| o.ns as f64 / 1e6)
+            .fold(0.0, f64::max),
+        resource: c.resource.totals(),
+        server_truth,
+        non_owner_releases: non_owner_releases(&events),
+        loss_latency_ms: c.loss_latency_ms,
+        liveness_ms,
+        errors: c.errors,
+        transient_errors: c.transient,
+        confirmed_faults: if cfg.fault.kind() == FaultKind::InProcess {
+            faults
+        } else {
+            c.confirmed
+        },
+        evidence: c.evidence,
+        token_regressions: crate::checks::token_regressions(&events),
+        forbidden_overlaps: if cfg.fault.forbids_overlap(cfg.target) {
+            overlaps.len()
+        } else {
+            0
+        },
+        victim_noticed_loss: crate::checks::victim_noticed_loss(&events),
+        takeover_ms: crate::checks::takeover_ms(&events),
+        lock_conflicts: c.lock_conflicts,
+        commit: None,
+        elapsed_s: None,
+        history: c.history.to_jsonl(),
+        config: cfg,
+    };
+    cleanup(&prep.admin_url).await;
+    Ok(result)
+}
+
+fn count(events: &[Event], op: Op, phase: Phase) -> u64 {
+    events
+        .iter()
+        .filter(|e| e.op == op && e.phase == phase)
+        .count() as u64
+}
+
+/// Releases the store confirmed although a later token had been granted on
+/// the key before the release was even sent: the store freed a lock that
+/// was no longer the releaser's.
+pub fn non_owner_releases(events: &[Event]) -> usize {
+    let mut invoked: std::collections::HashMap<(usize, u64), u64> = Default::default();
+    let mut n = 0;
+    for e in events {
+        match (e.op, e.phase, e.token) {
+            (Op::Release, Phase::Invoke, Some(t)) => {
+                invoked.insert((e.process, t), e.t_ns);
+            }
+            (Op::Release, Phase::Ok, Some(t)) => {
+                let sent = invoked.get(&(e.process, t)).copied().unwrap_or(e.t_ns);
+                let overtaken = events.iter().any(|o| {
+                    o.op == Op::Acquire
+                        && o.phase == Phase::Ok
+                        && o.key == e.key
+                        && o.token.is_some_and(|ot| ot > t)
+                        && o.t_ns < sent
+                });
+                if overtaken {
+                    n += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    n
+}
+
+/// How long a fresh client needed for the key; why it could not get it.
+async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
+    let lock = fenced::connect(url)
+        .await
+        .map_err(|e| format!("liveness: connect: {e}"))?;
+    let client = LockClient::builder(lock)
+        .ttl(ttl)
+        .build()
+        .map_err(|e| format!("liveness: {e}"))?;
+    let start = Instant::now();
+    let g = client
+        .acquire_with(key, WaitPolicy::Timeout(ttl * 4))
+        .await
+        .map_err(|e| format!("liveness: acquire: {e}"))?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let _ = g.release().await;
+    Ok(ms)
+}
+
+/// Drops the run's MySQL tables (Redis keys and etcd leases expire by
+/// themselves; SQLite lives in a temporary directory).
+async fn cleanup(url: &str) {
+    use sqlx::Connection as _;
+    let Some(table) = url.split("table=").nth(1) else {
+        return;
+    };
+    let base = url.split('?').next().unwrap_or(url);
+    if let Ok(mut c) = sqlx::MySqlConnection::connect(base).await {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS `{table}`, `{table}_migrations`, `{table}_audit`, \
+             `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`"
+        )))
+        .execute(&mut c)
+        .await;
+    }
+}
