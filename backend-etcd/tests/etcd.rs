@@ -4,32 +4,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 mod common;
+mod locks;
 
 use std::{sync::Arc, time::Duration};
 
 use common::{line_of, private::PrivateEtcd, raw, EtcdHarness};
 use fenced_api::{DistributedLock, Error, LockClient, LockKey, LockOptions, ReleaseOutcome};
 use fenced_etcd::{etcd_client, EtcdLock};
+use locks::{hold, key, opts};
 use tokio::time::Instant;
-
-fn key(tag: &str) -> LockKey {
-    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-fn opts(ttl: Duration) -> LockOptions {
-    LockOptions::builder().ttl(ttl).build().unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_served_in_arrival_order() {
     let h = EtcdHarness::new().await;
     let holder = h.lock().await;
     let k = key("fifo");
-    let held = holder
-        .try_acquire(&k, &opts(Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = hold(&holder, &k, Duration::from_secs(10)).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let wait = LockOptions::builder()
         .ttl(Duration::from_secs(10))
@@ -76,11 +66,7 @@ async fn effective_ttl_is_whole_seconds_and_reported() {
     let h = EtcdHarness::new().await;
     let lock = h.lock().await;
     let k = key("ttl");
-    let lease = lock
-        .try_acquire(&k, &opts(Duration::from_millis(1500)))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = hold(&lock, &k, Duration::from_millis(1500)).await;
     assert!(
         lease.ttl >= Duration::from_secs(2),
         "1.5 s must round up, got {:?}",
@@ -101,11 +87,7 @@ async fn a_one_second_ttl_reports_the_ttl_etcd_granted() {
     let h = EtcdHarness::new().await;
     let lock = h.lock().await;
     let k = key("ttl1");
-    let lease = lock
-        .try_acquire(&k, &opts(Duration::from_secs(1)))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = hold(&lock, &k, Duration::from_secs(1)).await;
     // The session lease the entry is on, as etcd itself reports it.
     let hostport = common::server_hostport().await;
     let mut c = etcd_client::Client::connect([format!("http://{hostport}")], None)
@@ -297,7 +279,7 @@ async fn dead_holder_lock_after_restart_lives_about_one_ttl() {
     let k = key("dead");
     let dead = {
         let lock = EtcdLock::connect(&url).await.unwrap();
-        lock.try_acquire(&k, &opts(ttl)).await.unwrap().unwrap()
+        hold(&lock, &k, ttl).await
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     etcd.restart().await.unwrap();

@@ -6,21 +6,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 mod common;
+mod locks;
 
 use std::{sync::Arc, time::Duration};
 
 use common::{line_of, line_prefix, raw, EtcdHarness};
 use fenced_api::{DistributedLock, LockClient, LockKey, LockOptions, ReleaseOutcome};
 use fenced_etcd::{etcd_client, EtcdLock};
+use locks::{hold, key, opts};
 use tokio::time::Instant;
-
-fn key(tag: &str) -> LockKey {
-    LockKey::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-fn opts(ttl: Duration) -> LockOptions {
-    LockOptions::builder().ttl(ttl).build().unwrap()
-}
 
 /// The session lease of the holder of `k` (the oldest entry of its line).
 async fn lease_of(c: &mut etcd_client::Client, k: &LockKey) -> Option<i64> {
@@ -40,20 +34,11 @@ async fn lease_of(c: &mut etcd_client::Client, k: &LockKey) -> Option<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unextended_lock_expires_at_its_ttl_while_a_sibling_is_renewed() {
     let h = EtcdHarness::new().await;
-    let holder = h.lock().await;
-    let other = h.lock().await;
+    let (holder, other) = (h.lock().await, h.lock().await);
     let ttl = Duration::from_secs(2);
     let (idle, busy) = (key("idle"), key("busy"));
-    let idle_lease = holder
-        .try_acquire(&idle, &opts(ttl))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut busy_lease = holder
-        .try_acquire(&busy, &opts(ttl))
-        .await
-        .unwrap()
-        .unwrap();
+    let idle_lease = hold(&holder, &idle, ttl).await;
+    let mut busy_lease = hold(&holder, &busy, ttl).await;
 
     let mut c = raw().await;
     let shared = lease_of(&mut c, &idle).await.unwrap();
@@ -158,24 +143,18 @@ async fn session_lease_loss_resolves_every_guard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_waits_for_many_keys_on_one_stream() {
     let h = EtcdHarness::new().await;
-    let holder = h.lock().await;
-    let waiter = h.lock().await;
+    let (holder, waiter) = (h.lock().await, h.lock().await);
     let long = Duration::from_secs(20);
     let keys: Vec<LockKey> = (0..5).map(|i| key(&format!("multi{i}"))).collect();
     let mut held = Vec::new();
     for k in &keys {
-        held.push(holder.try_acquire(k, &opts(long)).await.unwrap().unwrap());
+        held.push(hold(&holder, k, long).await);
     }
-    let wait = LockOptions::builder()
-        .ttl(long)
-        .wait_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let mut waits = Vec::new();
-    for k in &keys {
-        let (w, k, wait) = (waiter.clone(), k.clone(), wait.clone());
-        waits.push(tokio::spawn(async move { w.acquire(&k, &wait).await }));
-    }
+    let wait = waiting(long, Duration::from_secs(30));
+    let waits: Vec<_> = keys
+        .iter()
+        .map(|k| spawn_acquire(&waiter, k, &wait))
+        .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !waits.iter().any(|w| w.is_finished()),
@@ -205,7 +184,7 @@ async fn cancelled_waiter_leaves_the_queue() {
     let holder = h.lock().await;
     let k = key("cancel");
     let long = Duration::from_secs(30);
-    let held = holder.try_acquire(&k, &opts(long)).await.unwrap().unwrap();
+    let held = hold(&holder, &k, long).await;
     let waiter = h.lock().await;
     let wait = LockOptions::builder()
         .ttl(long)
@@ -260,11 +239,7 @@ async fn extend_with_a_new_ttl_changes_the_ttl() {
     let h = EtcdHarness::new().await;
     let lock = h.lock().await;
     let k = key("newttl");
-    let l = lock
-        .try_acquire(&k, &opts(Duration::from_secs(3)))
-        .await
-        .unwrap()
-        .unwrap();
+    let l = hold(&lock, &k, Duration::from_secs(3)).await;
     let mut c = raw().await;
     let before = lease_of(&mut c, &k).await.unwrap();
     let longer = lock.extend(&l, Duration::from_secs(9)).await.unwrap();
@@ -312,14 +287,8 @@ async fn many_locks_of_one_client_keep_renewing() {
 /// every repeat is `NotHeld` — never an error (one key per batch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_and_repeated_releases() {
-    let h = EtcdHarness::new().await;
-    let lock = h.lock().await;
     let ttl = Duration::from_secs(30);
-    let mut leases = Vec::new();
-    for i in 0..300 {
-        let k = key(&format!("rel{i}"));
-        leases.push(lock.try_acquire(&k, &opts(ttl)).await.unwrap().unwrap());
-    }
+    let (h, lock, leases) = take_many("rel", 300, ttl).await;
     let mut tasks = Vec::new();
     for l in &leases {
         for _ in 0..2 {
@@ -352,14 +321,8 @@ async fn concurrent_and_repeated_releases() {
 /// every one of them, none before its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_unextended_locks_all_expire() {
-    let h = EtcdHarness::new().await;
-    let lock = h.lock().await;
     let ttl = Duration::from_secs(2);
-    let mut leases = Vec::new();
-    for i in 0..200 {
-        let k = key(&format!("exp{i}"));
-        leases.push(lock.try_acquire(&k, &opts(ttl)).await.unwrap().unwrap());
-    }
+    let (h, _lock, leases) = take_many("exp", 200, ttl).await;
     let last = leases.iter().map(|l| l.deadline).max().unwrap();
     let other = h.lock().await;
     let mut free = vec![false; leases.len()];
@@ -391,12 +354,9 @@ async fn waiter_behind_a_quitter_keeps_waiting() {
     let (holder, quitter, waiter) = (h.lock().await, h.lock().await, h.lock().await);
     let k = key("quit");
     let long = Duration::from_secs(30);
-    let held = holder.try_acquire(&k, &opts(long)).await.unwrap().unwrap();
-    let wait = LockOptions::builder()
-        .ttl(long)
-        .wait_timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let held = hold(&holder, &k, long).await;
+    let wait = waiting(long, Duration::from_secs(60));
+    // The task owns the quitter's only handle: aborting it drops the store.
     let quitting = {
         let (k, wait) = (k.clone(), wait.clone());
         tokio::spawn(async move { quitter.acquire(&k, &wait).await })
@@ -426,14 +386,78 @@ async fn waiter_behind_a_quitter_keeps_waiting() {
     waiter.release(&got).await.unwrap();
 }
 
-/// After `acquire` returned `got` (or failed), the lock must be exactly what
-/// `inspect` shows: never a lease whose entry is gone.
+/// A store on the shared server (and its harness) that took `n` fresh
+/// keys `<prefix><i>…` for `ttl`.
+async fn take_many(
+    prefix: &str,
+    n: usize,
+    ttl: Duration,
+) -> (EtcdHarness, EtcdLock, Vec<fenced_api::Lease>) {
+    let h = EtcdHarness::new().await;
+    let lock = h.lock().await;
+    let mut leases = Vec::with_capacity(n);
+    for i in 0..n {
+        let k = key(&format!("{prefix}{i}"));
+        leases.push(hold(&lock, &k, ttl).await);
+    }
+    (h, lock, leases)
+}
+
+/// The holders' and waiters' TTL in the phantom-lock tests.
+const PHANTOM_TTL: Duration = Duration::from_secs(60);
+
+/// A lease of `ttl`, waited for up to `wait`.
+fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::builder()
+        .ttl(ttl)
+        .wait_timeout(wait)
+        .build()
+        .unwrap()
+}
+
+/// `lock.acquire(k, wait)` in a task of its own.
+fn spawn_acquire(
+    lock: &EtcdLock,
+    k: &LockKey,
+    wait: &LockOptions,
+) -> tokio::task::JoinHandle<fenced_api::Result<fenced_api::Lease>> {
+    let (lock, k, wait) = (lock.clone(), k.clone(), wait.clone());
+    tokio::spawn(async move { lock.acquire(&k, &wait).await })
+}
+
+/// `holder` takes `k` for [`PHANTOM_TTL`] and `waiter` queues behind it
+/// with `wait`: the holder's lease, the waiting task, and the line's two
+/// entries.
+async fn hold_and_queue(
+    c: &mut etcd_client::Client,
+    holder: &EtcdLock,
+    waiter: &EtcdLock,
+    k: &LockKey,
+    wait: &LockOptions,
+) -> (
+    fenced_api::Lease,
+    tokio::task::JoinHandle<fenced_api::Result<fenced_api::Lease>>,
+    Vec<etcd_client::KeyValue>,
+) {
+    let held = hold(holder, k, PHANTOM_TTL).await;
+    let waiting = spawn_acquire(waiter, k, wait);
+    let line = line_of(c, k, 2).await;
+    (held, waiting, line)
+}
+
+/// Once `waiting` (see [`spawn_acquire`]) returned a lease (within 40 s) or
+/// failed, the lock must be exactly what `inspect` shows: never a lease
+/// whose entry is gone.
 async fn check_not_phantom(
     lock: &EtcdLock,
     k: &LockKey,
-    got: fenced_api::Result<fenced_api::Lease>,
+    waiting: tokio::task::JoinHandle<fenced_api::Result<fenced_api::Lease>>,
     case: &str,
 ) {
+    let got = tokio::time::timeout(Duration::from_secs(40), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("{case}: acquire hung"))
+        .unwrap();
     match got {
         Ok(lease) => {
             let info = lock.inspect(k).await.unwrap();
@@ -453,21 +477,17 @@ async fn check_not_phantom(
     }
 }
 
-/// etcd issue #11456: a waiter whose place in line vanishes behind its back
-/// — its session lease revoked, or its entry deleted — while the holder still
-/// holds must not come back holding a lock whose entry is gone once the
-/// holder releases: it queues again (and `inspect` then shows its token) or
-/// fails. The holder releases right after the damage, or a little later.
+/// The phantom-lock race of etcd's lock recipe: a waiter whose place in
+/// line vanishes behind its back — its session lease revoked, or its entry
+/// deleted — while the holder still holds must not come back holding a
+/// lock whose entry is gone once the holder releases: it queues again (and
+/// `inspect` then shows its token) or fails. The holder releases right
+/// after the damage, or a little later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_whose_entry_vanished_never_returns_a_phantom_lock() {
     let h = EtcdHarness::new().await;
     let mut c = raw().await;
-    let long = Duration::from_secs(60);
-    let wait = LockOptions::builder()
-        .ttl(long)
-        .wait_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let wait = waiting(PHANTOM_TTL, Duration::from_secs(30));
     for revoke in [true, false] {
         for pause in [Duration::ZERO, Duration::from_millis(300)] {
             let case = format!(
@@ -480,12 +500,7 @@ async fn waiter_whose_entry_vanished_never_returns_a_phantom_lock() {
             );
             let (holder, waiter) = (h.lock().await, h.lock().await);
             let k = key("phantom");
-            let held = holder.try_acquire(&k, &opts(long)).await.unwrap().unwrap();
-            let waiting = {
-                let (waiter, k, wait) = (waiter.clone(), k.clone(), wait.clone());
-                tokio::spawn(async move { waiter.acquire(&k, &wait).await })
-            };
-            let line = line_of(&mut c, &k, 2).await;
+            let (held, waiting, line) = hold_and_queue(&mut c, &holder, &waiter, &k, &wait).await;
             let mine = &line[1];
             assert_ne!(mine.value(), held.owner.as_str().as_bytes());
             if revoke {
@@ -495,11 +510,7 @@ async fn waiter_whose_entry_vanished_never_returns_a_phantom_lock() {
             }
             tokio::time::sleep(pause).await;
             holder.release(&held).await.unwrap();
-            let got = tokio::time::timeout(Duration::from_secs(40), waiting)
-                .await
-                .unwrap_or_else(|_| panic!("{case}: acquire hung"))
-                .unwrap();
-            check_not_phantom(&waiter, &k, got, &case).await;
+            check_not_phantom(&waiter, &k, waiting, &case).await;
         }
     }
 }
@@ -512,29 +523,15 @@ async fn waiter_whose_entry_vanished_never_returns_a_phantom_lock() {
 async fn waiter_sharing_the_holders_revoked_lease_never_returns_a_phantom_lock() {
     let h = EtcdHarness::new().await;
     let mut c = raw().await;
-    let long = Duration::from_secs(60);
-    let wait = LockOptions::builder()
-        .ttl(long)
-        .wait_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let wait = waiting(PHANTOM_TTL, Duration::from_secs(30));
     for round in 0..6 {
         let case = format!("round {round}");
         let lock = h.lock().await;
         let k = key("phantom-shared");
-        let held = lock.try_acquire(&k, &opts(long)).await.unwrap().unwrap();
-        let waiting = {
-            let (lock, k, wait) = (lock.clone(), k.clone(), wait.clone());
-            tokio::spawn(async move { lock.acquire(&k, &wait).await })
-        };
-        let line = line_of(&mut c, &k, 2).await;
+        let (held, waiting, line) = hold_and_queue(&mut c, &lock, &lock, &k, &wait).await;
         assert_eq!(line[0].lease(), line[1].lease(), "one session lease");
         c.lease_revoke(line[0].lease()).await.unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(40), waiting)
-            .await
-            .unwrap_or_else(|_| panic!("{case}: acquire hung"))
-            .unwrap();
-        check_not_phantom(&lock, &k, got, &case).await;
+        check_not_phantom(&lock, &k, waiting, &case).await;
         drop(held);
     }
 }

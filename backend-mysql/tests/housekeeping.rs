@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod schema_v2;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -13,6 +14,7 @@ use common::{server_url, url_for};
 use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome};
 use fenced_mysql::{MySqlLock, Strategy, TableStats};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use schema_v2::{install_with_holder, run_template};
 use sqlx::Row;
 
 fn ttl(d: Duration) -> LockOptions {
@@ -264,20 +266,6 @@ async fn purge_deletes_exactly_the_stale_rows() {
     drop_tables(&pool, &base).await;
 }
 
-async fn run_template(pool: &sqlx::MySqlPool, template: &str, base: &str) {
-    let sql: String = template
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        sqlx::query(sqlx::AssertSqlSafe(stmt.replace("{base}", base)))
-            .execute(pool)
-            .await
-            .unwrap();
-    }
-}
-
 /// A migrate that died between v3's `ALTER` (which committed) and the log
 /// row: the next migrate must skip the `ALTER` (it cannot run twice),
 /// record v3, and keep the rows.
@@ -287,37 +275,8 @@ async fn migration_v3_recovers_from_a_migrate_that_died_halfway() {
     let base = fresh_base("v3");
     let url = url_for(&server, Strategy::UniqueKey, &base);
     let pool = sqlx::MySqlPool::connect(&server).await.unwrap();
-    run_template(&pool, include_str!("../migrations/0001_initial.sql"), &base).await;
-    run_template(
-        &pool,
-        include_str!("../migrations/0002_row_lock_live.sql"),
-        &base,
-    )
-    .await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE `{base}_migrations` (version INT UNSIGNED NOT NULL PRIMARY KEY, \
-         name VARCHAR(100) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO `{base}_migrations` VALUES (1, 'initial', UTC_TIMESTAMP(6)), \
-         (2, 'row_lock_live', UTC_TIMESTAMP(6))"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
     let held = LockKey::new("held-through-the-crash").unwrap();
-    let token = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO `{base}` (lock_key, owner, reentrant_count, expire_time, create_time) \
-         VALUES (?, 'holder', 1, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, UTC_TIMESTAMP(6))"
-    )))
-    .bind(held.as_bytes())
-    .execute(&pool)
-    .await
-    .unwrap()
-    .last_insert_id();
+    let token = install_with_holder(&pool, &base, &held, "holder").await;
     // The v3 ALTER ran and committed; the process died before the log row.
     run_template(
         &pool,

@@ -5,12 +5,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod schema_v2;
 
 use std::{sync::Arc, time::Duration};
 
 use common::{private::PrivateMariaDb, run_table, server_url, url_for, MySqlHarness};
-use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome};
-use fenced_mysql::{MySqlLock, RowMode, Strategy};
+use fenced_api::{DistributedLock, Error, Lease, LockKey, LockOptions, ReleaseOutcome};
+use fenced_mysql::{MySqlLock, RowLockTransaction, RowMode, Strategy};
+use schema_v2::install_with_holder;
 use sqlx::Row;
 
 fn key(tag: &str) -> LockKey {
@@ -21,37 +23,126 @@ fn ttl(d: Duration) -> LockOptions {
     LockOptions::builder().ttl(d).build().unwrap()
 }
 
+/// Waits up to 5 s for a 30 s lease.
+fn wait() -> LockOptions {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
 async fn pool() -> sqlx::MySqlPool {
     sqlx::MySqlPool::connect(&server_url().await).await.unwrap()
 }
 
+/// Runs `sql` as a prepared statement.
+async fn exec(p: &sqlx::MySqlPool, sql: String) {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(p)
+        .await
+        .unwrap();
+}
+
+/// Runs `sql` as plain text (for statements that cannot be prepared).
+async fn exec_raw(p: &sqlx::MySqlPool, sql: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(p)
+        .await
+        .unwrap();
+}
+
+/// The one integer `sql` selects with `arg` bound.
+async fn scalar<'t, T>(p: &sqlx::MySqlPool, sql: &str, arg: T) -> i64
+where
+    T: sqlx::Encode<'t, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
+{
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .bind(arg)
+        .fetch_one(p)
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `lock` takes `k` for `d`; it must be free.
+async fn take(lock: &MySqlLock, k: &LockKey, d: Duration) -> Lease {
+    lock.try_acquire(k, &ttl(d)).await.unwrap().unwrap()
+}
+
+/// `lock` takes `k` and releases it again: it must be free (`why` says
+/// why). Returns the lease it had.
+async fn take_and_release(lock: &MySqlLock, k: &LockKey, opts: &LockOptions, why: &str) -> Lease {
+    let lease = lock.try_acquire(k, opts).await.unwrap().expect(why);
+    lock.release(&lease).await.unwrap();
+    lease
+}
+
+/// `next`, granted after `prev`, carries a higher token.
+fn assert_rises(next: &Lease, prev: &Lease, when: &str) {
+    assert!(
+        next.token > prev.token,
+        "{} ≤ {}{when}",
+        next.token,
+        prev.token
+    );
+}
+
+/// A `unique_key` store on the shared server in this run's table with
+/// `_<suffix>` appended.
+async fn unique_key_url(suffix: &str) -> String {
+    let table = format!("{}_{suffix}", run_table());
+    url_for(&server_url().await, Strategy::UniqueKey, &table)
+}
+
+/// Two stores with `strategy` on the shared server, in this run's table.
+async fn two_locks(strategy: Strategy) -> (MySqlLock, MySqlLock) {
+    let h = MySqlHarness::new(strategy).await;
+    (h.lock().await, h.lock().await)
+}
+
+/// Takes `n` keys `<prefix>/<i>` that expire after 10 ms.
+async fn take_expiring(lock: &MySqlLock, prefix: &str, n: usize) {
+    for i in 0..n {
+        let k = LockKey::new(format!("{prefix}/{i}")).unwrap();
+        take(lock, &k, Duration::from_millis(10)).await;
+    }
+}
+
+/// Writes order `id` in `state` inside `tx` with `insert`, fenced with the
+/// token of `tx`.
+async fn write_order(tx: &mut RowLockTransaction, insert: &str, id: i32, state: &str) {
+    let token = tx.token().get();
+    sqlx::query(sqlx::AssertSqlSafe(insert.to_owned()))
+        .bind(id)
+        .bind(state)
+        .bind(token)
+        .execute(tx.connection().unwrap())
+        .await
+        .unwrap();
+}
+
+/// A `row_lock` store on `url` whose keys map to rows as `mode` says.
+async fn with_rows(url: &str, mode: RowMode) -> MySqlLock {
+    MySqlLock::builder(url)
+        .unwrap()
+        .row_mode(mode)
+        .connect()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn unique_key_takes_over_an_expired_row_inline() {
-    let h = MySqlHarness::new(Strategy::UniqueKey).await;
-    let (a, b) = (h.lock().await, h.lock().await);
+    let (a, b) = two_locks(Strategy::UniqueKey).await;
     let k = key("takeover");
-    let crashed = a
-        .try_acquire(&k, &ttl(Duration::from_millis(200)))
-        .await
-        .unwrap()
-        .unwrap();
+    let crashed = take(&a, &k, Duration::from_millis(200)).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     // No reaper runs: the acquire itself removes the expired row.
-    let next = b
-        .try_acquire(&k, &ttl(Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .unwrap();
+    let next = take(&b, &k, Duration::from_secs(10)).await;
     assert!(next.token > crashed.token);
-    let rows: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM `{}` WHERE lock_key = ?",
-        run_table()
-    )))
-    .bind(k.as_bytes())
-    .fetch_one(&pool().await)
-    .await
-    .unwrap()
-    .get(0);
+    let count = format!("SELECT COUNT(*) FROM `{}` WHERE lock_key = ?", run_table());
+    let rows = scalar(&pool().await, &count, k.as_bytes()).await;
     assert_eq!(rows, 1, "exactly the new holder's row");
     assert_eq!(a.release(&crashed).await.unwrap(), ReleaseOutcome::NotHeld);
     assert!(
@@ -68,18 +159,8 @@ async fn reaper_removes_expired_rows_and_only_one_node_reaps() {
     let url = url_for(&server, Strategy::UniqueKey, &table);
     MySqlLock::migrate(&url).await.unwrap();
     let lock = MySqlLock::connect(&url).await.unwrap();
-    for i in 0..30 {
-        let k = LockKey::new(format!("reap/{i}")).unwrap();
-        lock.try_acquire(&k, &ttl(Duration::from_millis(10)))
-            .await
-            .unwrap()
-            .unwrap();
-    }
-    let live = lock
-        .try_acquire(&key("live"), &ttl(Duration::from_secs(60)))
-        .await
-        .unwrap()
-        .unwrap();
+    take_expiring(&lock, "reap", 30).await;
+    let live = take(&lock, &key("live"), Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stats = lock.table_stats().await.unwrap();
     assert_eq!((stats.rows, stats.expired), (31, 30));
@@ -87,11 +168,7 @@ async fn reaper_removes_expired_rows_and_only_one_node_reaps() {
     // Another node is reaping: this pass stands aside.
     let other = MySqlLock::connect(&url).await.unwrap();
     let reaper_key = LockKey::new("fenced:reaper").unwrap();
-    let busy = other
-        .try_acquire(&reaper_key, &ttl(Duration::from_secs(60)))
-        .await
-        .unwrap()
-        .unwrap();
+    let busy = take(&other, &reaper_key, Duration::from_secs(60)).await;
     assert_eq!(lock.reap_expired().await.unwrap(), None);
     other.release(&busy).await.unwrap();
 
@@ -105,26 +182,14 @@ async fn reaper_removes_expired_rows_and_only_one_node_reaps() {
     assert!(lock.inspect(&live.key).await.unwrap().is_some());
 
     // Two reapers at once: at most one does the work.
-    for i in 0..10 {
-        let k = LockKey::new(format!("reap2/{i}")).unwrap();
-        lock.try_acquire(&k, &ttl(Duration::from_millis(10)))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    take_expiring(&lock, "reap2", 10).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (r1, r2) = tokio::join!(lock.reap_expired(), other.reap_expired());
     let (r1, r2) = (r1.unwrap(), r2.unwrap());
     assert_eq!(r1.unwrap_or(0) + r2.unwrap_or(0), 10, "{r1:?} {r2:?}");
 
     // The background reaper does the same on a schedule.
-    for i in 0..5 {
-        let k = LockKey::new(format!("reap3/{i}")).unwrap();
-        lock.try_acquire(&k, &ttl(Duration::from_millis(10)))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    take_expiring(&lock, "reap3", 5).await;
     let handle = lock.spawn_reaper(Duration::from_millis(50)).unwrap();
     let start = tokio::time::Instant::now();
     while lock.table_stats().await.unwrap().expired > 0 {
@@ -139,10 +204,7 @@ async fn reaper_removes_expired_rows_and_only_one_node_reaps() {
         lock.purge_stale(Duration::from_secs(3600)).await.unwrap(),
         0
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE `{table}`, `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`, `{table}_migrations`")))
-        .execute(&pool().await)
-        .await
-        .unwrap();
+    exec(&pool().await, format!("DROP TABLE `{table}`, `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`, `{table}_migrations`")).await;
 }
 
 /// Other strategies have no rows to delete (an `optimistic` row's version
@@ -168,14 +230,9 @@ async fn reaper_is_refused_for_other_strategies() {
 
 #[tokio::test]
 async fn row_lock_holder_killed_server_side_loses_the_lock_and_tokens_still_increase() {
-    let h = MySqlHarness::new(Strategy::RowLock).await;
-    let (a, b) = (h.lock().await, h.lock().await);
+    let (a, b) = two_locks(Strategy::RowLock).await;
     let k = key("kill");
-    let held = a
-        .try_acquire(&k, &ttl(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = take(&a, &k, Duration::from_secs(30)).await;
     let p = pool().await;
     let conn_id: u64 = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT conn_id FROM `{}_live` WHERE lock_key = ?",
@@ -186,18 +243,10 @@ async fn row_lock_holder_killed_server_side_loses_the_lock_and_tokens_still_incr
     .await
     .unwrap()
     .get(0);
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {conn_id}")))
-        .execute(&p)
-        .await
-        .unwrap();
+    exec_raw(&p, format!("KILL CONNECTION {conn_id}")).await;
     // The server rolled the holder back: the key is free at once, long before the TTL.
-    let wait = LockOptions::builder()
-        .ttl(Duration::from_secs(30))
-        .wait_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let next = b.acquire(&k, &wait).await.unwrap();
-    assert!(next.token > held.token, "{} ≤ {}", next.token, held.token);
+    let next = b.acquire(&k, &wait()).await.unwrap();
+    assert_rises(&next, &held, "");
     assert!(matches!(
         a.extend(&held, Duration::from_secs(30)).await,
         Err(Error::LeaseLost { .. })
@@ -213,12 +262,10 @@ async fn row_lock_transaction_commits_writes_with_the_release_or_rolls_both_back
     let other = h.lock().await;
     let p = pool().await;
     let business = format!("{}_orders", run_table());
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    exec(&p, format!(
         "CREATE TABLE IF NOT EXISTS `{business}` (id INT PRIMARY KEY, state VARCHAR(20), fence BIGINT UNSIGNED)"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
+    ))
+    .await;
     let insert = format!("INSERT INTO `{business}` (id, state, fence) VALUES (?, ?, ?)");
     let count = format!("SELECT COUNT(*) FROM `{business}` WHERE id = ?");
     let opts = ttl(Duration::from_secs(30));
@@ -226,92 +273,32 @@ async fn row_lock_transaction_commits_writes_with_the_release_or_rolls_both_back
 
     // Commit: the write and the release become visible together.
     let mut tx = lock.lock_in_transaction(&k, &opts).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-        .bind(1)
-        .bind("shipped")
-        .bind(tx.token().get())
-        .execute(tx.connection().unwrap())
-        .await
-        .unwrap();
+    write_order(&mut tx, &insert, 1, "shipped").await;
     assert!(
         other.try_acquire(&k, &opts).await.unwrap().is_none(),
         "held during the transaction"
     );
-    let n: i64 = sqlx::query(sqlx::AssertSqlSafe(count.clone()))
-        .bind(1)
-        .fetch_one(&p)
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 0, "uncommitted write visible");
+    assert_eq!(scalar(&p, &count, 1).await, 0, "uncommitted write visible");
     tx.commit().await.unwrap();
-    let n: i64 = sqlx::query(sqlx::AssertSqlSafe(count.clone()))
-        .bind(1)
-        .fetch_one(&p)
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 1);
-    let after = other
-        .try_acquire(&k, &opts)
-        .await
-        .unwrap()
-        .expect("released by the commit");
-    other.release(&after).await.unwrap();
+    assert_eq!(scalar(&p, &count, 1).await, 1);
+    let after = take_and_release(&other, &k, &opts, "released by the commit").await;
 
     // Rollback: neither the write nor the lock survive.
     let mut tx = lock.lock_in_transaction(&k, &opts).await.unwrap();
     assert!(tx.token() > after.token);
-    sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-        .bind(2)
-        .bind("cancelled")
-        .bind(tx.token().get())
-        .execute(tx.connection().unwrap())
-        .await
-        .unwrap();
+    write_order(&mut tx, &insert, 2, "cancelled").await;
     tx.rollback().await.unwrap();
-    let n: i64 = sqlx::query(sqlx::AssertSqlSafe(count.clone()))
-        .bind(2)
-        .fetch_one(&p)
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 0);
-    let again = other
-        .try_acquire(&k, &opts)
-        .await
-        .unwrap()
-        .expect("released by the rollback");
-    other.release(&again).await.unwrap();
+    assert_eq!(scalar(&p, &count, 2).await, 0);
+    take_and_release(&other, &k, &opts, "released by the rollback").await;
 
     // Dropped without commit: rolled back and released (the connection is closed).
     let mut tx = lock.lock_in_transaction(&k, &opts).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(insert))
-        .bind(3)
-        .bind("lost")
-        .bind(tx.token().get())
-        .execute(tx.connection().unwrap())
-        .await
-        .unwrap();
+    write_order(&mut tx, &insert, 3, "lost").await;
     drop(tx);
-    let wait = LockOptions::builder()
-        .ttl(Duration::from_secs(30))
-        .wait_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let last = other.acquire(&k, &wait).await.unwrap();
-    let n: i64 = sqlx::query(sqlx::AssertSqlSafe(count))
-        .bind(3)
-        .fetch_one(&p)
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 0);
+    let last = other.acquire(&k, &wait()).await.unwrap();
+    assert_eq!(scalar(&p, &count, 3).await, 0);
     other.release(&last).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE `{business}`")))
-        .execute(&p)
-        .await
-        .unwrap();
+    exec(&p, format!("DROP TABLE `{business}`")).await;
 
     // Other strategies say plainly that they cannot do this.
     let uk = MySqlHarness::new(Strategy::UniqueKey).await.lock().await;
@@ -335,12 +322,11 @@ async fn injection_attempts_are_harmless() {
     // Keys are bound parameters: SQL in a key is just bytes.
     let p = pool().await;
     let canary = format!("{}_canary", run_table());
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS `{canary}` (id INT)"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
+    exec(
+        &p,
+        format!("CREATE TABLE IF NOT EXISTS `{canary}` (id INT)"),
+    )
+    .await;
     for strategy in [Strategy::UniqueKey, Strategy::RowLock, Strategy::Optimistic] {
         let lock = MySqlHarness::new(strategy).await.lock().await;
         for evil in [
@@ -350,26 +336,14 @@ async fn injection_attempts_are_harmless() {
             r"\'; SELECT SLEEP(5); --".to_string(),
         ] {
             let k = LockKey::new(format!("{}{evil}", uuid::Uuid::new_v4().simple())).unwrap();
-            let lease = lock
-                .try_acquire(&k, &ttl(Duration::from_secs(10)))
-                .await
-                .unwrap()
-                .unwrap();
+            let lease = take(&lock, &k, Duration::from_secs(10)).await;
             assert_eq!(lock.inspect(&k).await.unwrap().unwrap().key, k);
             lock.release(&lease).await.unwrap();
         }
     }
-    let exists: i64 = sqlx::query("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?")
-        .bind(&canary)
-        .fetch_one(&p)
-        .await
-        .unwrap()
-        .get(0);
+    let exists = scalar(&p, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", &canary).await;
     assert_eq!(exists, 1, "the canary table was dropped");
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE `{canary}`")))
-        .execute(&p)
-        .await
-        .unwrap();
+    exec(&p, format!("DROP TABLE `{canary}`")).await;
 }
 
 #[tokio::test]
@@ -388,12 +362,7 @@ async fn a_missing_schema_names_migrate() {
 
 #[tokio::test]
 async fn migrate_is_idempotent() {
-    let server = server_url().await;
-    let url = url_for(
-        &server,
-        Strategy::UniqueKey,
-        &format!("{}_mig", run_table()),
-    );
+    let url = unique_key_url("mig").await;
     let first = MySqlLock::migrate(&url).await.unwrap();
     let (a, b) = tokio::join!(MySqlLock::migrate(&url), MySqlLock::migrate(&url));
     assert_eq!(
@@ -406,12 +375,7 @@ async fn migrate_is_idempotent() {
 
 #[tokio::test]
 async fn first_migrations_from_two_nodes_at_once_apply_each_version_once() {
-    let server = server_url().await;
-    let url = url_for(
-        &server,
-        Strategy::UniqueKey,
-        &format!("{}_mig2", run_table()),
-    );
+    let url = unique_key_url("mig2").await;
     // v3 is an ALTER, which would fail if run twice: the migration lock
     // makes the second node find everything applied.
     let (a, b) = tokio::join!(MySqlLock::migrate(&url), MySqlLock::migrate(&url));
@@ -422,7 +386,7 @@ async fn first_migrations_from_two_nodes_at_once_apply_each_version_once() {
     MySqlLock::connect(&url).await.unwrap();
 }
 
-/// An installation at schema v2 (as earlier builds left it) with a lock
+/// An installation at schema v2 with a lock
 /// held: `connect` refuses it until `migrate`, which moves unique_key's
 /// table to lock_key as primary key and keeps the holder, its token and the
 /// token sequence.
@@ -432,47 +396,8 @@ async fn upgrade_to_v3_keeps_held_locks_and_tokens() {
     let base = format!("{}_v2", run_table());
     let url = url_for(&server, Strategy::UniqueKey, &base);
     let p = pool().await;
-    let v1_v2 = [
-        include_str!("../migrations/0001_initial.sql"),
-        include_str!("../migrations/0002_row_lock_live.sql"),
-    ];
-    for template in v1_v2 {
-        let sql: String = template
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-            sqlx::query(sqlx::AssertSqlSafe(stmt.replace("{base}", &base)))
-                .execute(&p)
-                .await
-                .unwrap();
-        }
-    }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE `{base}_migrations` (version INT UNSIGNED NOT NULL PRIMARY KEY, \
-         name VARCHAR(100) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO `{base}_migrations` VALUES (1, 'initial', UTC_TIMESTAMP(6)), \
-         (2, 'row_lock_live', UTC_TIMESTAMP(6))"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
     let held = key("held-across-upgrade");
-    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO `{base}` (lock_key, owner, reentrant_count, expire_time, create_time) \
-         VALUES (?, 'v2-holder', 1, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, UTC_TIMESTAMP(6))"
-    )))
-    .bind(held.as_bytes())
-    .execute(&p)
-    .await
-    .unwrap();
-    let v2_token = done.last_insert_id();
+    let v2_token = install_with_holder(&p, &base, &held, "v2-holder").await;
 
     match MySqlLock::connect(&url).await {
         Err(Error::Config { reason }) => assert!(reason.contains("version 2"), "{reason}"),
@@ -489,11 +414,7 @@ async fn upgrade_to_v3_keeps_held_locks_and_tokens() {
         .await
         .unwrap()
         .is_none());
-    let next = lock
-        .try_acquire(&key("after-upgrade"), &ttl(Duration::from_secs(5)))
-        .await
-        .unwrap()
-        .unwrap();
+    let next = take(&lock, &key("after-upgrade"), Duration::from_secs(5)).await;
     assert!(next.token.get() > v2_token, "the token sequence went back");
     let primary: String = sqlx::query(
         "SELECT GROUP_CONCAT(column_name) FROM information_schema.statistics \
@@ -514,18 +435,8 @@ async fn row_modes_shards_and_fixed_rows() {
     let url = url_for(&server, Strategy::RowLock, run_table());
     MySqlLock::migrate(&url).await.unwrap();
     // One shard: every key excludes every other (coarse but safe).
-    let one = MySqlLock::builder(&url)
-        .unwrap()
-        .row_mode(RowMode::Shards(1))
-        .connect()
-        .await
-        .unwrap();
-    let other = MySqlLock::builder(&url)
-        .unwrap()
-        .row_mode(RowMode::Shards(1))
-        .connect()
-        .await
-        .unwrap();
+    let one = with_rows(&url, RowMode::Shards(1)).await;
+    let other = with_rows(&url, RowMode::Shards(1)).await;
     let opts = ttl(Duration::from_secs(10));
     let (k1, k2) = (key("shard-a"), key("shard-b"));
     let l1 = one.try_acquire(&k1, &opts).await.unwrap().unwrap();
@@ -542,12 +453,7 @@ async fn row_modes_shards_and_fixed_rows() {
     one.release(&l1b).await.unwrap();
 
     // Fixed rows: unknown keys are a configuration error, created ones work.
-    let fixed = MySqlLock::builder(&url)
-        .unwrap()
-        .row_mode(RowMode::Fixed)
-        .connect()
-        .await
-        .unwrap();
+    let fixed = with_rows(&url, RowMode::Fixed).await;
     let known = key("fixed");
     assert!(matches!(
         fixed.try_acquire(&known, &opts).await,
@@ -582,12 +488,7 @@ async fn read_only_servers_are_refused_and_row_lock_tokens_survive_a_restart() {
     ));
     let fresh = MySqlLock::connect(&url).await.unwrap();
     let after = fresh.try_acquire(&k, &opts).await.unwrap().unwrap();
-    assert!(
-        after.token > before.token,
-        "{} ≤ {}",
-        after.token,
-        before.token
-    );
+    assert_rises(&after, &before, " across the restart");
     fresh.release(&after).await.unwrap();
 
     // A replica (read-only server) is refused at connect, with the reason.
@@ -606,8 +507,9 @@ async fn unreachable_server_fails_fast_with_a_retryable_error() {
     match MySqlLock::connect("mysql://root:hunter2@127.0.0.1:1/test?connect_timeout=1s").await {
         Err(e @ Error::Backend { .. }) => {
             assert!(e.is_retryable(), "{e}");
-            // One line naming the server and the cause — it used to read
-            // "pool timed out while waiting for an open connection".
+            // One line naming the server and the cause, not an internal
+            // symptom such as "pool timed out while waiting for an open
+            // connection".
             let msg = e.to_string();
             assert!(
                 msg.contains("127.0.0.1:1") && msg.contains("connection refused"),
@@ -629,11 +531,7 @@ async fn row_lock_tokens_survive_an_emptied_token_table_and_work_without_memory(
     let server = server_url().await;
     let p = pool().await;
     let opts = ttl(Duration::from_secs(30));
-    let wait = LockOptions::builder()
-        .ttl(Duration::from_secs(30))
-        .wait_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let wait = wait();
 
     let table = format!("{}_rl_mem", run_table());
     let url = url_for(&server, Strategy::RowLock, &table);
@@ -642,30 +540,15 @@ async fn row_lock_tokens_survive_an_emptied_token_table_and_work_without_memory(
     let k = key("lifetime");
     let first = lock.try_acquire(&k, &opts).await.unwrap().unwrap();
     lock.release(&first).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "TRUNCATE TABLE `{table}_live`"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
+    exec_raw(&p, format!("TRUNCATE TABLE `{table}_live`")).await;
     let second = lock.try_acquire(&k, &opts).await.unwrap().unwrap();
-    assert!(
-        second.token > first.token,
-        "{} <= {} after the token table was emptied",
-        second.token,
-        first.token
-    );
+    assert_rises(&second, &first, " after the token table was emptied");
     lock.release(&second).await.unwrap();
 
     let table = format!("{}_rl_inno", run_table());
     let url = url_for(&server, Strategy::RowLock, &table);
     MySqlLock::migrate(&url).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE `{table}_live` ENGINE=InnoDB"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
+    exec_raw(&p, format!("ALTER TABLE `{table}_live` ENGINE=InnoDB")).await;
     let (a, b) = (
         MySqlLock::connect(&url).await.unwrap(),
         MySqlLock::connect(&url).await.unwrap(),
@@ -689,7 +572,7 @@ async fn row_lock_tokens_survive_an_emptied_token_table_and_work_without_memory(
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(b.force_release(&k).await.unwrap());
     let next = waiter.await.unwrap().unwrap();
-    assert!(next.token > held.token, "{} <= {}", next.token, held.token);
+    assert_rises(&next, &held, "");
     assert!(next.remaining() > Duration::from_secs(20));
     assert_eq!(a.release(&held).await.unwrap(), ReleaseOutcome::NotHeld);
     assert_eq!(b.release(&next).await.unwrap(), ReleaseOutcome::Released);

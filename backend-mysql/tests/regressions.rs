@@ -1,4 +1,5 @@
-//! Regression tests for bugs found in review (each failed before its fix).
+//! Races and corner cases of the MySQL backend, each test named for the
+//! failure it guards against.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -13,8 +14,8 @@ use std::{
 };
 
 use common::{server_url, MySqlHarness};
-use fenced_api::{DistributedLock, Error, LockKey, LockOptions, WaitPolicy};
-use fenced_mysql::{MySqlLock, Strategy};
+use fenced_api::{DistributedLock, Error, Lease, LockKey, LockOptions, WaitPolicy};
+use fenced_mysql::{MySqlLock, RowLockTransaction, Strategy};
 use sqlx::Row;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -28,6 +29,42 @@ fn key(tag: &str) -> LockKey {
 
 fn opts(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
+}
+
+/// The TTL of holds that must not expire during a test.
+const LONG: Duration = Duration::from_secs(30);
+
+/// Runs `sql` as plain text inside the locking transaction `tx`.
+async fn in_tx(tx: &mut RowLockTransaction, sql: String) {
+    run_sql(tx.connection().unwrap(), sql).await;
+}
+
+/// Runs `sql` as plain text on `on` (a pool or a connection).
+async fn run_sql<'c>(on: impl sqlx::Executor<'c, Database = sqlx::MySql>, sql: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(on)
+        .await
+        .unwrap();
+}
+
+/// `common::url_for(server, strategy, table)`, migrated.
+async fn migrated(server: &str, strategy: Strategy, table: &str) -> String {
+    let url = common::url_for(server, strategy, table);
+    MySqlLock::migrate(&url).await.unwrap();
+    url
+}
+
+/// Two stores on `url`.
+async fn two_on(url: &str) -> (MySqlLock, MySqlLock) {
+    (
+        MySqlLock::connect(url).await.unwrap(),
+        MySqlLock::connect(url).await.unwrap(),
+    )
+}
+
+/// `lock.try_acquire`, which must grant the key.
+async fn granted(lock: &impl DistributedLock, k: &LockKey, opts: &LockOptions) -> Lease {
+    lock.try_acquire(k, opts).await.unwrap().unwrap()
 }
 
 fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
@@ -54,16 +91,8 @@ async fn row_lock_no_token_inversion_when_the_pool_is_busy() {
         .unwrap();
     let (two, three) = (h.lock().await, h.lock().await);
     let (k, other) = (key("inv"), key("inv-other"));
-    let h3 = three
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
-    let busy = one
-        .try_acquire(&other, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let h3 = granted(&three, &k, &opts(Duration::from_secs(30))).await;
+    let busy = granted(&one, &other, &opts(Duration::from_secs(30))).await;
     let (one_a, ka) = (one.clone(), k.clone());
     let a = tokio::spawn(async move {
         one_a
@@ -116,11 +145,7 @@ async fn row_lock_lease_after_a_long_wait_is_fresh() {
     let h = MySqlHarness::new(Strategy::RowLock).await;
     let (a, b) = (h.lock().await, h.lock().await);
     let k = key("born");
-    let held = a
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = granted(&a, &k, &opts(Duration::from_secs(30))).await;
     let a2 = a.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -149,18 +174,10 @@ async fn row_lock_dropped_waiter_leaves_the_server_queue() {
     // A table of its own: waiters of other tests running in parallel must
     // not count (the processlist is server-wide).
     let table = format!("{}_dw", common::run_table());
-    let url = common::url_for(&server_url().await, Strategy::RowLock, &table);
-    MySqlLock::migrate(&url).await.unwrap();
-    let (a, b) = (
-        MySqlLock::connect(&url).await.unwrap(),
-        MySqlLock::connect(&url).await.unwrap(),
-    );
+    let url = migrated(&server_url().await, Strategy::RowLock, &table).await;
+    let (a, b) = two_on(&url).await;
     let k = key("ghost");
-    let held = a
-        .try_acquire(&k, &opts(Duration::from_secs(60)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = granted(&a, &k, &opts(Duration::from_secs(60))).await;
     let forever = LockOptions::builder()
         .ttl(Duration::from_secs(30))
         .wait(WaitPolicy::Forever)
@@ -203,36 +220,24 @@ async fn row_lock_transaction_deadlock_victim_is_reported_and_commits_nothing() 
     // picks the lock's (lighter) transaction as the deadlock victim; both
     // outcomes are checked.
     let values: Vec<String> = (1..=200).map(|i| format!("({i}, 0)")).collect();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS `{t}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+    run_sql(
+        &p,
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{t}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
          INSERT IGNORE INTO `{t}` VALUES {}",
-        values.join(", ")
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
+            values.join(", ")
+        ),
+    )
+    .await;
     let k = key("dl");
-    let mut tx = a
-        .lock_in_transaction(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let mut tx = a.lock_in_transaction(&k, &opts(LONG)).await.unwrap();
     let mut x = p.acquire().await.unwrap();
     sqlx::raw_sql("START TRANSACTION")
         .execute(&mut *x)
         .await
         .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "UPDATE `{t}` SET v = 1 WHERE id = 2"
-    )))
-    .execute(&mut *x)
-    .await
-    .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "UPDATE `{t}` SET v = 1 WHERE id = 1"
-    )))
-    .execute(tx.connection().unwrap())
-    .await
-    .unwrap();
+    run_sql(&mut *x, format!("UPDATE `{t}` SET v = 1 WHERE id = 2")).await;
+    in_tx(&mut tx, format!("UPDATE `{t}` SET v = 1 WHERE id = 1")).await;
     let t2 = t.clone();
     let other = tokio::spawn(async move {
         let r = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -257,12 +262,7 @@ async fn row_lock_transaction_deadlock_victim_is_reported_and_commits_nothing() 
     } else {
         assert!(other_ok);
         // We were the victim. A retried write must not commit on its own…
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "UPDATE `{t}` SET v = 4 WHERE id = 2"
-        )))
-        .execute(tx.connection().unwrap())
-        .await
-        .unwrap();
+        in_tx(&mut tx, format!("UPDATE `{t}` SET v = 4 WHERE id = 2")).await;
         // …and commit must say the lock was lost.
         assert!(matches!(tx.commit().await, Err(Error::LeaseLost { .. })));
         let v: i32 = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -274,10 +274,7 @@ async fn row_lock_transaction_deadlock_victim_is_reported_and_commits_nothing() 
         .get(0);
         assert_ne!(v, 4, "a write after the silent rollback was committed");
     }
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE `{t}`")))
-        .execute(&p)
-        .await
-        .unwrap();
+    run_sql(&p, format!("DROP TABLE `{t}`")).await;
 }
 
 /// Every strategy: a server that stops answering mid-call yields a
@@ -346,11 +343,7 @@ async fn a_blackholed_server_never_hangs_a_call() {
             common::run_table()
         );
         let lock = MySqlLock::connect(&url).await.unwrap();
-        let l = lock
-            .try_acquire(&key("hang"), &opts(Duration::from_secs(30)))
-            .await
-            .unwrap()
-            .unwrap();
+        let l = granted(&lock, &key("hang"), &opts(Duration::from_secs(30))).await;
         armed.store(true, Ordering::SeqCst);
         let start = Instant::now();
         let r = tokio::time::timeout(Duration::from_secs(10), lock.release(&l)).await;
@@ -424,35 +417,25 @@ async fn row_lock_transaction_ended_by_an_implicit_commit_is_reported() {
     let (a, b) = (h.lock().await, h.lock().await);
     let p = sqlx::MySqlPool::connect(&server_url().await).await.unwrap();
     let t = format!("{}_ic", common::run_table());
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS `{t}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"
-    )))
-    .execute(&p)
-    .await
-    .unwrap();
+    run_sql(
+        &p,
+        format!("CREATE TABLE IF NOT EXISTS `{t}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB"),
+    )
+    .await;
     let k = key("ic");
-    let mut tx = a
-        .lock_in_transaction(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let mut tx = a.lock_in_transaction(&k, &opts(LONG)).await.unwrap();
     // DDL commits implicitly: the row lock is gone right here.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS `{t}_x` (id INT)"
-    )))
-    .execute(tx.connection().unwrap())
-    .await
-    .unwrap();
+    in_tx(
+        &mut tx,
+        format!("CREATE TABLE IF NOT EXISTS `{t}_x` (id INT)"),
+    )
+    .await;
     let other = b
         .try_acquire(&k, &opts(Duration::from_secs(30)))
         .await
         .unwrap();
     assert!(other.is_some(), "the implicit commit released the row lock");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO `{t}` VALUES (7, 7)"
-    )))
-    .execute(tx.connection().unwrap())
-    .await
-    .unwrap();
+    in_tx(&mut tx, format!("INSERT INTO `{t}` VALUES (7, 7)")).await;
     assert!(matches!(tx.commit().await, Err(Error::LeaseLost { .. })));
     let n: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT COUNT(*) FROM `{t}` WHERE id = 7"
@@ -463,10 +446,7 @@ async fn row_lock_transaction_ended_by_an_implicit_commit_is_reported() {
     .get(0);
     assert_eq!(n, 0, "a write after the lock was gone was committed");
     b.release(&other.unwrap()).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE `{t}`, `{t}_x`")))
-        .execute(&p)
-        .await
-        .unwrap();
+    run_sql(&p, format!("DROP TABLE `{t}`, `{t}_x`")).await;
 }
 
 /// unique_key / optimistic: concurrent releases of re-entered entries (one
@@ -728,15 +708,14 @@ async fn verdicts_never_come_from_a_previous_statement() {
 /// the AUTO-INC lock, so `unique_key`'s bulk-insert guard (see
 /// `tokens_never_go_backwards_under_contention`) does not hold there: eight
 /// clients saw tokens go backwards within seconds. `unique_key` must refuse
-/// such a server (it used to warn and hand out inverted tokens); the other
-/// strategies take their tokens under the row lock and work.
+/// such a server (a warning alone would still hand out inverted tokens);
+/// the other strategies take their tokens under the row lock and work.
 #[tokio::test]
 async fn unique_key_refuses_autoinc_lock_mode_2() {
     let db = common::private::PrivateMariaDb::start_with(&["--innodb-autoinc-lock-mode=2"])
         .await
         .unwrap();
-    let url = common::url_for(&db.url(), Strategy::UniqueKey, "fenced_mode2");
-    MySqlLock::migrate(&url).await.unwrap();
+    let url = migrated(&db.url(), Strategy::UniqueKey, "fenced_mode2").await;
     match MySqlLock::connect(&url).await {
         Err(e @ Error::Config { .. }) => {
             let msg = e.to_string();
@@ -750,8 +729,7 @@ async fn unique_key_refuses_autoinc_lock_mode_2() {
         ),
     }
     for strategy in [Strategy::Optimistic, Strategy::RowLock] {
-        let url = common::url_for(&db.url(), strategy, "fenced_mode2");
-        MySqlLock::migrate(&url).await.unwrap();
+        let url = migrated(&db.url(), strategy, "fenced_mode2").await;
         let lock = MySqlLock::connect(&url).await.unwrap();
         let k = key("mode2");
         let l = lock
@@ -778,18 +756,10 @@ async fn optimistic_take_holds_under_simultaneous_assignment() {
     .unwrap();
     let mut failures = Vec::new();
     for strategy in [Strategy::Optimistic, Strategy::UniqueKey, Strategy::RowLock] {
-        let url = common::url_for(&db.url(), strategy, "fenced_simul");
-        MySqlLock::migrate(&url).await.unwrap();
-        let (one, two) = (
-            MySqlLock::connect(&url).await.unwrap(),
-            MySqlLock::connect(&url).await.unwrap(),
-        );
+        let url = migrated(&db.url(), strategy, "fenced_simul").await;
+        let (one, two) = two_on(&url).await;
         let k = key("simul");
-        let l = one
-            .try_acquire(&k, &opts(Duration::from_secs(30)))
-            .await
-            .unwrap()
-            .unwrap();
+        let l = granted(&one, &k, &opts(Duration::from_secs(30))).await;
         if let Some(other) = two
             .try_acquire(&k, &opts(Duration::from_secs(30)))
             .await
@@ -830,18 +800,10 @@ async fn lock_wait_timeouts_never_read_as_success() {
         (Strategy::UniqueKey, "fenced_lwt"),
         (Strategy::Optimistic, "fenced_lwt_optimistic"),
     ] {
-        let url = common::url_for(&db.url(), strategy, "fenced_lwt");
-        MySqlLock::migrate(&url).await.unwrap();
-        let (holder, contender) = (
-            MySqlLock::connect(&url).await.unwrap(),
-            MySqlLock::connect(&url).await.unwrap(),
-        );
+        let url = migrated(&db.url(), strategy, "fenced_lwt").await;
+        let (holder, contender) = two_on(&url).await;
         let k = key("lwt");
-        let lease = holder
-            .try_acquire(&k, &opts(Duration::from_secs(60)))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = granted(&holder, &k, &opts(Duration::from_secs(60))).await;
         let mut blocker = <sqlx::MySqlConnection as sqlx::Connection>::connect(&db.url())
             .await
             .unwrap();

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod on_private;
 
 use std::time::Duration;
 
@@ -14,20 +15,12 @@ use common::{
 };
 use fenced_api::{DistributedLock, Error, LockOptions, ReleaseOutcome};
 use fenced_redis::{redis, RedisLock};
+use on_private::{hold, on_private};
 
 #[tokio::test]
 async fn a_killed_connection_reconnects_and_renews_its_own_lease() {
-    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
-    let mut admin = server.admin().await;
-    let lock = RedisLock::connect(&url_for(&server.url(), "kill"))
-        .await
-        .unwrap();
-    let k = key("kill");
-    let held = lock
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let (_server, mut admin, lock, k) = on_private("kill").await;
+    let held = hold(&lock, &k, Duration::from_secs(30)).await;
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -55,11 +48,7 @@ async fn a_silent_server_fails_within_the_timeouts_and_the_lease_survives() {
     );
     let lock = RedisLock::connect(&url).await.unwrap();
     let k = key("silent");
-    let held = lock
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = hold(&lock, &k, Duration::from_secs(30)).await;
     server.signal("STOP").await;
     // One 2 s operation timeout plus room for a loaded machine, and less
     // than two (a retry or a second timed-out step would show); without the
@@ -246,11 +235,7 @@ async fn rediss_urls_speak_tls() {
         RedisLock::connect(&url).await.unwrap(),
     );
     let k = key("tls");
-    let held = a
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = hold(&a, &k, Duration::from_secs(30)).await;
     let wait = LockOptions::builder()
         .ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(10))

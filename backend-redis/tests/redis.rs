@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod common;
+mod on_private;
 
 use std::{
     collections::HashMap,
@@ -25,6 +26,7 @@ use common::{
 };
 use fenced_api::{DistributedLock, Error, FencingToken, LockOptions, Owner, ReleaseOutcome};
 use fenced_redis::{redis, RedisLock};
+use on_private::{hold, on_private};
 
 /// SHA1s of the crate's scripts (the prelude, then each file), as EVALSHA names them.
 fn script_hashes() -> Vec<String> {
@@ -57,17 +59,8 @@ async fn scripts_loaded(conn: &mut redis::aio::MultiplexedConnection) -> Vec<boo
 
 #[tokio::test]
 async fn scripts_survive_script_flush() {
-    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
-    let mut admin = server.admin().await;
-    let lock = RedisLock::connect(&url_for(&server.url(), "flush"))
-        .await
-        .unwrap();
-    let k = key("flush");
-    let held = lock
-        .try_acquire(&k, &opts(Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .unwrap();
+    let (_server, mut admin, lock, k) = on_private("flush").await;
+    let held = hold(&lock, &k, Duration::from_secs(10)).await;
     assert!(scripts_loaded(&mut admin).await[0], "acquire loaded");
 
     redis::cmd("SCRIPT")
@@ -90,11 +83,7 @@ async fn scripts_survive_script_flush() {
         .unwrap()
         .is_none());
     assert_eq!(lock.release(&held).await.unwrap(), ReleaseOutcome::Released);
-    let next = lock
-        .try_acquire(&k, &opts(Duration::from_secs(1)))
-        .await
-        .unwrap()
-        .unwrap();
+    let next = hold(&lock, &k, Duration::from_secs(1)).await;
     assert!(next.token > held.token);
     assert!(lock.force_release(&k).await.unwrap());
     let loaded = scripts_loaded(&mut admin).await;
@@ -240,12 +229,7 @@ async fn contended_waiters_send_few_commands_per_acquisition() {
 #[tokio::test]
 async fn an_uncontended_cycle_is_two_round_trips_and_eight_commands() {
     const CYCLES: u64 = 50;
-    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
-    let mut admin = server.admin().await;
-    let lock = RedisLock::connect(&url_for(&server.url(), "cycle"))
-        .await
-        .unwrap();
-    let k = key("cycle");
+    let (_server, mut admin, lock, k) = on_private("cycle").await;
     let wait = LockOptions::builder()
         .ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(5))
@@ -283,12 +267,7 @@ async fn an_uncontended_cycle_is_two_round_trips_and_eight_commands() {
 /// rising by one; at 2⁵³ the acquire fails and writes nothing.
 #[tokio::test]
 async fn tokens_rise_past_a_clock_behind_the_last_token() {
-    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
-    let mut admin = server.admin().await;
-    let lock = RedisLock::connect(&url_for(&server.url(), "clock"))
-        .await
-        .unwrap();
-    let k = key("clock");
+    let (_server, mut admin, lock, k) = on_private("clock").await;
     let state = format!("{{clock/{}}}:l", k.as_str());
     let set_last = |admin: &mut redis::aio::MultiplexedConnection, last: u64| {
         let (mut admin, state) = (admin.clone(), state.clone());
@@ -305,11 +284,7 @@ async fn tokens_rise_past_a_clock_behind_the_last_token() {
     let ahead = 8_000_000_000_000_000u64;
     set_last(&mut admin, ahead).await;
     for i in 1..=3 {
-        let l = lock
-            .try_acquire(&k, &opts(Duration::from_secs(5)))
-            .await
-            .unwrap()
-            .unwrap();
+        let l = hold(&lock, &k, Duration::from_secs(5)).await;
         assert_eq!(l.token, FencingToken::new(ahead + i));
         lock.release(&l).await.unwrap();
     }
@@ -330,17 +305,8 @@ async fn tokens_rise_past_a_clock_behind_the_last_token() {
 
 #[tokio::test]
 async fn bad_ttls_never_reach_redis() {
-    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
-    let mut admin = server.admin().await;
-    let lock = RedisLock::connect(&url_for(&server.url(), "ttl"))
-        .await
-        .unwrap();
-    let k = key("ttl");
-    let held = lock
-        .try_acquire(&k, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let (_server, mut admin, lock, k) = on_private("ttl").await;
+    let held = hold(&lock, &k, Duration::from_secs(30)).await;
     let before = command_stats(&mut admin).await;
     for ttl in [
         Duration::ZERO,
@@ -498,11 +464,7 @@ async fn one_subscription_per_client_serves_every_key() {
         .unwrap();
     for i in 0..3 {
         let k = key(&format!("wake{i}"));
-        let held = holder
-            .try_acquire(&k, &opts(Duration::from_secs(30)))
-            .await
-            .unwrap()
-            .unwrap();
+        let held = hold(&holder, &k, Duration::from_secs(30)).await;
         let task = {
             let (k, waiter, wait) = (k.clone(), waiter.clone(), wait.clone());
             tokio::spawn(async move { waiter.acquire(&k, &wait).await })
@@ -538,11 +500,7 @@ async fn the_driver_serves_redis_urls() {
     let lock = (driver.connect)(url).await.unwrap();
     assert_eq!(lock.capabilities().backend_name(), "redis");
     let k = key("driver");
-    let l = lock
-        .try_acquire(&k, &opts(Duration::from_secs(5)))
-        .await
-        .unwrap()
-        .unwrap();
+    let l = hold(&lock, &k, Duration::from_secs(5)).await;
     assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
 }
 
@@ -644,8 +602,8 @@ async fn labels_survive_hand_over_and_re_entry() {
     waiter.release(&lease).await.unwrap();
 }
 
-/// A state written before labels existed (`token|count|expiry|queued|waiter|owner`,
-/// kept for days) still reads: held, no label, and its holder can release.
+/// A state whose holder has no label (`token|count|expiry|queued|waiter|owner`,
+/// no newline) reads: held, no label, and its holder can release.
 #[tokio::test]
 async fn a_state_without_a_label_still_reads() {
     let url = url_for(&server_url().await, common::run_prefix());

@@ -1,4 +1,5 @@
-//! Regression tests for bugs found in review (each failed before its fix).
+//! Races and corner cases of the Redis backend, each named by its code (R1,
+//! …) and the failure it guards against.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -9,9 +10,14 @@ use common::{
     key, opts,
     private::{Mode, PrivateRedis},
 };
-use fenced_api::{DistributedLock, LockOptions};
+use fenced_api::{DistributedLock, Lease, LockKey, LockOptions};
 use fenced_redis::{redis, RedisLock};
 use tokio::time::Instant;
+
+/// `lock.try_acquire`, which must grant the key.
+async fn granted(lock: &RedisLock, k: &LockKey, opts: &LockOptions) -> Lease {
+    lock.try_acquire(k, opts).await.unwrap().unwrap()
+}
 
 /// R1: a waiter cancelled while its *first queued* acquire script is in flight
 /// never runs LEAVE (the leave ticket is only armed after a Busy reply). Its
@@ -25,11 +31,7 @@ async fn r1_a_waiter_cancelled_in_its_first_queued_attempt_leaves_no_ghost() {
     let a = RedisLock::connect(&url).await.unwrap();
     let b = RedisLock::connect(&url).await.unwrap();
     let k = key("ghost");
-    let held = a
-        .try_acquire(&k, &opts(Duration::from_secs(60)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = granted(&a, &k, &opts(Duration::from_secs(60))).await;
 
     // Live waiter on client b.
     let live = {
@@ -181,11 +183,7 @@ async fn r3_stalled_subscribes_never_run_past_the_wait_bound() {
     let mut keys = Vec::new();
     for i in 0..N {
         let k = key(&format!("sub{i}"));
-        direct
-            .try_acquire(&k, &opts(Duration::from_secs(60)))
-            .await
-            .unwrap()
-            .unwrap();
+        granted(&direct, &k, &opts(Duration::from_secs(60))).await;
         keys.push(k);
     }
     let wait = LockOptions::builder()

@@ -1,4 +1,5 @@
-//! Regression tests for bugs found in review (each failed before its fix).
+//! Races between concurrent releases and re-entries of one re-entered lock,
+//! on several stores over one file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -9,25 +10,34 @@ use common::{fresh_file, url_for};
 use fenced_api::{DistributedLock, LockKey, LockOptions, ReleaseOutcome};
 use fenced_sqlite::SqliteLock;
 
-/// S1: `release` is three autocommit statements. Two entries of one
-/// re-entered lock released concurrently: one gets StillHeld{1}, the other's
-/// `release_one` finds count 1 and its `delete_own` deletes the row — the key
-/// is freed but the caller is told NotHeld ("lease lost").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s1_concurrent_reentrant_releases_are_counted() {
-    let file = fresh_file("review");
-    let a = SqliteLock::connect(&url_for(&file, "rv", ""))
-        .await
-        .unwrap();
-    let b = SqliteLock::connect(&url_for(&file, "rv", ""))
-        .await
-        .unwrap();
+/// `N` stores on one fresh file (`file_tag` names it), and the options of
+/// re-entrant holds by one owner.
+async fn reentrant_stores<const N: usize>(file_tag: &str) -> ([SqliteLock; N], LockOptions) {
+    let file = fresh_file(file_tag);
+    let mut stores = Vec::with_capacity(N);
+    for _ in 0..N {
+        stores.push(
+            SqliteLock::connect(&url_for(&file, "rv", ""))
+                .await
+                .unwrap(),
+        );
+    }
     let opts = LockOptions::builder()
         .ttl(Duration::from_secs(30))
         .owner("node-1")
         .reentrant(true)
         .build()
         .unwrap();
+    (stores.try_into().unwrap(), opts)
+}
+
+/// S1: `release` is three autocommit statements. Two entries of one
+/// re-entered lock released concurrently: one gets StillHeld{1}, the other's
+/// `release_one` finds count 1 and its `delete_own` deletes the row — the key
+/// is freed but the caller is told NotHeld ("lease lost").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_concurrent_reentrant_releases_are_counted() {
+    let ([a, b], opts) = reentrant_stores("review").await;
     let mut bad = Vec::new();
     for i in 0..300 {
         let k = LockKey::new(format!("re/{i}")).unwrap();
@@ -52,22 +62,7 @@ async fn s1_concurrent_reentrant_releases_are_counted() {
 /// lease (count 1) is believed held — a second owner can take the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1b_concurrent_release_never_deletes_a_fresh_reentry() {
-    let file = fresh_file("review3");
-    let a = SqliteLock::connect(&url_for(&file, "rv", ""))
-        .await
-        .unwrap();
-    let b = SqliteLock::connect(&url_for(&file, "rv", ""))
-        .await
-        .unwrap();
-    let c = SqliteLock::connect(&url_for(&file, "rv", ""))
-        .await
-        .unwrap();
-    let opts = LockOptions::builder()
-        .ttl(Duration::from_secs(30))
-        .owner("node-1")
-        .reentrant(true)
-        .build()
-        .unwrap();
+    let ([a, b, c], opts) = reentrant_stores("review3").await;
     let other = LockOptions::builder()
         .ttl(Duration::from_secs(30))
         .build()

@@ -5,7 +5,7 @@
 
 use std::{
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -30,30 +30,22 @@ fn contend(url: &str, dir: &Path, procs: usize, rounds: usize) {
         let (url, script) = (url.to_owned(), script.clone());
         children.push(std::thread::spawn(move || {
             for _ in 0..rounds {
-                let out = Command::new(BIN)
-                    .args([
-                        "--url",
-                        &url,
-                        "run",
-                        "--key",
-                        "shared-counter",
-                        "--ttl",
-                        "10s",
-                        "--wait",
-                        "60s",
-                        "--",
-                        "sh",
-                        "-c",
-                        &script,
-                    ])
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "fenced run failed: {:?} {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                let out = fenced(&[
+                    "--url",
+                    &url,
+                    "run",
+                    "--key",
+                    "shared-counter",
+                    "--ttl",
+                    "10s",
+                    "--wait",
+                    "60s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ]);
+                assert_success(&out, "fenced run failed");
             }
         }));
     }
@@ -96,34 +88,53 @@ fn contend(url: &str, dir: &Path, procs: usize, rounds: usize) {
     }
 }
 
+/// [`contend`] with 4 processes × 3 rounds, off the async runtime.
+async fn four_by_three(url: String, dir: Scratch) {
+    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_mysql() {
     for strategy in ["unique_key", "row_lock", "optimistic"] {
-        let url = mysql_url(strategy).await;
-        let dir = tmpdir(strategy);
-        tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
-            .await
-            .unwrap();
+        four_by_three(mysql_url(strategy).await, tmpdir(strategy)).await;
     }
 }
 
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_etcd() {
-    let url = etcd_url().await;
-    let dir = tmpdir("etcd");
-    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
-        .await
-        .unwrap();
+    four_by_three(etcd_url().await, tmpdir("etcd")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_redis() {
-    let url = redis_url().await;
-    let dir = tmpdir("redis");
-    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
-        .await
+    four_by_three(redis_url().await, tmpdir("redis")).await;
+}
+
+/// `fenced ARGS… -- sh -c …` whose command writes its pid to `pidfile`,
+/// then sleeps for a minute (stdin and stdout null, stderr to `stderr`);
+/// with that pid once it is written.
+fn spawn_sleeper(args: &[&str], pidfile: &Path, stderr: Stdio) -> (Child, i32) {
+    let child = Command::new(BIN)
+        .args(args)
+        .args(["--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 60", pidfile.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
         .unwrap();
+    let pid = read_pid(pidfile);
+    (child, pid)
+}
+
+/// All that is left to read from a child's pipe.
+fn drain(pipe: &mut impl std::io::Read) -> String {
+    let mut text = String::new();
+    pipe.read_to_string(&mut text).unwrap();
+    text
 }
 
 /// A holder frozen past its TTL loses the lock; on resume it terminates its
@@ -137,31 +148,14 @@ async fn a_frozen_holder_is_stopped_when_it_resumes() {
     let url = mysql_url("unique_key").await;
     let dir = tmpdir("frozen");
     let pidfile = dir.join("child.pid");
-    let mut holder = std::process::Command::new(BIN)
-        .args([
-            "--url", &url, "run", "--key", "frozen", "--ttl", "2s", "--grace", "1s", "--", "sh",
-            "-c",
-        ])
-        .arg(format!("echo $$ > {}; exec sleep 60", pidfile.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !pidfile.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the command never started"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (mut holder, child_pid) = spawn_sleeper(
+        &[
+            "--url", &url, "run", "--key", "frozen", "--ttl", "2s", "--grace", "1s",
+        ],
+        &pidfile,
+        Stdio::piped(),
+    );
     std::thread::sleep(Duration::from_millis(100));
-    let child_pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
     let fenced_pid = Pid::from_raw(holder.id() as i32);
     // The whole job freezes: fenced and the command's process group (the
     // command leads it), as a stopped or suspended machine would.
@@ -170,30 +164,19 @@ async fn a_frozen_holder_is_stopped_when_it_resumes() {
     killpg(group, Signal::SIGSTOP).unwrap();
     std::thread::sleep(Duration::from_millis(3500)); // past the 2 s TTL
 
-    let other = Command::new(BIN)
-        .args([
-            "--url", &url, "run", "--key", "frozen", "--wait", "10s", "--", "true",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        other.status.success(),
-        "the lock was not taken over: {}",
-        String::from_utf8_lossy(&other.stderr)
-    );
+    let other = fenced(&[
+        "--url", &url, "run", "--key", "frozen", "--wait", "10s", "--", "true",
+    ]);
+    assert_success(&other, "the lock was not taken over");
 
     kill(fenced_pid, Signal::SIGCONT).unwrap();
     let _ = killpg(group, Signal::SIGCONT);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = holder.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the resumed holder did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = wait_bounded(
+        &mut holder,
+        Duration::from_secs(15),
+        "the resumed holder did not exit",
+    );
+    let err = drain(holder.stderr.as_mut().unwrap());
     assert_eq!(
         status.code(),
         Some(76),
@@ -210,7 +193,7 @@ async fn a_frozen_holder_is_stopped_when_it_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes_are_distinct_and_documented() {
     let url = mysql_url("unique_key").await;
-    let run = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+    let run = fenced;
 
     // Held elsewhere, no wait: 75, and the command does not run.
     let dir = tmpdir("codes");
@@ -246,53 +229,25 @@ async fn exit_codes_are_distinct_and_documented() {
         "touch",
         marker.to_str().unwrap(),
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 75);
     assert!(!marker.exists(), "the command ran without the lock");
     let _ = holder.kill();
     let _ = holder.wait();
 
-    // The command's own code passes through; FENCED_KEY is set.
-    let out = run(&[
-        "--url",
-        &url,
-        "run",
-        "--key",
-        "codes",
-        "--",
-        "sh",
-        "-c",
-        "test \"$FENCED_KEY\" = codes && exit 7",
-    ]);
-    assert_eq!(out.status.code(), Some(7));
-    // Killed by a signal: 128 + N.
-    let out = run(&[
-        "--url",
-        &url,
-        "run",
-        "--key",
-        "codes",
-        "--",
-        "sh",
-        "-c",
-        "kill -9 $$",
-    ]);
-    assert_eq!(out.status.code(), Some(137));
-    // Missing command: 127.
-    let out = run(&[
-        "--url",
-        &url,
-        "run",
-        "--key",
-        "codes",
-        "--",
-        "/nonexistent/cmd",
-    ]);
-    assert_eq!(out.status.code(), Some(127));
+    for (command, code) in [
+        // The command's own code passes through; FENCED_KEY is set.
+        (
+            &["sh", "-c", "test \"$FENCED_KEY\" = codes && exit 7"][..],
+            7,
+        ),
+        // Killed by a signal: 128 + N.
+        (&["sh", "-c", "kill -9 $$"], 137),
+        // Missing command: 127.
+        (&["/nonexistent/cmd"], 127),
+    ] {
+        let out = run(&[&["--url", &url, "run", "--key", "codes", "--"][..], command].concat());
+        assert_eq!(out.status.code(), Some(code), "{command:?}");
+    }
     // Bad key, bad URL: 78, one line that says what is wrong.
     let out = run(&["--url", &url, "run", "--key", "", "--", "true"]);
     assert_eq!(out.status.code(), Some(78));
@@ -309,12 +264,7 @@ async fn exit_codes_are_distinct_and_documented() {
         "--",
         "true",
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(69),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 69);
     // Bad duration: clap's usage error (2).
     let out = run(&[
         "--url", &url, "run", "--key", "k", "--ttl", "soon", "--", "true",
@@ -324,8 +274,7 @@ async fn exit_codes_are_distinct_and_documented() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_force_release() {
-    let dir = tmpdir("status");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (_dir, url) = sqlite_store("status");
     let mut holder = std::process::Command::new(BIN)
         .args(["--url", &url, "run", "--key", "admin", "--", "sleep", "30"])
         .stdin(Stdio::null())
@@ -334,32 +283,20 @@ async fn status_and_force_release() {
     let held = status_once_held(&url, &["admin", "other"], Duration::from_secs(10));
     assert!(held[0]["token"].as_u64().unwrap() >= 1);
     assert_eq!(held[1]["held"], false);
-    let table = Command::new(BIN)
-        .args(["--url", &url, "status", "admin"])
-        .output()
-        .unwrap();
+    let table = status(&url, &["admin"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("admin"));
 
-    let out = Command::new(BIN)
-        .args(["--url", &url, "release", "--force", "admin"])
-        .output()
-        .unwrap();
+    let out = fenced(&["--url", &url, "release", "--force", "admin"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("released"));
     // The evicted holder notices at its next renewal and stops its command.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = holder.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the evicted holder kept running");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_bounded(
+        &mut holder,
+        Duration::from_secs(30),
+        "the evicted holder kept running",
+    );
     assert_eq!(status.code(), Some(76));
     // `release` without --force is refused by the argument parser.
-    let out = Command::new(BIN)
-        .args(["--url", &url, "release", "admin"])
-        .output()
-        .unwrap();
+    let out = fenced(&["--url", &url, "release", "admin"]);
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -379,12 +316,7 @@ fn the_embedded_default_needs_no_configuration() {
             .unwrap()
     };
     for _ in 0..3 {
-        let out = run(&dir);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&run(&dir), "run");
     }
     assert!(
         home.join("locks.db").exists(),
@@ -401,11 +333,8 @@ fn the_embedded_default_needs_no_configuration() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_sqlite() {
-    let dir = tmpdir("sqlite");
-    let url = format!("sqlite://{}/locks.db", dir.display());
-    tokio::task::spawn_blocking(move || contend(&url, &dir, 4, 3))
-        .await
-        .unwrap();
+    let (dir, url) = sqlite_store("sqlite");
+    four_by_three(url, dir).await;
 }
 
 /// SIGHUP (a closed terminal or ssh session) and SIGQUIT are passed to the
@@ -414,21 +343,14 @@ async fn processes_exclude_each_other_on_sqlite() {
 #[test]
 fn hangup_and_quit_stop_the_command_and_release_the_lock() {
     use nix::sys::signal::{kill, Signal};
-    let dir = tmpdir("hup");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (dir, url) = sqlite_store("hup");
     for sig in [Signal::SIGHUP, Signal::SIGQUIT] {
         let pidfile = dir.join(format!("{sig}.pid"));
-        let mut holder = Command::new(BIN)
-            .args([
-                "--url", &url, "run", "--key", "hup", "--ttl", "60s", "--", "sh", "-c",
-            ])
-            .arg(format!("echo $$ > {}; exec sleep 60", pidfile.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let cmd = read_pid(&pidfile);
+        let (mut holder, cmd) = spawn_sleeper(
+            &["--url", &url, "run", "--key", "hup", "--ttl", "60s"],
+            &pidfile,
+            Stdio::null(),
+        );
         assert!(held(&url, "hup"));
         kill(nix::unistd::Pid::from_raw(holder.id() as i32), sig).unwrap();
         let status = wait_bounded(
@@ -459,12 +381,12 @@ fn script_cmd() -> Command {
 }
 
 /// Under a terminal, the command can read it: fenced makes the command's
-/// process group the terminal's foreground group (before, the command was
-/// stopped by SIGTTIN for ever while fenced kept renewing the lock).
+/// process group the terminal's foreground group (otherwise the command
+/// would be stopped by SIGTTIN for ever while fenced kept renewing the
+/// lock).
 #[test]
 fn the_command_can_read_the_terminal() {
-    let dir = tmpdir("tty");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (_dir, url) = sqlite_store("tty");
     let mut script = script_cmd()
         .args(["-qec"])
         .arg(format!(
@@ -483,8 +405,7 @@ fn the_command_can_read_the_terminal() {
         Duration::from_secs(30),
         "the command never read the terminal (stopped by SIGTTIN in a background process group?)",
     );
-    let mut out = String::new();
-    std::io::Read::read_to_string(script.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let out = drain(script.stdout.as_mut().unwrap());
     assert!(out.contains("got:hello"), "{out}");
     assert_eq!(status.code(), Some(3), "{out}");
     assert!(!held(&url, "tty"));
@@ -595,8 +516,7 @@ fn reader_command(pidfile: &Path) -> String {
 /// Ctrl-Z does not stop the job: fenced continues the command and says so.
 #[test]
 fn ctrl_z_without_job_control_continues_the_command() {
-    let dir = tmpdir("nojobs");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (dir, url) = sqlite_store("nojobs");
     let pidfile = dir.join("cmd.pid");
     let mut tty = Terminal::start(
         &format!("{BIN} run --key job -- {}", reader_command(&pidfile)),
@@ -629,8 +549,7 @@ fn ctrl_z_without_job_control_continues_the_command() {
 /// terminal again; its exit status is the job's.
 #[test]
 fn ctrl_z_stops_the_whole_job_and_fg_resumes_it() {
-    let dir = tmpdir("jobs");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (dir, url) = sqlite_store("jobs");
     let pidfile = dir.join("cmd.pid");
     let mut tty = Terminal::bash(&[("FENCED_URL", &url)]);
     tty.send(&format!(
@@ -670,17 +589,8 @@ fn ctrl_z_stops_the_whole_job_and_fg_resumes_it() {
 /// table or JSON, up to --limit.
 #[test]
 fn status_without_keys_lists_the_held_locks() {
-    use nix::sys::signal::{kill, Signal};
-    let dir = tmpdir("list");
-    let url = format!("sqlite://{}/locks.db", dir.display());
-    let status = |extra: &[&str]| {
-        Command::new(BIN)
-            .args(["--url", &url, "status"])
-            .args(extra)
-            .output()
-            .unwrap()
-    };
-    let out = status(&["--json"]);
+    let (_dir, url) = sqlite_store("list");
+    let out = status(&url, &["--json"]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
     let mut holders = Vec::new();
@@ -694,7 +604,7 @@ fn status_without_keys_lists_the_held_locks() {
         );
     }
     until("both locks are held", || {
-        let out = status(&["--json"]);
+        let out = status(&url, &["--json"]);
         serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .unwrap()
             .as_array()
@@ -702,28 +612,27 @@ fn status_without_keys_lists_the_held_locks() {
             .len()
             == 2
     });
-    let v: serde_json::Value = serde_json::from_slice(&status(&["--json"]).stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&status(&url, &["--json"]).stdout).unwrap();
     assert_eq!(v[0]["key"], "list-a");
     assert_eq!(v[1]["key"], "list-b");
     assert!(v.as_array().unwrap().iter().all(|l| l["held"] == true
         && l["token"].as_u64().unwrap() >= 1
         && l["remaining_ms"].as_u64().unwrap() > 0));
-    let table = String::from_utf8_lossy(&status(&[]).stdout).into_owned();
+    let table = String::from_utf8_lossy(&status(&url, &[]).stdout).into_owned();
     assert!(table.starts_with("KEY"), "{table}");
     assert!(
         table.contains("list-a") && table.contains("list-b"),
         "{table}"
     );
-    let out = status(&["--json", "--limit", "1"]);
+    let out = status(&url, &["--json", "--limit", "1"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 1);
     assert!(String::from_utf8_lossy(&out.stderr).contains("raise --limit"));
     for mut h in holders {
-        kill(nix::unistd::Pid::from_raw(h.id() as i32), Signal::SIGTERM).unwrap();
-        wait_bounded(&mut h, Duration::from_secs(30), "a holder ignored SIGTERM");
+        terminate(&mut h, "a holder ignored SIGTERM");
     }
     assert_eq!(
-        String::from_utf8_lossy(&status(&["--json"]).stdout).trim(),
+        String::from_utf8_lossy(&status(&url, &["--json"]).stdout).trim(),
         "[]"
     );
 }
@@ -739,11 +648,7 @@ fn fenced_url_wins_over_the_default_file() {
         .args(["run", "--key", "k", "--", "true"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "run");
     assert!(dir.join("x.db").is_file(), "FENCED_URL's file was not used");
     assert_eq!(
         std::fs::read_dir(&home).unwrap().count(),

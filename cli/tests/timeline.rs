@@ -19,8 +19,8 @@
 mod common;
 
 use std::{
-    path::Path,
-    process::{Child, Command, Stdio},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -75,6 +75,21 @@ fn spawn_run(url: &str, key: &str, args: &[&str], script: &str, stderr: &Path) -
         .unwrap()
 }
 
+/// B: `fenced run` of `key` waiting up to `wait`, whose command logs
+/// `B start` to `log`; run to its end.
+fn run_b(url: &str, key: &str, wait: &str, log: &Path) -> Output {
+    Command::new(BIN)
+        .args(["--url", url, "run", "--key", key, "--wait", wait])
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            r#"echo "B start $(date +%s%N)" >> {}"#,
+            log.display()
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
 fn until_exists(path: &Path, child: &mut Child, what: &str) {
     let start = Instant::now();
     while !path.exists() {
@@ -85,6 +100,27 @@ fn until_exists(path: &Path, child: &mut Child, what: &str) {
         assert!(start.elapsed() < Duration::from_secs(30), "{what}: never");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// [`spawn_run`] of `key` whose command loops until SIGTERM, then runs the
+/// shell commands `on_term`; returns once the command runs, with the file
+/// that gets fenced's stderr.
+fn spawn_looping(
+    dir: &Path,
+    url: &str,
+    key: &str,
+    args: &[&str],
+    on_term: &str,
+) -> (Child, PathBuf) {
+    let started = dir.join("started");
+    let script = format!(
+        "trap '{on_term}' TERM; touch {}; while :; do sleep 0.1; done",
+        started.display()
+    );
+    let err = dir.join("a.err");
+    let mut child = spawn_run(url, key, args, &script, &err);
+    until_exists(&started, &mut child, "the command started");
+    (child, err)
 }
 
 /// `(event, nanoseconds)` lines of a log written by the commands with
@@ -129,16 +165,7 @@ while :; do sleep 0.1; done"#,
     );
     until_exists(&started, &mut a, "A's command started");
     paths.proxy.blackhole(true);
-    let b = Command::new(BIN)
-        .args(["--url", &paths.direct, "run", "--key", key, "--wait", "30s"])
-        .args(["--", "sh", "-c"])
-        .arg(format!(
-            r#"echo "B start $(date +%s%N)" >> {}"#,
-            log.display()
-        ))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let b = run_b(&paths.direct, key, "30s", &log);
     let a_status = wait_bounded(&mut a, Duration::from_secs(30), "A never exited");
     let a_stderr = std::fs::read_to_string(&a_err).unwrap();
     assert!(
@@ -169,20 +196,13 @@ while :; do sleep 0.1; done"#,
 /// a release through the dead path).
 fn the_holder_exits_promptly_after_the_path_dies(store: &str, paths: &Paths) {
     let dir = tmpdir("prompt");
-    let started = dir.join("started");
-    let script = format!(
-        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.1; done",
-        started.display()
-    );
-    let err = dir.join("a.err");
-    let mut a = spawn_run(
+    let (mut a, err) = spawn_looping(
+        &dir,
         &paths.proxied,
         "prompt",
         &["--ttl", TTL, "--grace", GRACE],
-        &script,
-        &err,
+        "exit 0",
     );
-    until_exists(&started, &mut a, "the command started");
     paths.proxy.blackhole(true);
     let dead = Instant::now();
     let status = wait_bounded(&mut a, Duration::from_secs(60), "the holder never exited");
@@ -214,53 +234,50 @@ async fn dead_path(
     two.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_path_on_redis() {
-    dead_path("redis", || {
-        Box::pin(async { through_proxy(redis_url().await, 6379).await })
-    })
-    .await;
+/// One test per store: [`dead_path`] on the store of `$url` (a future of
+/// its URL), whose server listens on `$port` when the URL names none.
+macro_rules! dead_path_test {
+    ($(#[$attr:meta])* $name:ident, $store:literal, $url:expr, $port:literal) => {
+        $(#[$attr])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            dead_path($store, || Box::pin(async { through_proxy($url.await, $port).await })).await;
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_path_on_mysql_unique_key() {
-    dead_path("mysql unique_key", || {
-        Box::pin(async { through_proxy(mysql_url("unique_key").await, 3306).await })
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_path_on_mysql_row_lock() {
-    dead_path("mysql row_lock", || {
-        Box::pin(async { through_proxy(mysql_url("row_lock").await, 3306).await })
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_path_on_mysql_optimistic() {
-    dead_path("mysql optimistic", || {
-        Box::pin(async { through_proxy(mysql_url("optimistic").await, 3306).await })
-    })
-    .await;
-}
-
-#[cfg(feature = "etcd")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_path_on_etcd() {
-    dead_path("etcd", || {
-        Box::pin(async { through_proxy(etcd_url().await, 2379).await })
-    })
-    .await;
-}
+dead_path_test!(dead_path_on_redis, "redis", redis_url(), 6379);
+dead_path_test!(
+    dead_path_on_mysql_unique_key,
+    "mysql unique_key",
+    mysql_url("unique_key"),
+    3306
+);
+dead_path_test!(
+    dead_path_on_mysql_row_lock,
+    "mysql row_lock",
+    mysql_url("row_lock"),
+    3306
+);
+dead_path_test!(
+    dead_path_on_mysql_optimistic,
+    "mysql optimistic",
+    mysql_url("optimistic"),
+    3306
+);
+dead_path_test!(
+    #[cfg(feature = "etcd")]
+    dead_path_on_etcd,
+    "etcd",
+    etcd_url(),
+    2379
+);
 
 /// A `--grace` that cannot fit the TTL is refused before anything is
 /// acquired, naming the largest grace that fits.
 #[test]
 fn a_grace_that_does_not_fit_the_ttl_is_refused() {
-    let dir = tmpdir("grace");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (dir, url) = sqlite_store("grace");
     let marker = dir.join("ran");
     let out = Command::new(BIN)
         .args([
@@ -289,17 +306,15 @@ fn a_grace_that_does_not_fit_the_ttl_is_refused() {
         &["--ttl", "6s", "--grace", "3400ms"],
         &["--ttl", "6s"],
     ] {
-        let out = Command::new(BIN)
-            .args(["--url", &url, "run", "--key", "g"])
-            .args(args)
-            .args(["--", "true"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = fenced(
+            &[
+                &["--url", &url, "run", "--key", "g"][..],
+                args,
+                &["--", "true"],
+            ]
+            .concat(),
         );
+        assert_success(&out, &format!("{args:?}"));
     }
 }
 
@@ -308,35 +323,20 @@ fn a_grace_that_does_not_fit_the_ttl_is_refused() {
 /// holder starts only after the command is gone.
 #[test]
 fn max_hold_stops_the_command_gracefully_and_keeps_the_lock_until_it_is_gone() {
-    let dir = tmpdir("max-hold");
-    let url = format!("sqlite://{}/locks.db", dir.display());
-    let (log, started) = (dir.join("log"), dir.join("started"));
+    let (dir, url) = sqlite_store("max-hold");
+    let log = dir.join("log");
     // On SIGTERM the command finishes a 2 s step, within its 3 s grace.
-    let script = format!(
-        r#"trap 'sleep 2; echo "A exit $(date +%s%N)" >> {log}; exit 0' TERM
-touch {started}; while :; do sleep 0.1; done"#,
-        log = log.display(),
-        started = started.display()
-    );
-    let err = dir.join("a.err");
-    let mut a = spawn_run(
+    let (mut a, err) = spawn_looping(
+        &dir,
         &url,
         "mh",
         &["--ttl", "6s", "--grace", "3s", "--max-hold", "1s"],
-        &script,
-        &err,
-    );
-    until_exists(&started, &mut a, "the command started");
-    let b = Command::new(BIN)
-        .args([
-            "--url", &url, "run", "--key", "mh", "--wait", "60s", "--", "sh", "-c",
-        ])
-        .arg(format!(
-            r#"echo "B start $(date +%s%N)" >> {}"#,
+        &format!(
+            r#"sleep 2; echo "A exit $(date +%s%N)" >> {}; exit 0"#,
             log.display()
-        ))
-        .output()
-        .unwrap();
+        ),
+    );
+    let b = run_b(&url, "mh", "60s", &log);
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
     let status = wait_bounded(&mut a, Duration::from_secs(30), "the holder never exited");
     let stderr = std::fs::read_to_string(&err).unwrap();
@@ -352,29 +352,18 @@ touch {started}; while :; do sleep 0.1; done"#,
 /// SIGTERM handler never runs.
 #[test]
 fn a_refused_renewal_kills_the_command_without_grace() {
-    let dir = tmpdir("refused");
-    let url = format!("sqlite://{}/locks.db", dir.display());
-    let (log, started) = (dir.join("log"), dir.join("started"));
-    let script = format!(
-        r#"trap 'echo "got TERM 0" >> {log}; sleep 5; exit 0' TERM
-touch {started}; while :; do sleep 0.1; done"#,
-        log = log.display(),
-        started = started.display()
-    );
-    let err = dir.join("a.err");
-    let mut a = spawn_run(
+    let (dir, url) = sqlite_store("refused");
+    let log = dir.join("log");
+    let (mut a, err) = spawn_looping(
+        &dir,
         &url,
         "refused",
         &["--ttl", "3s", "--grace", "1s"],
-        &script,
-        &err,
+        &format!(r#"echo "got TERM 0" >> {}; sleep 5; exit 0"#, log.display()),
     );
-    until_exists(&started, &mut a, "the command started");
-    let out = Command::new(BIN)
-        .args(["--url", &url, "release", "--force", "refused"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    assert!(fenced(&["--url", &url, "release", "--force", "refused"])
+        .status
+        .success());
     let status = wait_bounded(
         &mut a,
         Duration::from_secs(30),
@@ -395,8 +384,7 @@ touch {started}; while :; do sleep 0.1; done"#,
 /// The command's own status is still fenced's.
 #[test]
 fn background_children_end_before_the_lock_is_released() {
-    let dir = tmpdir("leftovers");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (dir, url) = sqlite_store("leftovers");
     let (polite, stubborn) = (dir.join("polite.pid"), dir.join("stubborn.pid"));
     let script = format!(
         r#"sleep 60 & echo $! > {polite}
@@ -428,28 +416,15 @@ exit 3"#,
 /// end, so fenced exits 76, not the command's 0.
 #[test]
 fn a_signal_after_the_lock_was_taken_away_exits_lost() {
-    let dir = tmpdir("signal-lost");
-    let url = format!("sqlite://{}/locks.db", dir.display());
-    let started = dir.join("started");
-    let script = format!(
-        r#"trap 'exit 0' TERM; touch {started}; while :; do sleep 0.1; done"#,
-        started = started.display()
-    );
-    let err = dir.join("err");
+    let (dir, url) = sqlite_store("signal-lost");
     // 30 s TTL: the next renewal is 10 s away, long after the SIGTERM.
-    let mut a = spawn_run(&url, "signal-lost", &["--ttl", "30s"], &script, &err);
-    until_exists(&started, &mut a, "the command started");
-    let out = Command::new(BIN)
-        .args(["--url", &url, "release", "--force", "signal-lost"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(a.id()).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = wait_bounded(&mut a, Duration::from_secs(30), "fenced did not exit");
+    let (mut a, err) = spawn_looping(&dir, &url, "signal-lost", &["--ttl", "30s"], "exit 0");
+    assert!(
+        fenced(&["--url", &url, "release", "--force", "signal-lost"])
+            .status
+            .success()
+    );
+    let status = terminate(&mut a, "fenced did not exit");
     let stderr = std::fs::read_to_string(&err).unwrap();
     assert_eq!(status.code(), Some(76), "{stderr}");
 }
@@ -459,8 +434,7 @@ fn a_signal_after_the_lock_was_taken_away_exits_lost() {
 /// fenced's host:pid; a bad label is a usage error (78).
 #[test]
 fn labels_are_shown_by_status() {
-    let dir = tmpdir("label");
-    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (dir, url) = sqlite_store("label");
     let env_file = dir.join("env");
     let mut labelled = Command::new(BIN)
         .args([
@@ -485,16 +459,10 @@ fn labels_are_shown_by_status() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    let status = |extra: &[&str]| {
-        Command::new(BIN)
-            .args(["--url", &url, "status"])
-            .args(extra)
-            .output()
-            .unwrap()
-    };
     let start = Instant::now();
     let v = loop {
-        let v: serde_json::Value = serde_json::from_slice(&status(&["--json"]).stdout).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&status(&url, &["--json"]).stdout).unwrap();
         if v.as_array().unwrap().len() == 2 && env_file.exists() {
             break v;
         }
@@ -513,7 +481,7 @@ fn labels_are_shown_by_status() {
         host_pid.ends_with(&format!(":{}", plain.id())),
         "{host_pid}"
     );
-    let table = String::from_utf8_lossy(&status(&[]).stdout).into_owned();
+    let table = String::from_utf8_lossy(&status(&url, &[]).stdout).into_owned();
     assert!(table.lines().next().unwrap().ends_with("LABEL"), "{table}");
     assert!(
         table.contains("nightly report #7") && table.contains(host_pid),
@@ -524,36 +492,23 @@ fn labels_are_shown_by_status() {
         "nightly report #7"
     );
     for child in [&mut labelled, &mut plain] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        wait_bounded(child, Duration::from_secs(30), "a holder ignored SIGTERM");
+        terminate(child, "a holder ignored SIGTERM");
     }
     let free: serde_json::Value =
-        serde_json::from_slice(&status(&["--json", "lab-a"]).stdout).unwrap();
+        serde_json::from_slice(&status(&url, &["--json", "lab-a"]).stdout).unwrap();
     assert_eq!(free[0]["held"], false);
-    let bad = Command::new(BIN)
-        .args([
-            "--url",
-            &url,
-            "run",
-            "--key",
-            "k",
-            "--label",
-            "two\nlines",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        bad.status.code(),
-        Some(78),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
-    );
+    let bad = fenced(&[
+        "--url",
+        &url,
+        "run",
+        "--key",
+        "k",
+        "--label",
+        "two\nlines",
+        "--",
+        "true",
+    ]);
+    assert_exit(&bad, 78);
 }
 
 /// The server stores keep the label too (etcd does not yet: its `inspect`
@@ -584,24 +539,12 @@ async fn labels_are_shown_by_status_on_the_server_stores() {
                 .unwrap();
             let v = status_once_held(&url, &["lab"], Duration::from_secs(20));
             assert_eq!(v[0]["label"], "deploy eu-1", "{url}: {v}");
-            let table = Command::new(BIN)
-                .args(["--url", &url, "status", "lab"])
-                .output()
-                .unwrap();
+            let table = status(&url, &["lab"]);
             assert!(
                 String::from_utf8_lossy(&table.stdout).contains("deploy eu-1"),
                 "{url}"
             );
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(holder.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            )
-            .unwrap();
-            wait_bounded(
-                &mut holder,
-                Duration::from_secs(30),
-                "the holder ignored SIGTERM",
-            );
+            terminate(&mut holder, "the holder ignored SIGTERM");
         }
     })
     .await

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use fenced_api::{
     wait::{acquire_polling, notify_released, Backoff},
     Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions, MemoryLock,
-    ReleaseOutcome, Result,
+    ReleaseOutcome, Result, WrapLock,
 };
 use fenced_conformance::{Harness, MemoryHarness};
 use tokio::time::Instant;
@@ -118,10 +118,7 @@ async fn local_release_wakes_a_backed_off_waiter_at_once() {
     let h = PollingHarness::new();
     let (a, b) = (h.client().await.unwrap(), h.client().await.unwrap());
     let key = LockKey::new("handoff").unwrap();
-    let opts = LockOptions::builder()
-        .ttl(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let opts = long_opts();
     let held = a.try_acquire(&key, &opts).await.unwrap().unwrap();
     let waiter = {
         let key = key.clone();
@@ -143,8 +140,8 @@ async fn polling_times_out_exactly_at_the_bound() {
     let h = PollingHarness::new();
     let (a, b) = (h.client().await.unwrap(), h.client().await.unwrap());
     let key = LockKey::new("bound").unwrap();
-    let opts = LockOptions::builder()
-        .ttl(Duration::from_secs(60))
+    let opts = long_opts()
+        .to_builder()
         .wait_timeout(Duration::from_millis(1_234))
         .build()
         .unwrap();
@@ -164,7 +161,10 @@ struct Counted {
 }
 
 #[async_trait]
-impl DistributedLock for Counted {
+impl WrapLock for Counted {
+    fn inner(&self) -> &dyn DistributedLock {
+        &*self.inner
+    }
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         self.tries
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -173,22 +173,8 @@ impl DistributedLock for Counted {
     async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
         acquire_polling(self, &self.scope, key, opts, Backoff::default()).await
     }
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        self.inner.extend(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.inner.force_release(key).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
 }
+fenced_api::wrap_lock!(Counted);
 
 /// A counted client; `tries` may be shared between clients.
 fn counted(h: &PollingHarness, inner: Arc<dyn DistributedLock>, tries: &Tries) -> Arc<Counted> {

@@ -1,5 +1,5 @@
-//! Issue 8, item 5: bad inputs, on every backend (memory, sqlite, mysql ×3
-//! strategies, redis, etcd).
+//! Bad inputs, on every backend (memory, sqlite, mysql ×3 strategies, redis,
+//! etcd).
 //!
 //! Every rejected input must give a typed [`fenced::Error`] whose `Display`
 //! is one line saying what is wrong, and must leave the store untouched —
@@ -13,8 +13,11 @@
 //! here; a shared service that is down fails the test naming
 //! `scripts/services.sh`.
 
-// Test helpers outside #[test] functions panic on purpose, like the tests.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Test helpers outside #[test] functions panic and print on purpose, like
+// the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+mod support;
 
 use std::{
     collections::BTreeSet,
@@ -29,50 +32,16 @@ use fenced::{
     redis::redis,
     DistributedLock, Error, Lease, LockClient, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
 };
-use fenced_conformance::services;
 use fenced_faults::private::{
     EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, RedisOptions,
 };
+use support::{
+    bounded, etcd_server, hex, mysql_server, redis_server, with_params, TempMysqlUser, HANG,
+};
 
 const STRATEGIES: [&str; 3] = ["unique_key", "row_lock", "optimistic"];
-/// Generous upper bound for anything that must not hang (never a timing assertion).
-const HANG: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------- helpers
-
-fn hex(n: usize) -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..n].to_owned()
-}
-
-async fn mysql_server() -> String {
-    let url = services::mysql_url();
-    if let Err(message) = services::probe_mysql(&url).await {
-        panic!("{message}");
-    }
-    url
-}
-
-async fn redis_server() -> String {
-    let url = services::redis_url();
-    if let Err(message) = services::probe_redis(&url).await {
-        panic!("{message}");
-    }
-    url
-}
-
-/// `host:port` of the shared etcd.
-async fn etcd_server() -> String {
-    let url = services::etcd_url();
-    if let Err(message) = services::probe_etcd(&url).await {
-        panic!("{message}");
-    }
-    services::host_port(&url, 2379).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
 
 /// `url` with `user:password@` as its user info (replacing any).
 fn with_user(url: &str, user: &str, password: &str) -> String {
@@ -81,12 +50,6 @@ fn with_user(url: &str, user: &str, password: &str) -> String {
     let (authority, tail) = rest.split_at(end);
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     format!("{scheme}://{user}:{password}@{host}{tail}")
-}
-
-async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(HANG, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {HANG:?}"))
 }
 
 /// The error's `Display`, after checking it is one line (and, for
@@ -153,6 +116,42 @@ struct Backend {
     name: String,
     ns: Ns,
     lock: Arc<dyn DistributedLock>,
+}
+
+impl Backend {
+    /// Takes a fresh `<prefix>-…` key with `opts`; the store must grant it
+    /// (`what` names the case in failures).
+    async fn take_fresh(&self, prefix: &str, opts: &LockOptions, what: &str) -> (LockKey, Lease) {
+        let key = LockKey::new(format!("{prefix}-{}", hex(6))).expect("key");
+        let lease = bounded(what, self.lock.try_acquire(&key, opts))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .unwrap_or_else(|| panic!("{what}: refused"));
+        (key, lease)
+    }
+
+    /// `server` as `user:password`, in this backend's namespace; `None`
+    /// unless this is a MySQL backend.
+    fn mysql_url(&self, server: &str, user: &str, password: &str) -> Option<String> {
+        let Ns::MySql { table, strategy } = &self.ns else {
+            return None;
+        };
+        Some(with_params(
+            &with_user(server, user, password),
+            &format!("strategy={strategy}&table={table}"),
+        ))
+    }
+
+    /// Releases `lease`, which must still be held.
+    async fn release_held(&self, lease: &Lease, what: &str) {
+        assert_eq!(
+            bounded(what, self.lock.release(lease))
+                .await
+                .expect("release"),
+            ReleaseOutcome::Released,
+            "{what}"
+        );
+    }
 }
 
 /// Every backend, each in a namespace of its own, plus admin handles to
@@ -398,25 +397,17 @@ impl Stores {
     }
 
     async fn redis_names(&self, pattern: &str) -> Vec<Vec<u8>> {
+        use redis::AsyncCommands as _;
         let mut conn = self.redis.clone();
-        let mut cursor = 0u64;
+        let scan = redis::ScanOptions::default()
+            .with_pattern(pattern)
+            .with_count(1000);
+        let mut names = conn.scan_options::<Vec<u8>>(scan).await.expect("SCAN");
         let mut out = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .expect("SCAN");
-            out.extend(batch);
-            if next == 0 {
-                return out;
-            }
-            cursor = next;
+        while let Some(name) = names.next_item().await {
+            out.push(name.expect("SCAN"));
         }
+        out
     }
 
     /// Asserts that `b`'s namespace is exactly as `before` (a [`snapshot`](Self::snapshot)).
@@ -898,22 +889,14 @@ async fn near_identical_keys_never_collide() {
                 assert_eq!(info.owner, l.owner, "{what}: {k:?} shows the other holder");
             }
             // Releasing one leaves the other held.
-            assert_eq!(
-                bounded(&what, b.lock.release(&lx)).await.expect("release"),
-                ReleaseOutcome::Released,
-                "{what}"
-            );
+            b.release_held(&lx, &what).await;
             let info = bounded(&what, b.lock.inspect(&ky)).await.expect("inspect");
             assert_eq!(
                 info.map(|i| i.owner),
                 Some(ly.owner.clone()),
                 "{what}: releasing {x:?} freed {y:?}"
             );
-            assert_eq!(
-                bounded(&what, b.lock.release(&ly)).await.expect("release"),
-                ReleaseOutcome::Released,
-                "{what}"
-            );
+            b.release_held(&ly, &what).await;
         }
     }
     stores.cleanup().await;
@@ -946,11 +929,7 @@ async fn bad_ttls_are_refused_and_change_nothing() {
 
     let stores = Stores::open().await;
     for b in &stores.backends {
-        let key = LockKey::new(format!("ttl-{}", hex(6))).expect("key");
-        let lease = bounded(&b.name, b.lock.try_acquire(&key, &opts("holder")))
-            .await
-            .expect("acquire")
-            .expect("free key");
+        let (key, lease) = b.take_fresh("ttl", &opts("holder"), &b.name).await;
         let before = stores.snapshot(b).await;
         for ttl in bad {
             let what = format!("{}: extend to {ttl:?}", b.name);
@@ -971,24 +950,15 @@ async fn bad_ttls_are_refused_and_change_nothing() {
             );
         }
         stores.assert_untouched(b, &before, "refused extends").await;
-        assert_eq!(
-            bounded(&b.name, b.lock.release(&lease))
-                .await
-                .expect("release"),
-            ReleaseOutcome::Released
-        );
+        b.release_held(&lease, &b.name).await;
 
         // The bounds themselves are accepted and honoured.
-        let key = LockKey::new(format!("ttlmax-{}", hex(6))).expect("key");
         let max = LockOptions::builder()
             .ttl(LockOptions::MAX_TTL)
             .build()
             .expect("24h");
         let what = format!("{}: ttl 24h", b.name);
-        let lease = bounded(&what, b.lock.try_acquire(&key, &max))
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}"))
-            .unwrap_or_else(|| panic!("{what}: refused"));
+        let (key, lease) = b.take_fresh("ttlmax", &max, &what).await;
         let info = bounded(&what, b.lock.inspect(&key))
             .await
             .expect("inspect")
@@ -1002,23 +972,14 @@ async fn bad_ttls_are_refused_and_change_nothing() {
         bounded(&what, b.lock.extend(&lease, LockOptions::MAX_TTL))
             .await
             .unwrap_or_else(|e| panic!("{what}: extend: {e}"));
-        assert_eq!(
-            bounded(&what, b.lock.release(&lease))
-                .await
-                .expect("release"),
-            ReleaseOutcome::Released
-        );
+        b.release_held(&lease, &what).await;
 
-        let key = LockKey::new(format!("ttlmin-{}", hex(6))).expect("key");
         let min = LockOptions::builder()
             .ttl(LockOptions::MIN_TTL)
             .build()
             .expect("10ms");
         let what = format!("{}: ttl 10ms", b.name);
-        let lease = bounded(&what, b.lock.try_acquire(&key, &min))
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}"))
-            .unwrap_or_else(|| panic!("{what}: refused"));
+        let (key, lease) = b.take_fresh("ttlmin", &min, &what).await;
         assert!(lease.ttl >= LockOptions::MIN_TTL, "{what}: {:?}", lease.ttl);
         // It expires (rounded up by coarse stores): another owner gets it.
         let start = Instant::now();
@@ -1271,11 +1232,20 @@ async fn unknown_url_parameters_are_config_errors() {
         "memory://?nope=1",
         "memory://somewhere",
     ];
+    assert_connect_refuses_as_config(&cases, |_| None).await;
+}
+
+/// `connect` to each of `urls` must fail with a one-line `Config` error
+/// whose message `check` finds nothing wrong with (it says what is wrong,
+/// if anything); the test fails listing every URL handled otherwise.
+async fn assert_connect_refuses_as_config(urls: &[&str], check: impl Fn(&str) -> Option<String>) {
     let mut failures = Vec::new();
-    for url in cases {
+    for &url in urls {
         match bounded(url, fenced::connect(url)).await {
             Err(e @ Error::Config { .. }) => {
-                one_line(url, &e);
+                if let Some(wrong) = check(&one_line(url, &e)) {
+                    failures.push(format!("{url}: {wrong}"));
+                }
             }
             Err(e) => failures.push(format!("{url}: expected Config, got {e}")),
             Ok(_) => failures.push(format!("{url}: accepted")),
@@ -1285,28 +1255,19 @@ async fn unknown_url_parameters_are_config_errors() {
 }
 
 /// A port that is not a number from 1 to 65535 must not be replaced by a
-/// default (`etcd://127.0.0.1:99999/fz` used to dial 127.0.0.1:80).
+/// default (which would make `etcd://127.0.0.1:99999/fz` dial 127.0.0.1:80).
 #[tokio::test]
 async fn etcd_urls_with_a_bad_port_are_config_errors() {
-    let mut failures = Vec::new();
-    for url in [
+    let urls = [
         "etcd://127.0.0.1:99999/fz",
         "etcd://127.0.0.1:abc/fz",
         "etcd://127.0.0.1:0/fz",
         "etcd://127.0.0.1:2379,127.0.0.1:99999/fz",
-    ] {
-        match bounded(url, fenced::connect(url)).await {
-            Err(e @ Error::Config { .. }) => {
-                let msg = one_line(url, &e);
-                if !msg.contains("port") {
-                    failures.push(format!("{url}: message does not name the port: {msg}"));
-                }
-            }
-            Err(e) => failures.push(format!("{url}: expected Config, got {e}")),
-            Ok(_) => failures.push(format!("{url}: accepted")),
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    ];
+    assert_connect_refuses_as_config(&urls, |msg| {
+        (!msg.contains("port")).then(|| format!("message does not name the port: {msg}"))
+    })
+    .await;
 }
 
 /// `fenced migrate --url …` (and `fenced::migrate`) must not report success
@@ -1565,56 +1526,6 @@ async fn round_trip(url: &str) -> fenced::Result<()> {
 
 // ------------------------------------------------- passwords and read-only
 
-/// A MariaDB user on the shared server for one test, dropped when this
-/// guard goes — also when the test panics.
-struct TempMysqlUser {
-    server: String,
-    name: String,
-}
-
-impl TempMysqlUser {
-    async fn create(server: &str, prefix: &str, password: &str, grant: &str) -> Self {
-        let name = format!("{prefix}_{}", hex(10));
-        let pool = sqlx::MySqlPool::connect(server).await.expect("admin pool");
-        for sql in [
-            format!("CREATE USER '{name}'@'%' IDENTIFIED BY '{password}'"),
-            format!("GRANT {grant} ON test.* TO '{name}'@'%'"),
-        ] {
-            sqlx::query(AssertSqlSafe(sql.clone()))
-                .execute(&pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-        pool.close().await;
-        TempMysqlUser {
-            server: server.to_owned(),
-            name,
-        }
-    }
-}
-
-impl Drop for TempMysqlUser {
-    fn drop(&mut self) {
-        let (server, name) = (self.server.clone(), self.name.clone());
-        // Own thread and runtime: works from any context, panics included.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                if let Ok(pool) = sqlx::MySqlPool::connect(&server).await {
-                    let _ = sqlx::query(AssertSqlSafe(format!("DROP USER IF EXISTS '{name}'@'%'")))
-                        .execute(&pool)
-                        .await;
-                    pool.close().await;
-                }
-            });
-            Ok::<(), std::io::Error>(())
-        })
-        .join();
-    }
-}
-
 /// The error of a connect, or of the first acquire if the connect
 /// succeeded. Never a success, never "held by someone else".
 async fn first_failure(url: &str, key: &str) -> Error {
@@ -1651,50 +1562,69 @@ async fn first_failure(url: &str, key: &str) -> Error {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_mysql_password_is_a_clear_error_and_writes_nothing() {
+/// The error of `url` as [`first_failure`] finds it, checked to be a clear
+/// refusal: a `Backend` or `Config` error that retrying cannot cure (`why`
+/// says what should not be retried), on one line that mentions one of
+/// `any_of`. Returns the error and that line.
+async fn clear_refusal(
+    url: &str,
+    key: &str,
+    what: &str,
+    why: &str,
+    any_of: &[&str],
+) -> (Error, String) {
+    let e = first_failure(url, key).await;
+    assert!(
+        matches!(e, Error::Backend { .. } | Error::Config { .. }),
+        "{what}: {e:?}"
+    );
+    assert!(!e.is_retryable(), "{what}: {why} not retryable: {e}");
+    let msg = one_line(what, &e);
+    println!("{what}: {msg}");
+    assert_mentions(what, &msg, any_of);
+    (e, msg)
+}
+
+/// The shared MariaDB's URL, a user made there for this test with
+/// `password` and `grant`, and every backend opened, with a snapshot of each
+/// store taken before the test.
+async fn mysql_user_and_stores(
+    prefix: &str,
+    password: &str,
+    grant: &str,
+) -> (String, TempMysqlUser, Stores, Vec<Vec<String>>) {
     let server = mysql_server().await;
-    let right = format!("Right-{}", hex(8));
-    let wrong = format!("Wrong-{}", hex(8));
-    let temp = TempMysqlUser::create(&server, "fzu", &right, "ALL").await;
-    let user = temp.name.as_str();
+    let temp = TempMysqlUser::create(&server, prefix, password, grant, None).await;
     let stores = Stores::open().await;
     let before = stores.snapshots().await;
+    (server, temp, stores, before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_mysql_password_is_a_clear_error_and_writes_nothing() {
+    let right = format!("Right-{}", hex(8));
+    let wrong = format!("Wrong-{}", hex(8));
+    let (server, temp, stores, before) = mysql_user_and_stores("fzu", &right, "ALL").await;
     for (b, before) in stores.backends.iter().zip(&before) {
-        let Ns::MySql { table, strategy } = &b.ns else {
+        let Some(url) = b.mysql_url(&server, &temp.name, &wrong) else {
             continue;
         };
-        let url = with_params(
-            &with_user(&server, user, &wrong),
-            &format!("strategy={strategy}&table={table}"),
-        );
-        let e = first_failure(&url, "pw").await;
         let what = format!("{}: wrong password", b.name);
-        assert!(
-            matches!(e, Error::Backend { .. } | Error::Config { .. }),
-            "{what}: {e:?}"
-        );
-        assert!(
-            !e.is_retryable(),
-            "{what}: a wrong password is not retryable: {e}"
-        );
-        let msg = one_line(&what, &e);
-        println!("{what}: {msg}");
-        assert_mentions(
+        let (e, msg) = clear_refusal(
+            &url,
+            "pw",
             &what,
-            &msg,
+            "a wrong password is",
             &["access denied", "password", "authentication"],
-        );
+        )
+        .await;
         assert!(
             !msg.contains(&wrong) && !format!("{e:?}").contains(&wrong),
             "{what}: {msg}"
         );
         stores.assert_untouched(b, before, "a wrong password").await;
         // The right password works: the test can fail.
-        let url = with_params(
-            &with_user(&server, user, &right),
-            &format!("strategy={strategy}&table={table}"),
-        );
+        let url = b.mysql_url(&server, &temp.name, &right).expect("MySQL");
         let store = bounded(&what, fenced::connect(&url))
             .await
             .unwrap_or_else(|e| panic!("{what}: the right password fails too: {e}"));
@@ -1711,37 +1641,21 @@ async fn wrong_mysql_password_is_a_clear_error_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_mysql_user_never_reports_success() {
-    let server = mysql_server().await;
     let pw = format!("Ro-{}", hex(8));
-    let temp = TempMysqlUser::create(&server, "fzr", &pw, "SELECT").await;
-    let user = temp.name.as_str();
-    let stores = Stores::open().await;
-    let before = stores.snapshots().await;
+    let (server, temp, stores, before) = mysql_user_and_stores("fzr", &pw, "SELECT").await;
     for (b, before) in stores.backends.iter().zip(&before) {
-        let Ns::MySql { table, strategy } = &b.ns else {
+        let Some(url) = b.mysql_url(&server, &temp.name, &pw) else {
             continue;
         };
-        let url = with_params(
-            &with_user(&server, user, &pw),
-            &format!("strategy={strategy}&table={table}"),
-        );
         let what = format!("{}: SELECT-only user", b.name);
-        let e = first_failure(&url, "ro").await;
-        assert!(
-            matches!(e, Error::Backend { .. } | Error::Config { .. }),
-            "{what}: {e:?}"
-        );
-        assert!(
-            !e.is_retryable(),
-            "{what}: missing privileges are not retryable: {e}"
-        );
-        let msg = one_line(&what, &e);
-        println!("{what}: {msg}");
-        assert_mentions(
+        clear_refusal(
+            &url,
+            "ro",
             &what,
-            &msg,
+            "missing privileges are",
             &["denied", "read-only", "read only", "privilege"],
-        );
+        )
+        .await;
         stores.assert_untouched(b, before, "a read-only user").await;
     }
     stores.cleanup().await;
@@ -1767,15 +1681,14 @@ async fn read_only_mysql_server_is_refused() {
     for strategy in STRATEGIES {
         let url = with_params(&db.url(), &format!("strategy={strategy}&table={table}"));
         let what = format!("read_only server, {strategy}");
-        let e = first_failure(&url, "ro").await;
-        assert!(
-            matches!(e, Error::Config { .. } | Error::Backend { .. }),
-            "{what}: {e:?}"
-        );
-        assert!(!e.is_retryable(), "{what}: {e}");
-        let msg = one_line(&what, &e);
-        println!("{what}: {msg}");
-        assert_mentions(&what, &msg, &["read-only", "read only", "read_only"]);
+        clear_refusal(
+            &url,
+            "ro",
+            &what,
+            "a read-only server is",
+            &["read-only", "read only", "read_only"],
+        )
+        .await;
     }
     assert_eq!(
         mysql_snapshot(&pool, table).await,
@@ -1783,6 +1696,24 @@ async fn read_only_mysql_server_is_refused() {
         "rows written to a read-only server"
     );
     pool.close().await;
+}
+
+/// Each of `cases` (a URL with bad credentials and what is bad about them)
+/// is a [`clear_refusal`] naming one of `any_of` and neither of `secrets`.
+async fn refuse_credentials(
+    store: &str,
+    cases: &[(String, &str)],
+    any_of: &[&str],
+    secrets: [&str; 2],
+) {
+    for (url, what) in cases {
+        let what = format!("{store}, {what}");
+        let (_, msg) = clear_refusal(url, "pw", &what, "authentication failures are", any_of).await;
+        assert!(
+            !msg.contains(secrets[0]) && !msg.contains(secrets[1]),
+            "{what}: {msg}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1811,24 +1742,13 @@ async fn wrong_redis_password_is_a_clear_error_and_writes_nothing() {
         ),
         (format!("redis://127.0.0.1:{port}?prefix=fz"), "no password"),
     ];
-    for (url, what) in &cases {
-        let e = first_failure(url, "pw").await;
-        assert!(
-            matches!(e, Error::Backend { .. } | Error::Config { .. }),
-            "{what}: {e:?}"
-        );
-        assert!(
-            !e.is_retryable(),
-            "{what}: authentication failures are not retryable: {e}"
-        );
-        let msg = one_line(what, &e);
-        println!("redis, {what}: {msg}");
-        assert_mentions(what, &msg, &["auth", "password", "wrongpass", "noauth"]);
-        assert!(
-            !msg.contains(&wrong) && !msg.contains(&right),
-            "{what}: {msg}"
-        );
-    }
+    refuse_credentials(
+        "redis",
+        &cases,
+        &["auth", "password", "wrongpass", "noauth"],
+        [&right, &wrong],
+    )
+    .await;
     let mut admin = server.admin().await.expect("admin");
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
@@ -1845,7 +1765,6 @@ async fn wrong_redis_password_is_a_clear_error_and_writes_nothing() {
 /// A misconfigured password should fail at start-up (`connect`), as it does
 /// for MySQL and etcd, not at the first lock request in production.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-
 async fn wrong_redis_password_fails_at_connect() {
     let right = format!("Right-{}", hex(8));
     let server = PrivateRedis::start(RedisOptions {
@@ -1883,24 +1802,13 @@ async fn wrong_etcd_password_is_a_clear_error_and_writes_nothing() {
         (format!("etcd://nobody:{right}@{hp}/fz"), "unknown user"),
         (format!("etcd://{hp}/fz"), "no credentials"),
     ];
-    for (url, what) in &cases {
-        let e = first_failure(url, "pw").await;
-        assert!(
-            matches!(e, Error::Backend { .. } | Error::Config { .. }),
-            "{what}: {e:?}"
-        );
-        assert!(
-            !e.is_retryable(),
-            "{what}: authentication failures are not retryable: {e}"
-        );
-        let msg = one_line(what, &e);
-        println!("etcd, {what}: {msg}");
-        assert_mentions(what, &msg, &["auth", "password", "permission", "user"]);
-        assert!(
-            !msg.contains(&wrong) && !msg.contains(&right),
-            "{what}: {msg}"
-        );
-    }
+    refuse_credentials(
+        "etcd",
+        &cases,
+        &["auth", "password", "permission", "user"],
+        [&right, &wrong],
+    )
+    .await;
     let mut admin = etcd.admin_client(0).await.expect("admin");
     let n = admin
         .get(

@@ -1,4 +1,4 @@
-//! Issue 8, item 6: security.
+//! Security.
 //!
 //! * TLS to MySQL/MariaDB (`ssl-mode`), Redis (`rediss://`) and etcd
 //!   (`etcds://`), each against a private server whose certificate is signed
@@ -19,6 +19,8 @@
 // Test helpers outside #[test] functions panic on purpose, like the tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::{
     collections::HashSet,
     path::Path,
@@ -28,30 +30,16 @@ use std::{
 
 use fenced::{
     etcd::etcd_client::{Certificate, Client, ConnectOptions, TlsOptions},
-    mysql::sqlx::{self, AssertSqlSafe},
     DistributedLock, Error, Lease, LockClient, LockKey, LockOptions, Owner, ReleaseOutcome,
 };
 use fenced_conformance::services;
 use fenced_faults::private::{
     EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, RedisOptions, TestCa,
 };
-
-const HANG: Duration = Duration::from_secs(30);
-
-fn hex(n: usize) -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..n].to_owned()
-}
-
-async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(HANG, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {HANG:?}"))
-}
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
+use support::{
+    bounded, drop_mysql_namespace, etcd_server, hex, mysql_server, redis_server, with_params,
+    TempMysqlUser,
+};
 
 fn one_line(what: &str, e: &Error) -> String {
     let s = e.to_string();
@@ -60,30 +48,6 @@ fn one_line(what: &str, e: &Error) -> String {
         "{what}: not a one-line message: {s:?}"
     );
     s
-}
-
-async fn mysql_server() -> String {
-    let url = services::mysql_url();
-    if let Err(message) = services::probe_mysql(&url).await {
-        panic!("{message}");
-    }
-    url
-}
-
-async fn redis_server() -> String {
-    let url = services::redis_url();
-    if let Err(message) = services::probe_redis(&url).await {
-        panic!("{message}");
-    }
-    url
-}
-
-async fn etcd_server() -> String {
-    let url = services::etcd_url();
-    if let Err(message) = services::probe_etcd(&url).await {
-        panic!("{message}");
-    }
-    services::host_port(&url, 2379).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// migrate + connect + `LockClient` acquire + inspect + release.
@@ -194,60 +158,6 @@ impl Secret {
 
 // --------------------------------------------------------------- passwords
 
-/// A MariaDB user on the shared server for one test, dropped when this
-/// guard goes — also when the test panics.
-struct TempMysqlUser {
-    server: String,
-    name: String,
-    /// The lock tables this user's test created, dropped with it.
-    table: String,
-}
-
-impl TempMysqlUser {
-    async fn create(server: &str, prefix: &str, password: &str, grant: &str) -> Self {
-        let name = format!("{prefix}_{}", hex(10));
-        let pool = sqlx::MySqlPool::connect(server).await.expect("admin pool");
-        for sql in [
-            format!("CREATE USER '{name}'@'%' IDENTIFIED BY '{password}'"),
-            format!("GRANT {grant} ON test.* TO '{name}'@'%'"),
-        ] {
-            sqlx::query(AssertSqlSafe(sql.clone()))
-                .execute(&pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-        pool.close().await;
-        TempMysqlUser {
-            server: server.to_owned(),
-            name,
-            table: format!("fz_sec_{}", hex(12)),
-        }
-    }
-}
-
-impl Drop for TempMysqlUser {
-    fn drop(&mut self) {
-        let (server, name, table) = (self.server.clone(), self.name.clone(), self.table.clone());
-        // Own thread and runtime: works from any context, panics included.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                if let Ok(pool) = sqlx::MySqlPool::connect(&server).await {
-                    let _ = sqlx::query(AssertSqlSafe(format!("DROP USER IF EXISTS '{name}'@'%'")))
-                        .execute(&pool)
-                        .await;
-                    pool.close().await;
-                }
-                drop_mysql_namespace(&server, &table).await;
-            });
-            Ok::<(), std::io::Error>(())
-        })
-        .join();
-    }
-}
-
 #[tokio::test]
 async fn passwords_never_appear_in_config_errors() {
     let (logs, _guard) = Logs::capture();
@@ -347,10 +257,11 @@ async fn passwords_never_appear_on_authentication_failure_or_success() {
 
     // MySQL: a user of this test on the shared server.
     let server = mysql_server().await;
-    let temp = TempMysqlUser::create(&server, "fzs", &right.plain, "ALL").await;
+    let table = format!("fz_sec_{}", hex(12));
+    let temp =
+        TempMysqlUser::create(&server, "fzs", &right.plain, "ALL", Some(table.clone())).await;
     let user = temp.name.as_str();
     let hostport = services::host_port(&server, 3306).expect("host");
-    let table = temp.table.as_str();
     let mysql = |pw: &str| format!("mysql://{user}:{pw}@{hostport}/test?table={table}");
     // Redis and etcd: private servers with authentication on.
     let redis = PrivateRedis::start(RedisOptions {
@@ -570,27 +481,6 @@ async fn all_backends(dir: &Path) -> (Vec<(String, Arc<dyn DistributedLock>)>, N
         out.push((name, store));
     }
     (out, ns)
-}
-
-/// Drops `<table>` and every `<table>_…` the schema has today (best effort).
-async fn drop_mysql_namespace(server: &str, table: &str) {
-    let Ok(pool) = sqlx::MySqlPool::connect(server).await else {
-        return;
-    };
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT table_name FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND (table_name = ? OR table_name LIKE ?)",
-    )
-    .bind(table)
-    .bind(format!("{}\\_%", table.replace('_', "\\_")))
-    .fetch_all(&pool)
-    .await
-    .unwrap_or_default();
-    for t in names {
-        let sql = format!("DROP TABLE IF EXISTS `{t}`");
-        let _ = sqlx::query(AssertSqlSafe(sql)).execute(&pool).await;
-    }
-    pool.close().await;
 }
 
 /// This run's namespaces on the shared servers; dropped with the guard.

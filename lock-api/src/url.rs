@@ -438,7 +438,7 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_bool("x", "1").unwrap(), true);
+        assert!(parse_bool("x", "1").unwrap());
         assert!(parse_bool("x", "yes").is_err());
     }
 }

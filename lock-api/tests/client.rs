@@ -5,8 +5,11 @@
 
 use std::{sync::Arc, time::Duration};
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 use fenced_api::{
-    DistributedLock, Error, LockClient, LockKey, LockOptions, LossReason, MemoryLock, WaitPolicy,
+    DistributedLock, Error, Lease, LockClient, LockClientBuilder, LockGuard, LockKey, LockOptions,
+    LossReason, MemoryLock, WaitPolicy, WrapLock,
 };
 use tokio::time::{advance, sleep, Instant};
 
@@ -18,15 +21,20 @@ fn key(k: &str) -> LockKey {
     LockKey::new(k).unwrap()
 }
 
-fn client(store: &MemoryLock) -> LockClient {
-    LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
-        .build()
-        .unwrap()
+/// A client builder over `store` with the tests' TTL.
+fn builder(store: impl DistributedLock + 'static) -> LockClientBuilder {
+    LockClient::builder(Arc::new(store)).ttl(TTL)
 }
 
-fn opts() -> LockOptions {
-    LockOptions::builder().ttl(TTL).build().unwrap()
+fn client(store: &MemoryLock) -> LockClient {
+    builder(store.clone()).build().unwrap()
+}
+
+/// Whether the store itself grants `k` to a newcomer right now (it then
+/// holds it for that newcomer).
+async fn store_grants_k(store: &MemoryLock) -> bool {
+    let opts = LockOptions::builder().ttl(TTL).build().unwrap();
+    store.try_acquire(&key("k"), &opts).await.unwrap().is_some()
 }
 
 /// Lets spawned tasks (watchdog, release on drop) run.
@@ -42,11 +50,7 @@ async fn watchdog_keeps_lock_for_many_ttls() {
     let guard = client(&store).acquire("k").await.unwrap();
     sleep(TTL * 10).await;
     assert!(!guard.is_lost());
-    assert!(store
-        .try_acquire(&key("k"), &opts())
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!store_grants_k(&store).await);
     // Renewed every ttl/3, so at least two thirds of the TTL (less the
     // safety margin) are always left.
     assert!(
@@ -103,32 +107,20 @@ async fn short_outage_is_ridden_out_by_retries() {
 #[tokio::test(start_paused = true)]
 async fn max_hold_stops_renewal_and_reports_loss_on_time() {
     let store = MemoryLock::new();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
-        .max_hold(TTL * 2)
-        .build()
-        .unwrap();
+    let c = builder(store.clone()).max_hold(TTL * 2).build().unwrap();
     let start = Instant::now();
     let guard = c.acquire("k").await.unwrap();
     assert_eq!(guard.lost().await, LossReason::MaxHoldExceeded);
     assert_eq!(start.elapsed(), TTL * 2);
     // Not renewed any more: the store frees the key within one TTL.
     sleep(TTL).await;
-    assert!(store
-        .try_acquire(&key("k"), &opts())
-        .await
-        .unwrap()
-        .is_some());
+    assert!(store_grants_k(&store).await);
 }
 
 #[tokio::test(start_paused = true)]
 async fn without_watchdog_the_lock_is_lost_at_its_deadline() {
     let store = MemoryLock::new();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
-        .watchdog(false)
-        .build()
-        .unwrap();
+    let c = builder(store.clone()).watchdog(false).build().unwrap();
     let start = Instant::now();
     let guard = c.acquire("k").await.unwrap();
     assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
@@ -154,17 +146,9 @@ async fn loss_is_reported_a_safety_margin_before_the_store_expires_the_lease() {
     // can have the key while the holder still believes it holds it.
     store.set_available(true);
     sleep(MARGIN - Duration::from_millis(1)).await;
-    assert!(store
-        .try_acquire(&key("k"), &opts())
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!store_grants_k(&store).await);
     sleep(Duration::from_millis(2)).await;
-    assert!(store
-        .try_acquire(&key("k"), &opts())
-        .await
-        .unwrap()
-        .is_some());
+    assert!(store_grants_k(&store).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -184,8 +168,7 @@ async fn the_margin_is_configurable_and_scales_with_the_ttl() {
     g.lost().await;
     assert_eq!(start.elapsed(), ttl - Duration::from_millis(600));
 
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
+    let c = builder(store.clone())
         .watchdog(false)
         .safety_margin(SafetyMargin::new(0.1, Duration::from_millis(10)).unwrap())
         .build()
@@ -196,8 +179,7 @@ async fn the_margin_is_configurable_and_scales_with_the_ttl() {
     g.lost().await;
     assert_eq!(start.elapsed(), TTL - TTL / 10);
 
-    let c = LockClient::builder(Arc::new(store))
-        .ttl(TTL)
+    let c = builder(store)
         .watchdog(false)
         .safety_margin(SafetyMargin::NONE)
         .build()
@@ -257,14 +239,8 @@ async fn a_renewal_answered_after_the_safe_deadline_does_not_revive_the_guard() 
     let store = MemoryLock::new();
     // Each renewal is applied by the store at once but answered 2.95 s later
     // (of a 3 s TTL): past the safe deadline of the lease it renews.
-    let slow = SlowExtend {
-        inner: store.clone(),
-        delay: TTL - Duration::from_millis(50),
-    };
-    let c = LockClient::builder(Arc::new(slow))
-        .ttl(TTL)
-        .build()
-        .unwrap();
+    let slow = Bent::slow_extend(store.clone(), TTL - Duration::from_millis(50));
+    let c = builder(slow).build().unwrap();
     let guard = c.acquire("k").await.unwrap();
     assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
     let lost_at = Instant::now();
@@ -312,11 +288,7 @@ async fn leaked_guard_is_neither_released_nor_renewed() {
 #[tokio::test(start_paused = true)]
 async fn reentrant_client_counts_holds() {
     let store = MemoryLock::new();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
-        .reentrant(true)
-        .build()
-        .unwrap();
+    let c = builder(store.clone()).reentrant(true).build().unwrap();
     let g1 = c.acquire("k").await.unwrap();
     let (g2, g3) = g1
         .scope(async {
@@ -343,8 +315,7 @@ async fn reentrant_client_counts_holds() {
 #[tokio::test(start_paused = true)]
 async fn non_reentrant_client_fails_fast_and_a_lost_hold_does_not_block() {
     let store = MemoryLock::new();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
+    let c = builder(store.clone())
         .wait(WaitPolicy::Forever)
         .build()
         .unwrap();
@@ -379,8 +350,7 @@ async fn with_lock_returns_the_value_and_releases() {
 async fn acquire_waits_and_times_out_as_configured() {
     let store = MemoryLock::new();
     let holder = client(&store).acquire("k").await.unwrap();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
+    let c = builder(store.clone())
         .wait(WaitPolicy::Timeout(Duration::from_secs(2)))
         .build()
         .unwrap();
@@ -469,8 +439,7 @@ async fn invalid_keys_fail_before_io() {
 async fn max_hold_counts_from_the_grant_not_from_the_wait() {
     let store = MemoryLock::new();
     let holder = client(&store).acquire("k").await.unwrap();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
+    let c = builder(store.clone())
         .max_hold(Duration::from_secs(6))
         .build()
         .unwrap();
@@ -486,19 +455,14 @@ async fn max_hold_counts_from_the_grant_not_from_the_wait() {
 #[tokio::test(start_paused = true)]
 async fn an_unbounded_max_hold_keeps_renewing() {
     let store = MemoryLock::new();
-    let c = LockClient::builder(Arc::new(store.clone()))
-        .ttl(TTL)
+    let c = builder(store.clone())
         .max_hold(Duration::MAX)
         .build()
         .unwrap();
     let guard = c.acquire("k").await.unwrap();
     sleep(TTL * 5).await;
     assert!(!guard.is_lost());
-    assert!(store
-        .try_acquire(&key("k"), &opts())
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!store_grants_k(&store).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -512,141 +476,155 @@ async fn a_handle_is_not_valid_after_release() {
     assert!(!handle.is_lost(), "released, not lost");
 }
 
-/// A store whose `extend` replies only after `delay` (the request itself is
-/// applied at once, as a slow network would behave).
+/// A store over a `MemoryLock` whose replies the tests bend; made with
+/// [`Bent::over`] it passes every call straight through.
 #[derive(Debug)]
-struct SlowExtend {
+struct Bent {
     inner: MemoryLock,
-    delay: Duration,
+    /// `extend` answers only after this (the request itself is applied at
+    /// once, as a slow network would behave).
+    extend_delay: Duration,
+    /// How many `extend` calls reached the store.
+    extends: Arc<AtomicUsize>,
+    /// With `batched`, `extend_many` records the size of every batch in
+    /// `batches` and answers each after [`BATCH_DELAY`] — with `short`, only
+    /// half of each batch (a buggy override), which the client must survive.
+    /// Without, it is one `extend` (this store's) per lease.
+    batched: bool,
+    short: bool,
+    batches: Arc<std::sync::Mutex<Vec<usize>>>,
+    /// While `late` is set, the next grant reaches the caller late: after
+    /// `late_delay` (a stalled process or network), with the deadline the
+    /// store computed from the send time. With `stale_deadline` the grant
+    /// arrives at once but its deadline is already over while the store
+    /// still has the lock (a clock stall between the store's reply and the
+    /// caller).
+    late: AtomicBool,
+    late_delay: Duration,
+    stale_deadline: bool,
+}
+
+const BATCH_DELAY: Duration = Duration::from_millis(50);
+
+impl Bent {
+    fn over(inner: MemoryLock) -> Self {
+        Bent {
+            inner,
+            extend_delay: Duration::ZERO,
+            extends: Arc::default(),
+            batched: false,
+            short: false,
+            batches: Arc::default(),
+            late: AtomicBool::new(false),
+            late_delay: Duration::ZERO,
+            stale_deadline: false,
+        }
+    }
+
+    fn slow_extend(inner: MemoryLock, delay: Duration) -> Self {
+        Bent {
+            extend_delay: delay,
+            ..Bent::over(inner)
+        }
+    }
+
+    fn batched(short: bool) -> Self {
+        Bent {
+            batched: true,
+            short,
+            ..Bent::over(MemoryLock::new())
+        }
+    }
+
+    /// Only the first grant is late.
+    fn late_grant(inner: MemoryLock, delay: Duration, stale_deadline: bool) -> Self {
+        Bent {
+            late: AtomicBool::new(true),
+            late_delay: delay,
+            stale_deadline,
+            ..Bent::over(inner)
+        }
+    }
+
+    async fn deliver(&self, mut lease: Lease) -> Lease {
+        if self.late.swap(false, Ordering::SeqCst) {
+            if self.stale_deadline {
+                lease.deadline = Instant::now() - Duration::from_millis(1);
+            } else {
+                sleep(self.late_delay).await;
+            }
+        }
+        lease
+    }
 }
 
 #[fenced_api::async_trait]
-impl DistributedLock for SlowExtend {
-    async fn try_acquire(
-        &self,
-        k: &LockKey,
-        o: &LockOptions,
-    ) -> fenced_api::Result<Option<fenced_api::Lease>> {
-        self.inner.try_acquire(k, o).await
+impl WrapLock for Bent {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.inner
     }
-    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<fenced_api::Lease> {
-        self.inner.acquire(k, o).await
+    async fn try_acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<Option<Lease>> {
+        match self.inner.try_acquire(k, o).await? {
+            Some(l) => Ok(Some(self.deliver(l).await)),
+            None => Ok(None),
+        }
     }
-    async fn extend(
-        &self,
-        l: &fenced_api::Lease,
-        ttl: Duration,
-    ) -> fenced_api::Result<fenced_api::Lease> {
+    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<Lease> {
+        let l = self.inner.acquire(k, o).await?;
+        Ok(self.deliver(l).await)
+    }
+    async fn extend(&self, l: &Lease, ttl: Duration) -> fenced_api::Result<Lease> {
+        self.extends.fetch_add(1, Ordering::Relaxed);
         let r = self.inner.extend(l, ttl).await;
-        sleep(self.delay).await;
+        if !self.extend_delay.is_zero() {
+            sleep(self.extend_delay).await;
+        }
         r
     }
-    async fn release(
-        &self,
-        l: &fenced_api::Lease,
-    ) -> fenced_api::Result<fenced_api::ReleaseOutcome> {
-        self.inner.release(l).await
-    }
-    async fn inspect(&self, k: &LockKey) -> fenced_api::Result<Option<fenced_api::LockInfo>> {
-        self.inner.inspect(k).await
-    }
-    async fn force_release(&self, k: &LockKey) -> fenced_api::Result<bool> {
-        self.inner.force_release(k).await
-    }
-    fn capabilities(&self) -> fenced_api::Capabilities {
-        self.inner.capabilities()
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<fenced_api::Result<Lease>> {
+        if !self.batched {
+            return fenced_api::batch::extend_each(self, leases, ttl).await;
+        }
+        self.batches.lock().unwrap().push(leases.len());
+        let mut r = self.inner.extend_many(leases, ttl).await;
+        if self.short {
+            r.truncate(leases.len() / 2);
+        }
+        sleep(BATCH_DELAY).await;
+        r
     }
 }
+fenced_api::wrap_lock!(Bent);
 
 #[tokio::test(start_paused = true)]
 async fn slow_renewal_replies_do_not_push_renewals_past_the_deadline() {
     let store = MemoryLock::new();
     // Each renewal reply takes 0.9 s of a 3 s TTL renewed every 1 s: the next
     // renewal must be scheduled from the send time, not from the reply.
-    let slow = SlowExtend {
-        inner: store.clone(),
-        delay: Duration::from_millis(900),
-    };
-    let c = LockClient::builder(Arc::new(slow))
-        .ttl(TTL)
-        .build()
-        .unwrap();
+    let slow = Bent::slow_extend(store.clone(), Duration::from_millis(900));
+    let c = builder(slow).build().unwrap();
     let guard = c.acquire("k").await.unwrap();
     sleep(TTL * 6).await;
     assert!(!guard.is_lost(), "lost despite every renewal succeeding");
 }
 
-/// A store that records the size of every `extend_many` batch, answers
-/// each after `delay`, and — with `short` — answers only half of each batch
-/// (a buggy override), which the client must survive.
-#[derive(Debug)]
-struct Batched {
-    inner: MemoryLock,
-    delay: Duration,
+/// Takes `n` keys through a client over [`Bent::batched`] and lets the
+/// watchdogs renew them for four TTLs: none may be lost (`what` names the
+/// renewals in the message). Returns the store, the client and its guards.
+async fn hold_batched(
     short: bool,
-    batches: Arc<std::sync::Mutex<Vec<usize>>>,
-    extends: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-#[fenced_api::async_trait]
-impl DistributedLock for Batched {
-    async fn try_acquire(
-        &self,
-        k: &LockKey,
-        o: &LockOptions,
-    ) -> fenced_api::Result<Option<fenced_api::Lease>> {
-        self.inner.try_acquire(k, o).await
+    n: usize,
+    what: &str,
+) -> (Arc<Bent>, LockClient, Vec<LockGuard>) {
+    let store = Arc::new(Bent::batched(short));
+    let c = builder(Arc::clone(&store)).build().unwrap();
+    let mut guards = Vec::new();
+    for i in 0..n {
+        guards.push(c.acquire(format!("k{i}")).await.unwrap());
     }
-    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<fenced_api::Lease> {
-        self.inner.acquire(k, o).await
-    }
-    async fn extend(
-        &self,
-        l: &fenced_api::Lease,
-        ttl: Duration,
-    ) -> fenced_api::Result<fenced_api::Lease> {
-        self.extends
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.extend(l, ttl).await
-    }
-    async fn extend_many(
-        &self,
-        leases: &[fenced_api::Lease],
-        ttl: Duration,
-    ) -> Vec<fenced_api::Result<fenced_api::Lease>> {
-        self.batches.lock().unwrap().push(leases.len());
-        let mut r = self.inner.extend_many(leases, ttl).await;
-        if self.short {
-            r.truncate(leases.len() / 2);
-        }
-        sleep(self.delay).await;
-        r
-    }
-    async fn release(
-        &self,
-        l: &fenced_api::Lease,
-    ) -> fenced_api::Result<fenced_api::ReleaseOutcome> {
-        self.inner.release(l).await
-    }
-    async fn inspect(&self, k: &LockKey) -> fenced_api::Result<Option<fenced_api::LockInfo>> {
-        self.inner.inspect(k).await
-    }
-    async fn force_release(&self, k: &LockKey) -> fenced_api::Result<bool> {
-        self.inner.force_release(k).await
-    }
-    fn capabilities(&self) -> fenced_api::Capabilities {
-        self.inner.capabilities()
-    }
-}
-
-fn batched(short: bool) -> Batched {
-    Batched {
-        inner: MemoryLock::new(),
-        delay: Duration::from_millis(50),
-        short,
-        batches: Arc::default(),
-        extends: Arc::default(),
-    }
+    sleep(TTL * 4).await;
+    assert!(guards.iter().all(|g| !g.is_lost()), "{what} lost a lock");
+    (store, c, guards)
 }
 
 #[tokio::test(start_paused = true)]
@@ -654,22 +632,8 @@ async fn renewals_of_many_held_locks_go_out_in_batches() {
     // 1 000 locks held by one client: while a batch is in flight the other
     // watchdogs' renewals queue up, so the store sees a few calls per
     // interval instead of 1 000 — and no lock is lost.
-    let store = batched(false);
-    let batches = Arc::clone(&store.batches);
-    let c = LockClient::builder(Arc::new(store))
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let mut guards = Vec::new();
-    for i in 0..1_000 {
-        guards.push(c.acquire(format!("k{i}")).await.unwrap());
-    }
-    sleep(TTL * 4).await;
-    assert!(
-        guards.iter().all(|g| !g.is_lost()),
-        "a batched renewal lost a lock"
-    );
-    let b = batches.lock().unwrap().clone();
+    let (store, _c, guards) = hold_batched(false, 1_000, "a batched renewal").await;
+    let b = store.batches.lock().unwrap().clone();
     let renewals: usize = b.iter().sum();
     // Every 1 s for 12 s: about 12 000 renewals.
     assert!(renewals >= 10_000, "only {renewals} renewals");
@@ -685,24 +649,10 @@ async fn renewals_of_many_held_locks_go_out_in_batches() {
 
 #[tokio::test(start_paused = true)]
 async fn a_store_answering_part_of_a_batch_does_not_lose_locks() {
-    let store = batched(true);
-    let extends = Arc::clone(&store.extends);
-    let c = LockClient::builder(Arc::new(store))
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let mut guards = Vec::new();
-    for i in 0..100 {
-        guards.push(c.acquire(format!("k{i}")).await.unwrap());
-    }
-    sleep(TTL * 4).await;
-    assert!(
-        guards.iter().all(|g| !g.is_lost()),
-        "a short batch answer lost a lock"
-    );
+    let (store, _c, _guards) = hold_batched(true, 100, "a short batch answer").await;
     // The unanswered half was renewed one by one.
     assert!(
-        extends.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        store.extends.load(Ordering::Relaxed) > 0,
         "no fallback extend"
     );
 }
@@ -759,85 +709,6 @@ fn metrics_are_emitted_with_the_documented_names() {
     assert_eq!(counters.get(telemetry::LOSSES), Some(&1), "{counters:?}");
 }
 
-/// A store whose first grant reaches the caller late: after `delay` (a
-/// stalled process or network), with the deadline the store computed from
-/// the send time. With `stale_deadline` the grant arrives at once but its
-/// deadline is already over while the store still has the lock (a clock
-/// stall between the store's reply and the caller).
-#[derive(Debug)]
-struct LateGrant {
-    inner: MemoryLock,
-    delay: Duration,
-    stale_deadline: bool,
-    late: std::sync::atomic::AtomicBool,
-    extends: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl LateGrant {
-    fn new(inner: MemoryLock, delay: Duration, stale_deadline: bool) -> Self {
-        LateGrant {
-            inner,
-            delay,
-            stale_deadline,
-            late: std::sync::atomic::AtomicBool::new(true),
-            extends: Arc::default(),
-        }
-    }
-
-    async fn deliver(&self, mut lease: fenced_api::Lease) -> fenced_api::Lease {
-        if self.late.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            if self.stale_deadline {
-                lease.deadline = Instant::now() - Duration::from_millis(1);
-            } else {
-                sleep(self.delay).await;
-            }
-        }
-        lease
-    }
-}
-
-#[fenced_api::async_trait]
-impl DistributedLock for LateGrant {
-    async fn try_acquire(
-        &self,
-        k: &LockKey,
-        o: &LockOptions,
-    ) -> fenced_api::Result<Option<fenced_api::Lease>> {
-        match self.inner.try_acquire(k, o).await? {
-            Some(l) => Ok(Some(self.deliver(l).await)),
-            None => Ok(None),
-        }
-    }
-    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> fenced_api::Result<fenced_api::Lease> {
-        let l = self.inner.acquire(k, o).await?;
-        Ok(self.deliver(l).await)
-    }
-    async fn extend(
-        &self,
-        l: &fenced_api::Lease,
-        ttl: Duration,
-    ) -> fenced_api::Result<fenced_api::Lease> {
-        self.extends
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.extend(l, ttl).await
-    }
-    async fn release(
-        &self,
-        l: &fenced_api::Lease,
-    ) -> fenced_api::Result<fenced_api::ReleaseOutcome> {
-        self.inner.release(l).await
-    }
-    async fn inspect(&self, k: &LockKey) -> fenced_api::Result<Option<fenced_api::LockInfo>> {
-        self.inner.inspect(k).await
-    }
-    async fn force_release(&self, k: &LockKey) -> fenced_api::Result<bool> {
-        self.inner.force_release(k).await
-    }
-    fn capabilities(&self) -> fenced_api::Capabilities {
-        self.inner.capabilities()
-    }
-}
-
 /// Takes `k` directly on the store once the late grant has expired there,
 /// and holds it for `hold`: the grant's reply is then about a lock that
 /// belongs to someone else.
@@ -860,11 +731,8 @@ fn rival(store: &MemoryLock, hold: Duration) -> tokio::task::JoinHandle<u64> {
 #[tokio::test(start_paused = true)]
 async fn a_grant_that_arrives_after_its_deadline_is_never_handed_out() {
     let store = MemoryLock::new();
-    let late = LateGrant::new(store.clone(), TTL + Duration::from_millis(100), false);
-    let c = LockClient::builder(Arc::new(late))
-        .ttl(TTL)
-        .build()
-        .unwrap();
+    let late = Bent::late_grant(store.clone(), TTL + Duration::from_millis(100), false);
+    let c = builder(late).build().unwrap();
     let rival = rival(&store, TTL);
     // The store granted the key, but the reply came after the lease's
     // deadline and someone else holds the key by then.
@@ -878,9 +746,8 @@ async fn a_grant_that_arrives_after_its_deadline_is_never_handed_out() {
 #[tokio::test(start_paused = true)]
 async fn a_waiting_acquire_whose_grant_arrives_too_late_waits_on() {
     let store = MemoryLock::new();
-    let late = LateGrant::new(store.clone(), TTL + Duration::from_millis(100), false);
-    let c = LockClient::builder(Arc::new(late))
-        .ttl(TTL)
+    let late = Bent::late_grant(store.clone(), TTL + Duration::from_millis(100), false);
+    let c = builder(late)
         .wait(WaitPolicy::Timeout(TTL * 10))
         .build()
         .unwrap();
@@ -895,21 +762,31 @@ async fn a_waiting_acquire_whose_grant_arrives_too_late_waits_on() {
     assert!(guard.valid_for() > Duration::ZERO);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_late_grant_the_store_still_holds_is_renewed_before_use() {
-    let store = MemoryLock::new();
-    let late = LateGrant::new(store.clone(), Duration::ZERO, true);
+/// `try_acquire("k")` through [`Bent::late_grant`] over `store`, which
+/// still holds the lock: returns the client, its guard and how many
+/// `extend` calls reached the store.
+async fn take_late_grant(
+    store: &MemoryLock,
+    delay: Duration,
+    stale_deadline: bool,
+) -> (LockClient, LockGuard, usize) {
+    let late = Bent::late_grant(store.clone(), delay, stale_deadline);
     let extends = Arc::clone(&late.extends);
-    let c = LockClient::builder(Arc::new(late))
-        .ttl(TTL)
-        .build()
-        .unwrap();
+    let c = builder(late).build().unwrap();
     let guard = c
         .try_acquire("k")
         .await
         .unwrap()
         .expect("still held on the store");
-    assert_eq!(extends.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let extends = extends.load(Ordering::Relaxed);
+    (c, guard, extends)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_grant_the_store_still_holds_is_renewed_before_use() {
+    let store = MemoryLock::new();
+    let (_c, guard, extends) = take_late_grant(&store, Duration::ZERO, true).await;
+    assert_eq!(extends, 1);
     assert!(
         guard.valid_for() > TTL / 2,
         "handed out with {:?} left",
@@ -928,20 +805,10 @@ async fn a_grant_arriving_inside_the_safety_margin_is_renewed_before_use() {
     let store = MemoryLock::new();
     // The reply comes 50 ms before the lease's deadline: past its safe
     // deadline (100 ms before), so it must be confirmed first.
-    let late = LateGrant::new(store.clone(), TTL - Duration::from_millis(50), false);
-    let extends = Arc::clone(&late.extends);
-    let c = LockClient::builder(Arc::new(late))
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let guard = c
-        .try_acquire("k")
-        .await
-        .unwrap()
-        .expect("still held on the store");
+    let (_c, guard, extends) =
+        take_late_grant(&store, TTL - Duration::from_millis(50), false).await;
     assert_eq!(
-        extends.load(std::sync::atomic::Ordering::Relaxed),
-        1,
+        extends, 1,
         "a grant inside the margin was handed out without a renewal"
     );
     assert!(guard.valid_for() > TTL / 2, "{:?}", guard.valid_for());

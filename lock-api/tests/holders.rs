@@ -306,58 +306,46 @@ async fn each_acquisition_has_its_own_owner_on_the_store() {
 
 /// A scope counts for the task that entered it only: another task polled
 /// inside it (a `LocalSet` driven from the work) is another holder.
-#[test]
-fn a_scope_does_not_leak_into_tasks_polled_inside_it() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let store = MemoryLock::new();
-        let c = client(&store, true);
-        let local = tokio::task::LocalSet::new();
-        let other = {
-            let c = c.clone();
-            local.spawn_local(async move { c.try_acquire("k").await.map(|g| g.is_some()) })
-        };
-        let guard = c.acquire("k").await.unwrap();
-        let got_in = guard.scope(local.run_until(other)).await.unwrap();
-        assert!(
-            matches!(got_in, Ok(false)),
-            "a task polled inside the scope was let in: {got_in:?}"
-        );
-        guard.release().await.unwrap();
-    });
+#[tokio::test]
+async fn a_scope_does_not_leak_into_tasks_polled_inside_it() {
+    let store = MemoryLock::new();
+    let c = client(&store, true);
+    let local = tokio::task::LocalSet::new();
+    let other = {
+        let c = c.clone();
+        local.spawn_local(async move { c.try_acquire("k").await.map(|g| g.is_some()) })
+    };
+    let guard = c.acquire("k").await.unwrap();
+    let got_in = guard.scope(local.run_until(other)).await.unwrap();
+    assert!(
+        matches!(got_in, Ok(false)),
+        "a task polled inside the scope was let in: {got_in:?}"
+    );
+    guard.release().await.unwrap();
 }
 
 /// Re-entry never hands out a lease past its safe deadline, even when the
 /// watchdog has had no chance to mark it lost (its runtime was blocked);
 /// inside the scope of a lost hold, asking again is told of the loss.
-#[test]
-fn no_re_entry_into_a_hold_past_its_safe_deadline() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+#[tokio::test]
+async fn no_re_entry_into_a_hold_past_its_safe_deadline() {
+    let store = MemoryLock::new();
+    let c = LockClient::builder(Arc::new(store.clone()))
+        .ttl(Duration::from_millis(300))
+        .reentrant(true)
         .build()
         .unwrap();
-    rt.block_on(async {
-        let store = MemoryLock::new();
-        let c = LockClient::builder(Arc::new(store.clone()))
-            .ttl(Duration::from_millis(300))
-            .reentrant(true)
-            .build()
-            .unwrap();
-        let guard = c.acquire("k").await.unwrap();
-        // The whole runtime stalls past the TTL: no watchdog runs.
-        std::thread::sleep(Duration::from_millis(450));
-        assert!(matches!(guard.reenter(), Err(Error::LeaseLost { .. })));
-        match guard.scope(c.try_acquire("k")).await {
-            Err(Error::LeaseLost { .. }) => {}
-            other => panic!("re-entry past the safe deadline: {other:?}"),
-        }
-        guard.lost().await;
-        match guard.scope(c.try_acquire("k")).await {
-            Err(Error::LeaseLost { .. }) => {}
-            other => panic!("inside a lost hold's scope: {other:?}"),
-        }
-    });
+    let guard = c.acquire("k").await.unwrap();
+    // The whole runtime stalls past the TTL: no watchdog runs.
+    std::thread::sleep(Duration::from_millis(450));
+    assert!(matches!(guard.reenter(), Err(Error::LeaseLost { .. })));
+    match guard.scope(c.try_acquire("k")).await {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("re-entry past the safe deadline: {other:?}"),
+    }
+    guard.lost().await;
+    match guard.scope(c.try_acquire("k")).await {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("inside a lost hold's scope: {other:?}"),
+    }
 }

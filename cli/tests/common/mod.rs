@@ -5,7 +5,7 @@
 
 use std::{
     path::Path,
-    process::{Command, ExitStatus},
+    process::{Child, Command, ExitStatus, Output},
     time::{Duration, Instant},
 };
 
@@ -14,7 +14,7 @@ use fenced_conformance::services;
 pub const BIN: &str = env!("CARGO_BIN_EXE_fenced");
 
 /// A test's scratch directory, removed when dropped — whether the test
-/// passed or failed (runs used to leave about 20 behind in `/tmp` each).
+/// passed or failed, so that runs leave nothing behind in `/tmp`.
 pub struct Scratch(tempfile::TempDir);
 
 impl std::ops::Deref for Scratch {
@@ -45,6 +45,55 @@ pub fn tmpdir(tag: &str) -> Scratch {
     )
 }
 
+/// A scratch directory and the URL of a SQLite store in it.
+pub fn sqlite_store(tag: &str) -> (Scratch, String) {
+    let dir = tmpdir(tag);
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    (dir, url)
+}
+
+/// `fenced ARGS…`, run to its end.
+pub fn fenced(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+/// Fails naming `what`, the exit status and the stderr unless `out` is a
+/// success.
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Fails showing the stderr unless `out` exited with `code`.
+pub fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `fenced --url URL status EXTRA…`.
+pub fn status(url: &str, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["--url", url, "status"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// `fenced --url URL status --json KEYS…`, which must succeed, parsed.
+pub fn status_json(url: &str, keys: &[&str]) -> serde_json::Value {
+    let out = status(url, &[&["--json"][..], keys].concat());
+    assert_success(&out, &format!("{url}: status"));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 pub async fn mysql_url(strategy: &str) -> String {
     let base = services::mysql_url();
     services::probe_mysql(&base)
@@ -55,15 +104,7 @@ pub async fn mysql_url(strategy: &str) -> String {
         &uuid::Uuid::new_v4().simple().to_string()[..10]
     );
     let url = format!("{base}?strategy={strategy}&table={table}");
-    let out = Command::new(BIN)
-        .args(["migrate", "--url", &url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "migrate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&fenced(&["migrate", "--url", &url]), "migrate");
     url
 }
 
@@ -106,6 +147,17 @@ pub fn wait_bounded(child: &mut std::process::Child, bound: Duration, what: &str
     }
 }
 
+/// SIGTERM to `child`, then [`wait_bounded`] for 30 s (`what` says what
+/// went wrong if it is still running).
+pub fn terminate(child: &mut Child, what: &str) -> ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_bounded(child, Duration::from_secs(30), what)
+}
+
 /// Polls until `path` exists and holds a pid.
 pub fn read_pid(path: &Path) -> i32 {
     let start = Instant::now();
@@ -140,17 +192,7 @@ pub fn alive(pid: i32) -> bool {
 
 /// `fenced status --json KEY` → whether KEY is held.
 pub fn held(url: &str, key: &str) -> bool {
-    let out = Command::new(BIN)
-        .args(["--url", url, "status", "--json", key])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v[0]["held"] == true
+    status_json(url, &[key])[0]["held"] == true
 }
 
 /// `fenced status --json KEYS…` polled until the first key is held (at most
@@ -158,17 +200,7 @@ pub fn held(url: &str, key: &str) -> bool {
 pub fn status_once_held(url: &str, keys: &[&str], bound: Duration) -> serde_json::Value {
     let start = Instant::now();
     loop {
-        let out = Command::new(BIN)
-            .args(["--url", url, "status", "--json"])
-            .args(keys)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{url}: status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = status_json(url, keys);
         if v[0]["held"] == true {
             return v;
         }

@@ -2,12 +2,14 @@
 
 use std::time::Duration;
 
-use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
+use fenced_api::{
+    DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+};
 use tokio::time::Instant;
 
-use super::{fresh_key, ttl_opts};
+use super::{fresh_key, held_with, one_of_two_holds, ttl_opts};
 use crate::{
-    check::{ensure, fail, some, CaseResult, Outcome},
+    check::{ensure, fail, some, CaseResult, Failure, Outcome},
     Harness,
 };
 
@@ -50,10 +52,7 @@ pub async fn free_key_grants_token(h: &dyn Harness) -> CaseResult {
 
 /// C2: a held key is refused at once — `None`, not an error, not a wait.
 pub async fn held_key_refused_at_once(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c02");
-    let opts = ttl_opts(h.base_ttl() * 10)?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (a, b, key, opts, lease) = one_of_two_holds(h, "c02", h.base_ttl() * 10).await?;
     let start = Instant::now();
     let second = b.try_acquire(&key, &opts).await?;
     let took = start.elapsed();
@@ -72,10 +71,7 @@ pub async fn held_key_refused_at_once(h: &dyn Harness) -> CaseResult {
 
 /// C2/C9: `acquire` with `NoWait` on a held key fails with `Timeout` at once.
 pub async fn nowait_acquire_times_out_at_once(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c02n");
-    let opts = ttl_opts(h.base_ttl() * 10)?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (a, b, key, opts, lease) = one_of_two_holds(h, "c02n", h.base_ttl() * 10).await?;
     let nowait = opts.to_builder().wait(WaitPolicy::NoWait).build()?;
     let start = Instant::now();
     match b.acquire(&key, &nowait).await {
@@ -93,10 +89,7 @@ pub async fn nowait_acquire_times_out_at_once(h: &dyn Harness) -> CaseResult {
 
 /// C3: release frees the key; the next acquire succeeds immediately.
 pub async fn release_frees_key(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c03");
-    let opts = ttl_opts(h.base_ttl() * 10)?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (a, b, key, opts, lease) = one_of_two_holds(h, "c03", h.base_ttl() * 10).await?;
     ensure!(
         a.release(&lease).await? == ReleaseOutcome::Released,
         "release by the holder"
@@ -115,10 +108,7 @@ pub async fn release_frees_key(h: &dyn Harness) -> CaseResult {
 
 /// C3/C4: releasing twice is harmless: the second release is `NotHeld`.
 pub async fn double_release_is_not_held(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c03d");
-    let opts = ttl_opts(h.base_ttl() * 10)?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (a, b, key, opts, lease) = one_of_two_holds(h, "c03d", h.base_ttl() * 10).await?;
     a.release(&lease).await?;
     let other = some(b.try_acquire(&key, &opts).await?, "the key after release")?;
     let again = a.release(&lease).await?;
@@ -126,12 +116,13 @@ pub async fn double_release_is_not_held(h: &dyn Harness) -> CaseResult {
         again == ReleaseOutcome::NotHeld,
         "second release returned {again:?}"
     );
-    ensure!(
-        b.inspect(&key)
-            .await?
-            .is_some_and(|i| i.token == other.token),
-        "a repeated release disturbed the next holder"
-    );
+    held_with(
+        &*b,
+        &key,
+        other.token,
+        "a repeated release disturbed the next holder",
+    )
+    .await?;
     b.release(&other).await?;
     Ok(Outcome::Passed)
 }
@@ -184,19 +175,27 @@ pub async fn inspect_shows_holder(h: &dyn Harness) -> CaseResult {
         info.token,
         lease.token
     );
-    ensure!(info.hold_count == 1, "hold count {}", info.hold_count);
-    ensure!(
-        info.remaining_ttl > Duration::ZERO && info.remaining_ttl <= lease.ttl,
-        "remaining ttl {:?} outside (0, {:?}]",
-        info.remaining_ttl,
-        lease.ttl
-    );
+    one_live_hold(&info, &lease)?;
     a.release(&lease).await?;
     ensure!(
         b.inspect(&key).await?.is_none(),
         "inspect after release is not None"
     );
     Ok(Outcome::Passed)
+}
+
+/// `info` (from `inspect` or `list`) shows one hold with some of the TTL of
+/// `lease` left.
+fn one_live_hold(info: &LockInfo, lease: &Lease) -> Result<(), Failure> {
+    ensure!(info.hold_count == 1, "hold count {}", info.hold_count);
+    ensure!(
+        info.remaining_ttl > Duration::ZERO && info.remaining_ttl <= lease.ttl,
+        "remaining ttl {:?} of `{}` outside (0, {:?}]",
+        info.remaining_ttl,
+        info.key,
+        lease.ttl
+    );
+    Ok(())
 }
 
 /// C17: `list` shows exactly the locks held in the namespace — not the
@@ -291,14 +290,7 @@ pub async fn list_shows_held_locks(h: &dyn Harness) -> CaseResult {
                 lease.owner,
                 lease.token
             );
-            ensure!(info.hold_count == 1, "hold count {}", info.hold_count);
-            ensure!(
-                info.remaining_ttl > Duration::ZERO && info.remaining_ttl <= lease.ttl,
-                "remaining ttl {:?} of `{}` outside (0, {:?}]",
-                info.remaining_ttl,
-                info.key,
-                lease.ttl
-            );
+            one_live_hold(info, lease)?;
         }
     }
     let two = b.list(2).await?;
@@ -348,13 +340,13 @@ pub async fn namespaces_isolate(h: &dyn Harness) -> CaseResult {
         ns2.force_release(&key).await?,
         "force release in namespace two"
     );
-    ensure!(
-        ns1_again
-            .inspect(&key)
-            .await?
-            .is_some_and(|i| i.token == l1.token),
-        "force release in namespace two touched namespace one"
-    );
+    held_with(
+        &*ns1_again,
+        &key,
+        l1.token,
+        "force release in namespace two touched namespace one",
+    )
+    .await?;
     ns1.release(&l1).await?;
     Ok(Outcome::Passed)
 }

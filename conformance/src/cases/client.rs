@@ -12,7 +12,7 @@ use std::{
 use fenced_api::{DistributedLock, Error, LockClient, LossReason};
 use tokio::time::Instant;
 
-use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
+use super::{acquire_within, client_and_store, expiry_slack, fresh_key, rises, ttl_opts};
 use crate::{
     check::{ensure, fail, CaseResult, Failure, Outcome},
     Harness,
@@ -81,10 +81,8 @@ pub async fn tasks_sharing_a_client_take_turns(h: &dyn Harness) -> CaseResult {
 
 /// C13: the watchdog renews a held lock past several TTLs; contenders fail.
 pub async fn watchdog_renews_past_ttl(h: &dyn Harness) -> CaseResult {
-    let key = fresh_key("c13");
     let ttl = h.base_ttl();
-    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
-    let other = h.client().await?;
+    let (key, client, other) = client_and_store(h, "c13", ttl).await?;
     let guard = client.acquire(&key).await?;
     let start = Instant::now();
     let until = start + ttl * 3;
@@ -149,12 +147,7 @@ pub async fn max_hold_stops_renewal(h: &dyn Harness) -> CaseResult {
     let granted = guard.handle().lease().ttl;
     let (lease, _) =
         acquire_within(&other, &key, &ttl_opts(ttl)?, expiry_slack(granted) + ttl).await?;
-    ensure!(
-        lease.token > guard.token(),
-        "token after max_hold {} ≤ {}",
-        lease.token,
-        guard.token()
-    );
+    rises(lease.token, guard.token(), "after max_hold")?;
     other.release(&lease).await?;
     Ok(Outcome::Passed)
 }
@@ -162,10 +155,8 @@ pub async fn max_hold_stops_renewal(h: &dyn Harness) -> CaseResult {
 /// C14: a force-release is noticed at the next renewal: `lost()` resolves
 /// and `release` reports `LeaseLost`.
 pub async fn loss_signalled_after_force_release(h: &dyn Harness) -> CaseResult {
-    let key = fresh_key("c14");
     let ttl = h.base_ttl() * 2;
-    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
-    let admin = h.client().await?;
+    let (key, client, admin) = client_and_store(h, "c14", ttl).await?;
     let guard = client.acquire(&key).await?;
     let token = guard.handle().lost_token();
     ensure!(
@@ -195,10 +186,8 @@ pub async fn loss_signalled_after_force_release(h: &dyn Harness) -> CaseResult {
 
 /// C14: `with_lock` cancels the work when the lock is lost and returns `LeaseLost`.
 pub async fn with_lock_cancels_work_on_loss(h: &dyn Harness) -> CaseResult {
-    let key = fresh_key("c14w");
     let ttl = h.base_ttl() * 2;
-    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
-    let admin = h.client().await?;
+    let (key, client, admin) = client_and_store(h, "c14w", ttl).await?;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let work = {
         let key = key.clone();

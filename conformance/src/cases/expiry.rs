@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
-use fenced_api::{DistributedLock, Error, Lease, LockClient, LockKey, Owner, ReleaseOutcome};
+use fenced_api::{DistributedLock, Error, Lease, LockKey, Owner, ReleaseOutcome};
 use tokio::time::Instant;
 
-use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
+use super::{
+    acquire_within, client_and_store, expiry_slack, fresh_key, one_of_two_holds, rises, ttl_opts,
+};
 use crate::{
     check::{ensure, fail, some, CaseResult, Outcome},
     Harness,
@@ -15,17 +17,9 @@ use crate::{
 /// C5: a holder that stops renewing keeps the key for its TTL, then loses it
 /// to another client.
 pub async fn expiry_frees_key(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c05");
-    let opts = ttl_opts(h.base_ttl())?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (_a, b, key, opts, lease) = one_of_two_holds(h, "c05", h.base_ttl()).await?;
     let (taken, after) = acquire_within(&b, &key, &opts, expiry_slack(lease.ttl)).await?;
-    ensure!(
-        taken.token > lease.token,
-        "token after expiry {} ≤ {}",
-        taken.token,
-        lease.token
-    );
+    rises(taken.token, lease.token, "after expiry")?;
     // The grant must not come long before the TTL (the store honours it).
     ensure!(
         after + Duration::from_millis(100) >= lease.ttl / 2,
@@ -38,10 +32,7 @@ pub async fn expiry_frees_key(h: &dyn Harness) -> CaseResult {
 
 /// C5: the key stays held for (most of) its TTL: no early expiry.
 pub async fn held_until_ttl(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c05h");
-    let opts = ttl_opts(h.base_ttl() * 2)?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (a, b, key, opts, lease) = one_of_two_holds(h, "c05h", h.base_ttl() * 2).await?;
     // Probed every eighth of the TTL and last at three quarters of it, each
     // probe sent at least a quarter of the TTL before the deadline: room for
     // a slow store, so a failure means early expiry rather than a late probe.
@@ -205,22 +196,15 @@ pub async fn extend_many_per_lease(h: &dyn Harness) -> CaseResult {
 /// C15: dropping a `LockGuard` without `release` frees the key promptly
 /// (the release is spawned), and at the TTL at the latest.
 pub async fn dropped_guard_frees_key(h: &dyn Harness) -> CaseResult {
-    let key = fresh_key("c15");
     let ttl = h.base_ttl() * 10;
-    let client = LockClient::builder(h.client().await?).ttl(ttl).build()?;
-    let other = h.client().await?;
+    let (key, client, other) = client_and_store(h, "c15", ttl).await?;
     let guard = client.acquire(&key).await?;
     let token = guard.token();
     drop(guard);
     let opts = ttl_opts(ttl)?;
     // Well under the 10×base TTL: proves the spawned release, not expiry.
     let (lease, _) = acquire_within(&other, &key, &opts, h.base_ttl() * 5).await?;
-    ensure!(
-        lease.token > token,
-        "token after drop {} ≤ {}",
-        lease.token,
-        token
-    );
+    rises(lease.token, token, "after drop")?;
     other.release(&lease).await?;
     Ok(Outcome::Passed)
 }

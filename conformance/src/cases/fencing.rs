@@ -10,7 +10,7 @@ use std::{
 
 use fenced_api::{DistributedLock, FencingToken, LockOptions};
 
-use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
+use super::{acquire_within, expiry_slack, fresh_key, one_of_two_holds, rises, ttl_opts};
 use crate::{
     check::{ensure, fail, some, CaseResult, Failure, Outcome},
     history::{check_exclusive, History, Op, Phase},
@@ -39,34 +39,18 @@ pub async fn tokens_increase_after_release(h: &dyn Harness) -> CaseResult {
 
 /// C7: the token of a takeover after expiry is larger than the expired one.
 pub async fn tokens_increase_after_expiry(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c07e");
-    let opts = ttl_opts(h.base_ttl())?;
-    let first = some(a.try_acquire(&key, &opts).await?, "a free key")?;
+    let (a, b, key, opts, first) = one_of_two_holds(h, "c07e", h.base_ttl()).await?;
     let (second, _) = acquire_within(&b, &key, &opts, expiry_slack(first.ttl)).await?;
-    ensure!(
-        second.token > first.token,
-        "token {} after expired {}",
-        second.token,
-        first.token
-    );
+    rises(second.token, first.token, "after expired")?;
     let (third, _) = acquire_within(&a, &key, &opts, expiry_slack(second.ttl)).await?;
-    ensure!(
-        third.token > second.token,
-        "token {} after expired {}",
-        third.token,
-        second.token
-    );
+    rises(third.token, second.token, "after expired")?;
     a.release(&third).await?;
     Ok(Outcome::Passed)
 }
 
 /// C7: force-release, then acquire: the token still increases.
 pub async fn tokens_increase_after_force_release(h: &dyn Harness) -> CaseResult {
-    let (a, admin) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c07f");
-    let opts = ttl_opts(h.base_ttl() * 10)?;
-    let first = some(a.try_acquire(&key, &opts).await?, "a free key")?;
+    let (_a, admin, key, opts, first) = one_of_two_holds(h, "c07f", h.base_ttl() * 10).await?;
     ensure!(
         admin.force_release(&key).await?,
         "force_release reported nothing removed"
@@ -79,12 +63,7 @@ pub async fn tokens_increase_after_force_release(h: &dyn Harness) -> CaseResult 
         admin.try_acquire(&key, &opts).await?,
         "a force-released key",
     )?;
-    ensure!(
-        second.token > first.token,
-        "token {} after force-released {}",
-        second.token,
-        first.token
-    );
+    rises(second.token, first.token, "after force-released")?;
     admin.release(&second).await?;
     Ok(Outcome::Passed)
 }
@@ -121,12 +100,7 @@ pub async fn tokens_increase_after_restart(h: &dyn Harness) -> CaseResult {
     );
     ensure!(b.force_release(&key).await?, "force release after restart");
     let after = some(b.try_acquire(&key, &opts).await?, "the key after restart")?;
-    ensure!(
-        after.token > before.token,
-        "token {} after restart ≤ {}",
-        after.token,
-        before.token
-    );
+    rises(after.token, before.token, "after restart")?;
     b.release(&after).await?;
     Ok(Outcome::Passed)
 }

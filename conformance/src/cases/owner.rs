@@ -8,7 +8,7 @@ use fenced_api::{
 };
 use tokio::time::Instant;
 
-use super::{acquire_within, expiry_slack, fresh_key, ttl_opts};
+use super::{acquire_within, expiry_slack, fresh_key, one_of_two_holds, rises, ttl_opts};
 use crate::{
     check::{ensure, fail, some, CaseResult, Failure, Outcome},
     Harness,
@@ -23,12 +23,11 @@ pub async fn stale_lease_never_touches_new_holder(h: &dyn Harness) -> CaseResult
     let stale = some(a.try_acquire(&key, &short).await?, "a lease on a free key")?;
     let long = ttl_opts(h.base_ttl() * 20)?;
     let (current, _) = acquire_within(&b, &key, &long, expiry_slack(stale.ttl)).await?;
-    ensure!(
-        current.token > stale.token,
-        "takeover token {} ≤ stale token {}",
+    rises(
         current.token,
-        stale.token
-    );
+        stale.token,
+        "of the takeover over the stale holder",
+    )?;
 
     match a.extend(&stale, h.base_ttl() * 20).await {
         Err(Error::LeaseLost { .. }) => {}
@@ -55,10 +54,7 @@ pub async fn stale_lease_never_touches_new_holder(h: &dyn Harness) -> CaseResult
 /// C4: forged leases — right token with a foreign owner, right owner with a
 /// wrong token — can neither release nor extend the holder's lock.
 pub async fn forged_lease_rejected(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c04f");
-    let opts = ttl_opts(h.base_ttl() * 20)?;
-    let lease = some(a.try_acquire(&key, &opts).await?, "a lease on a free key")?;
+    let (a, b, key, _opts, lease) = one_of_two_holds(h, "c04f", h.base_ttl() * 20).await?;
     let forgeries = [
         Lease::new(
             key.clone(),

@@ -8,7 +8,7 @@ use std::{
 use fenced_api::{DistributedLock, Error, FencingToken, LockOptions};
 use tokio::time::Instant;
 
-use super::{expiry_slack, fresh_key, ttl_opts};
+use super::{expiry_slack, fresh_key, held_with, one_of_two_holds, rises};
 use crate::{
     check::{ensure, fail, some, CaseResult, Failure, Outcome},
     Harness,
@@ -47,12 +47,7 @@ pub async fn waiter_gets_lock_on_release(h: &dyn Harness) -> CaseResult {
         .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
     let got = got?;
     let gap = at.saturating_duration_since(released_at);
-    ensure!(
-        got.token > lease.token,
-        "hand-off token {} ≤ {}",
-        got.token,
-        lease.token
-    );
+    rises(got.token, lease.token, "of the hand-off")?;
     ensure!(
         gap < HANDOFF_BOUND,
         "the waiter got the key {gap:?} after the release"
@@ -63,22 +58,14 @@ pub async fn waiter_gets_lock_on_release(h: &dyn Harness) -> CaseResult {
 
 /// C8/C5: a waiter gets the lock once a crashed holder's TTL runs out.
 pub async fn waiter_gets_lock_on_expiry(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c08e");
-    let short = ttl_opts(h.base_ttl())?;
-    let crashed = some(a.try_acquire(&key, &short).await?, "a free key")?;
+    let (_a, b, key, _short, crashed) = one_of_two_holds(h, "c08e", h.base_ttl()).await?;
     let wait = LockOptions::builder()
         .ttl(h.base_ttl() * 10)
         .wait_timeout(expiry_slack(crashed.ttl) * 2)
         .build()?;
     let start = Instant::now();
     let got = b.acquire(&key, &wait).await?;
-    ensure!(
-        got.token > crashed.token,
-        "token {} ≤ crashed holder's {}",
-        got.token,
-        crashed.token
-    );
+    rises(got.token, crashed.token, "after the crashed holder")?;
     ensure!(
         start.elapsed() <= expiry_slack(crashed.ttl),
         "the waiter got the key only {:?} later (ttl {:?})",
@@ -168,10 +155,7 @@ pub async fn waiters_served_in_order(h: &dyn Harness) -> CaseResult {
 
 /// C9: `acquire` gives up with `Timeout` close to its wait bound.
 pub async fn acquire_times_out_near_bound(h: &dyn Harness) -> CaseResult {
-    let (a, b) = (h.client().await?, h.client().await?);
-    let key = fresh_key("c09");
-    let long = ttl_opts(h.base_ttl() * 20)?;
-    let lease = some(a.try_acquire(&key, &long).await?, "a free key")?;
+    let (a, b, key, long, lease) = one_of_two_holds(h, "c09", h.base_ttl() * 20).await?;
     let bound = Duration::from_millis(600);
     let opts = long.to_builder().wait_timeout(bound).build()?;
     let start = Instant::now();
@@ -194,12 +178,13 @@ pub async fn acquire_times_out_near_bound(h: &dyn Harness) -> CaseResult {
         took < bound + Duration::from_millis(1500),
         "gave up only after {took:?} (bound {bound:?})"
     );
-    ensure!(
-        a.inspect(&key)
-            .await?
-            .is_some_and(|i| i.token == lease.token),
-        "the timed-out waiter disturbed the holder"
-    );
+    held_with(
+        &*a,
+        &key,
+        lease.token,
+        "the timed-out waiter disturbed the holder",
+    )
+    .await?;
     a.release(&lease).await?;
     Ok(Outcome::Passed)
 }
