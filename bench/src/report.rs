@@ -484,7 +484,11 @@ pub fn markdown(
             s.push('\n');
         }
     }
-    push_many_keys(&mut s, results, "\n## Many keys held at once by one client\n\n");
+    push_many_keys(
+        &mut s,
+        results,
+        "\n## Many keys held at once by one client\n\n",
+    );
     let problems: Vec<String> = results
         .iter()
         .filter(|r| r.errors > 0 || r.violations > 0)

@@ -311,9 +311,8 @@ fn parse_wait(s: &str) -> Result<Wait, String> {
 /// A duration argument, in the syntax URL parameters use too (`500ms`,
 /// `5s`, `1m 30s`, or a bare number of seconds).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    fenced::url::parse_duration_syntax(s).map_err(|_| {
-        format!("invalid duration `{s}`; use e.g. 500ms, 5s or 2m")
-    })
+    fenced::url::parse_duration_syntax(s)
+        .map_err(|_| format!("invalid duration `{s}`; use e.g. 500ms, 5s or 2m"))
 }
 
 #[derive(Debug, Args)]
