@@ -139,3 +139,25 @@ pub(crate) fn leaves_session_usable(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// How the shared SQL code (`fenced_sql`: the fence, the migration runner)
+/// sees this backend: MySQL, with this crate's error mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct MySqlBackend;
+
+/// ER_BAD_FIELD_ERROR: unknown column.
+const ER_BAD_FIELD: u16 = 1054;
+
+impl fenced_sql::SqlBackend for MySqlBackend {
+    type Db = sqlx::MySql;
+    const BACKEND: &'static str = BACKEND;
+    fn map(e: sqlx::Error) -> Error {
+        map(e)
+    }
+    fn is_missing_table(e: &sqlx::Error) -> bool {
+        number(e) == Some(code::NO_SUCH_TABLE)
+    }
+    fn is_missing_column(e: &sqlx::Error) -> bool {
+        number(e) == Some(ER_BAD_FIELD)
+    }
+}

@@ -11,10 +11,11 @@
 
 use std::time::Duration;
 
-use fenced_api::{Error, FencingToken, Label, LockInfo, LockKey, Owner, Result};
+use fenced_api::{FencingToken, LockInfo, LockKey, Owner, Result};
+use fenced_sql::rows::{stored_key, stored_label};
 use sqlx::{mysql::MySqlRow, Row};
 
-use crate::error::{self, SqlResultExt};
+use crate::error::{MySqlBackend, SqlResultExt};
 
 /// Builds a `LockInfo` from a row `(owner, token, hold_count, remaining_us,
 /// label)`.
@@ -35,17 +36,6 @@ pub(crate) fn info_from_row(key: &LockKey, row: &MySqlRow) -> Result<LockInfo> {
     .with_label(label.and_then(|l| stored_label(key, &l))))
 }
 
-/// A label column's value. One that is no valid label (edited by hand) is
-/// shown as none rather than failing `inspect`: it is for people, not for
-/// the lock.
-fn stored_label(key: &LockKey, raw: &[u8]) -> Option<Label> {
-    std::str::from_utf8(raw)
-        .map_err(|e| Error::config(e.to_string()))
-        .and_then(Label::new)
-        .inspect_err(|e| tracing::warn!(key = %key, error = %e, "ignoring an invalid stored label"))
-        .ok()
-}
-
 /// Builds the `LockInfo`s of a listing: rows `(owner, token, hold_count,
 /// remaining_us, label, lock_key)`. A `lock_key` that is no valid key (the table was
 /// edited by hand) is an error naming it, never a panic.
@@ -53,19 +43,7 @@ pub(crate) fn infos_from_rows(rows: &[MySqlRow]) -> Result<Vec<LockInfo>> {
     let mut held = Vec::with_capacity(rows.len());
     for row in rows {
         let raw: Vec<u8> = row.try_get(5).db()?;
-        let key = std::str::from_utf8(&raw)
-            .ok()
-            .and_then(|k| LockKey::new(k).ok())
-            .ok_or_else(|| {
-                Error::backend(
-                    error::BACKEND,
-                    false,
-                    format!(
-                        "a lock row has an invalid lock_key {:?}; was the table edited by hand?",
-                        String::from_utf8_lossy(&raw)
-                    ),
-                )
-            })?;
+        let key = stored_key::<MySqlBackend>(&raw)?;
         held.push(info_from_row(&key, row)?);
     }
     Ok(held)

@@ -7,7 +7,10 @@ use fenced_api::{Error, Result};
 use fenced_sql::migrate::{self, Hooks, Migration};
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row};
 
-use crate::{config::TableName, error::SqlResultExt, fence::MySqlBackend};
+use crate::{
+    config::TableName,
+    error::{MySqlBackend, SqlResultExt},
+};
 
 /// The migrations, in order. Applied by an explicit `migrate` only, so no
 /// step is applied on connect (`compatible` is not used here).

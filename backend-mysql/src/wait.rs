@@ -8,8 +8,9 @@
 //!   is the server and the table, so every handle on the same table shares
 //!   the line and a release through one handle wakes the waiters of
 //!   another at once. Every release and force-release outcome passes
-//!   through it (`strategy/rows.rs`, and `strategy/unique_key.rs` where a
-//!   release or a force-release frees a dead row).
+//!   through it (`strategy/rows.rs`; for `unique_key` a release that finds
+//!   its row gone, `NOT_HELD_FREES`, wakes the line too, and so does every
+//!   force-release, `strategy/unique_key.rs`).
 //! * `row_lock` waits natively: a waiter's `SELECT … FOR UPDATE` queues in
 //!   InnoDB's lock queue and the server hands it the row when the holder's
 //!   transaction ends. The client bounds the wait at the caller's deadline,

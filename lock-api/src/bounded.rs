@@ -5,32 +5,7 @@ use std::{fmt, future::Future, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{Error, Result};
-
-/// The source of the [`Error::Backend`] that [`bounded`] returns when the
-/// store did not answer in time. [`Error::connecting`] reads it as "no
-/// answer in time".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NoAnswer {
-    /// The store's name, e.g. `"redis"`.
-    pub backend: &'static str,
-    /// What was asked, e.g. `"EVALSHA acquire"` (may name the server, never a password).
-    pub what: String,
-    /// The bound that passed.
-    pub limit: Duration,
-}
-
-impl fmt::Display for NoAnswer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "no answer from {} to {} within {:?}",
-            self.backend, self.what, self.limit
-        )
-    }
-}
-
-impl std::error::Error for NoAnswer {}
+use crate::{error::NoAnswer, Error, Result};
 
 /// Runs `call` for at most `limit`.
 ///

@@ -1,6 +1,6 @@
 //! The one semantic error type shared by every backend.
 
-use std::time::Duration;
+use std::{fmt, time::Duration};
 
 use crate::{FencingToken, LockKey};
 
@@ -146,7 +146,7 @@ impl Error {
     ///
     /// The cause is read from the kinds in the error's source chain (an
     /// [`std::io::Error`]'s [`kind`](std::io::Error::kind), a
-    /// [`NoAnswer`](crate::NoAnswer)), never from message text; when none
+    /// [`NoAnswer`](NoAnswer)), never from message text; when none
     /// says more, the driver's own message is kept, on one line.
     pub fn connecting(self, at: &str) -> Self {
         let Error::Backend {
@@ -176,6 +176,31 @@ impl Error {
     }
 }
 
+/// The source of the [`Error::Backend`] that [`bounded`](crate::bounded) returns when the
+/// store did not answer in time. [`Error::connecting`] reads it as "no
+/// answer in time".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoAnswer {
+    /// The store's name, e.g. `"redis"`.
+    pub backend: &'static str,
+    /// What was asked, e.g. `"EVALSHA acquire"` (may name the server, never a password).
+    pub what: String,
+    /// The bound that passed.
+    pub limit: Duration,
+}
+
+impl fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no answer from {} to {} within {:?}",
+            self.backend, self.what, self.limit
+        )
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
 /// What the first error in `e`'s source chain that has a kind says about a
 /// failed connection.
 fn connect_cause(e: &(dyn std::error::Error + 'static)) -> Option<String> {
@@ -196,7 +221,7 @@ fn connect_cause(e: &(dyn std::error::Error + 'static)) -> Option<String> {
                 return Some(cause.to_owned());
             }
         }
-        if let Some(n) = e.downcast_ref::<crate::NoAnswer>() {
+        if let Some(n) = e.downcast_ref::<NoAnswer>() {
             return Some(format!("no answer within {:?}", n.limit));
         }
         next = e.source();

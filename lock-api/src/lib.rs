@@ -81,12 +81,12 @@ pub mod wait;
 mod wrap;
 
 pub use async_trait::async_trait;
-pub use bounded::{bounded, bounded_until, no_answer, NoAnswer};
+pub use bounded::{bounded, bounded_until, no_answer};
 pub use capabilities::Capabilities;
 pub use client::{LockClient, LockClientBuilder};
 pub use driver::{BoxFuture, ConnectFn, Driver, MigrateFn};
 pub use dual::{DualLock, TokenSource};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, NoAnswer, Result};
 pub use guard::{LeaseHandle, LockGuard, LossReason};
 pub use key::{IntoLockKey, LockKey};
 pub use lease::{FencingToken, Lease, LockInfo, ReleaseOutcome};

@@ -204,8 +204,9 @@ pub fn notify_released(scope: &str, key: &LockKey) {
 /// A backend calls [`acquire`](Polling::acquire) from its
 /// `DistributedLock::acquire` and passes every release and force-release
 /// outcome through [`released`](Polling::released) and
-/// [`force_released`](Polling::force_released), so a local hand-off costs
-/// no sleep.
+/// [`force_released`](Polling::force_released) — or calls
+/// [`freed`](Polling::freed) where it knows by other means that the key was
+/// freed — so a local hand-off costs no sleep.
 ///
 /// ```
 /// use fenced_api::{wait::Polling, LockKey, ReleaseOutcome};

@@ -127,6 +127,7 @@ use tokio::time::Instant;
 
 use self::conn::{HeldConn, LockConns};
 use self::statements::Sql;
+pub(crate) use self::statements::Tables;
 use self::token::Granted;
 pub(crate) use self::token::{live_is_memory, LIFETIME_KEY};
 pub use self::transaction::RowLockTransaction;
@@ -234,12 +235,6 @@ fn no_fixed_row(key: &LockKey) -> Error {
         "no lock row for `{key}`: fixed-row mode needs its rows created first, with \
          MySqlLock::create_rows (once, e.g. at deploy time after migrate)"
     ))
-}
-
-pub(crate) struct Tables {
-    pub(crate) rows: String,
-    pub(crate) fence: String,
-    pub(crate) live: String,
 }
 
 impl RowLock {

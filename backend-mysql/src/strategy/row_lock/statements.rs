@@ -3,8 +3,15 @@
 
 use sqlx::SqlStr;
 
-use super::Tables;
 use crate::sql::sql;
+
+/// The physical tables of a `row_lock` store: the key rows, the fence
+/// (token counter) and the live-grant table.
+pub(crate) struct Tables {
+    pub(crate) rows: String,
+    pub(crate) fence: String,
+    pub(crate) live: String,
+}
 
 /// SQL for one base table, built once.
 pub(super) struct Sql {
