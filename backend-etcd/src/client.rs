@@ -28,7 +28,8 @@ impl Etcd {
     /// answers (`Status`).
     ///
     /// One member down must not fail the connect: a status request the
-    /// channel could not even send (connection refused by that member) is
+    /// channel could not even send (the connection to that member refused,
+    /// timed out or unreachable) is
     /// tried again — on another member — until the connect timeout, as every
     /// later request is. When no member ever answers, the last such error
     /// (e.g. connection refused) is what the caller sees, not a bare timeout.
@@ -90,7 +91,8 @@ impl Etcd {
     }
 
     /// Runs one request with the operation timeout. A request that could not
-    /// even be sent (the connection refused by one endpoint of several) is
+    /// even be sent (the connection to one endpoint of several refused, timed
+    /// out or unreachable) is
     /// retried — the channel then tries another member — until the timeout;
     /// anything that may have reached the server is never retried here.
     /// etcd's answer comes back as it is, for the caller to classify.

@@ -24,7 +24,30 @@ pub(crate) fn map(e: etcd_client::Error) -> Error {
         ),
         _ => false,
     };
-    Error::backend(BACKEND, retryable, e)
+    // etcd-client's error has no source; the kind of the socket failure
+    // below it (in the gRPC status or the transport error) is carried along
+    // so that `Error::connecting` can name the cause.
+    match io_kind(&e) {
+        Some(kind) => Error::backend(BACKEND, retryable, std::io::Error::new(kind, e)),
+        None => Error::backend(BACKEND, retryable, e),
+    }
+}
+
+/// The kind of the first `std::io::Error` below a status or transport error.
+fn io_kind(e: &etcd_client::Error) -> Option<std::io::ErrorKind> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+        etcd_client::Error::TransportError(t) => std::error::Error::source(t),
+        etcd_client::Error::IoError(io) => return Some(io.kind()),
+        _ => None,
+    };
+    while let Some(cause) = next {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        next = cause.source();
+    }
+    None
 }
 
 /// Runs `call` for at most `limit`: its own output (etcd's answer, left to
@@ -141,5 +164,8 @@ mod tests {
         assert!(!never_sent(&etcd_client::Error::GRpcStatus(
             tonic::Status::new(Code::Unknown, "tcp connect error")
         )));
+        // The same kind names the cause when connecting fails.
+        let text = map(e).connecting("127.0.0.1:1").to_string();
+        assert!(text.contains("127.0.0.1:1: connection refused ("), "{text}");
     }
 }

@@ -551,7 +551,7 @@ async fn wait_deleted(
             });
         }
     }
-    // Often enough that the view stays fresh (an eighth of a TTL): a waiter
+    // Often enough that the view stays fresh (a tenth of a TTL): a waiter
     // promoted by an event then needs no keep-alive before returning.
     // Waiters of one client share these (refreshes coalesce).
     let every = class

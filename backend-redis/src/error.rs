@@ -59,7 +59,22 @@ pub(crate) fn map(e: RedisError) -> Error {
                     | ServerErrorKind::MasterDown
             )
         );
-    Error::backend(BACKEND, retryable, e)
+    // The redis crate's error does not expose the socket's `io::Error` as
+    // its source; its own predicates say what kind of failure it was, and
+    // carrying that kind lets `Error::connecting` name the cause.
+    let kind = if e.is_connection_refusal() {
+        Some(std::io::ErrorKind::ConnectionRefused)
+    } else if e.is_timeout() {
+        Some(std::io::ErrorKind::TimedOut)
+    } else if e.is_connection_dropped() {
+        Some(std::io::ErrorKind::ConnectionReset)
+    } else {
+        None
+    };
+    match kind {
+        Some(kind) => Error::backend(BACKEND, retryable, std::io::Error::new(kind, e)),
+        None => Error::backend(BACKEND, retryable, e),
+    }
 }
 
 /// An unexpected reply shape: a bug or a foreign value under our key.
@@ -85,6 +100,14 @@ pub(crate) async fn bounded<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_connection_is_named_by_its_kind() {
+        let refused: RedisError =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "os error 111").into();
+        let text = map(refused).connecting("127.0.0.1:1").to_string();
+        assert!(text.contains("127.0.0.1:1: connection refused ("), "{text}");
+    }
 
     #[test]
     fn classification() {

@@ -249,7 +249,7 @@ async fn rediss_urls_speak_tls() {
     a.release(&held).await.unwrap();
     let next = waiter.await.unwrap().unwrap();
     assert!(next.token > held.token);
-    // Without `#insecure` the self-signed certificate is refused: verification is on.
+    // Without `#insecure` the test CA's certificate is refused: verification is on.
     let verified = server
         .url()
         .replace("/#insecure", "/?connect_timeout=2s&operation_timeout=1s");

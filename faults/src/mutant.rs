@@ -1,8 +1,9 @@
 //! Deliberately broken locks ("mutants") for the fault suite's control
-//! runs: each wraps a real backend and removes one safety mechanism the
-//! issue names. A fault run on a mutant must come out unsafe — the proof
-//! that the suite's checks catch that class of bug on a real store, the
-//! way `conformance/tests/mutants.rs` proves it for the conformance cases.
+//! runs: each wraps a real backend and removes one safety mechanism (the
+//! owner check, NX, expiry on the store's clock). A fault run on a mutant
+//! must come out unsafe — the proof that the suite's checks catch that
+//! class of bug on a real store, the way `conformance/tests/mutants.rs`
+//! proves it for the conformance cases.
 //!
 //! * [`Mutant::OwnerCheckRemoved`] — `release` frees whoever holds the key;
 //! * [`Mutant::NxDropped`] — acquiring takes the key even when it is held;

@@ -146,8 +146,10 @@ impl Error {
     ///
     /// The cause is read from the kinds in the error's source chain (an
     /// [`std::io::Error`]'s [`kind`](std::io::Error::kind), a
-    /// [`NoAnswer`](NoAnswer)), never from message text; when none
-    /// says more, the driver's own message is kept, on one line.
+    /// [`NoAnswer`]), never from message text; when none says more, the
+    /// driver's own message is kept, on one line. A backend whose driver
+    /// hides the socket's error carries its kind by making the source
+    /// `io::Error::new(kind, driver_error)`.
     pub fn connecting(self, at: &str) -> Self {
         let Error::Backend {
             backend,

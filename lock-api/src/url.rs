@@ -112,21 +112,35 @@ pub fn split_userinfo(rest: &str) -> (Option<Userinfo<'_>>, &str) {
 }
 
 /// Where the userinfo of `rest` (a URL after `scheme://`) ends: the index
-/// of the `@` described in [`split_userinfo`], or `None`.
+/// of the `@` described in [`split_userinfo`], or `None`. A candidate whose
+/// user name (the part before its first `:`) holds `/`, `?` or `#` is not a
+/// userinfo: that `@` belongs to a path or a query (`?prefix=team@x`).
 pub fn userinfo_end(rest: &str) -> Option<usize> {
-    rest.match_indices('@')
-        .map(|(i, _)| i)
-        .find(|&i| looks_like_hosts(&rest[i + 1..]))
+    rest.match_indices('@').map(|(i, _)| i).find(|&i| {
+        let user = rest[..i].split(':').next().unwrap_or_default();
+        !user.contains(['/', '?', '#']) && looks_like_hosts(&rest[i + 1..])
+    })
 }
 
 /// Whether `s` starts with `host[:port][,host[:port]…]` and then ends or
-/// goes on with `/`, `?` or `#`.
+/// goes on with `/`, `?` or `#`. A `%` counts only inside `[…]` (an IPv6
+/// zone, `[fe80::1%25eth0]`).
 fn looks_like_hosts(s: &str) -> bool {
     let end = s.find(['/', '?', '#']).unwrap_or(s.len());
     let hosts = &s[..end];
+    let mut in_brackets = false;
     !hosts.is_empty()
-        && hosts.chars().all(|c| {
-            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ',' | '[' | ']' | '%')
+        && hosts.chars().all(|c| match c {
+            '[' => {
+                in_brackets = true;
+                true
+            }
+            ']' => {
+                in_brackets = false;
+                true
+            }
+            '%' => in_brackets,
+            c => c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | ','),
         })
 }
 
@@ -263,7 +277,7 @@ pub fn percent_decode(v: &str) -> Result<String> {
 
 /// Parses a duration the way every fenced setting does, in URLs and on the
 /// command line: a bare number of seconds (`3`), or whole numbers with a
-/// unit — `ms`, `s`, `m`, `h` — one term or several (`250ms`, `5s`, `2m`,
+/// unit — `ms`, `s`, `m`, `h`, `d` — one term or several (`250ms`, `5s`, `2m`,
 /// `1h`, `1m 30s`, `3s 400ms`, the form fenced prints durations in). No
 /// fractions and no space between a number and its unit, so `1.5s` and
 /// `1 s` are errors rather than guesses. No bounds: callers apply theirs.
@@ -308,6 +322,7 @@ pub fn parse_duration_syntax(v: &str) -> Result<Duration> {
             "s" => Some(Duration::from_secs(n)),
             "m" => secs(60),
             "h" => secs(3600),
+            "d" => secs(86_400),
             _ => None,
         };
         total = term.and_then(|t| total.checked_add(t)).ok_or_else(bad)?;
@@ -403,13 +418,26 @@ mod tests {
             ("u@h:1/x", "u", None, "h:1/x"),
             (":p/q?r#s@h?x=1", "", Some("p/q?r#s"), "h?x=1"),
             ("u:a@b@[::1]:5/db", "u", Some("a@b"), "[::1]:5/db"),
-            ("u:p@fe80::1%25eth0", "u", Some("p"), "fe80::1%25eth0"),
+            (
+                "u:p@[fe80::1%25eth0]:5/db",
+                "u",
+                Some("p"),
+                "[fe80::1%25eth0]:5/db",
+            ),
+            ("u:Ab@12%/x@cache:6379", "u", Some("Ab@12%/x"), "cache:6379"),
         ] {
             let (info, rest_after) = split_userinfo(rest);
             assert_eq!(info, Some(Userinfo { user, password }), "{rest}");
             assert_eq!(rest_after, after, "{rest}");
         }
         assert!(!format!("{:?}", split_userinfo("u:hunter2@h").0).contains("hunter2"));
+        // An `@` in a path or a query is not the end of a userinfo.
+        assert_eq!(split_userinfo("h?prefix=team@x"), (None, "h?prefix=team@x"));
+        assert_eq!(split_userinfo("h/a@b"), (None, "h/a@b"));
+        assert_eq!(
+            split_query("redis://h?prefix=team@x"),
+            ("redis://h", "prefix=team@x")
+        );
     }
 
     #[test]
@@ -420,6 +448,14 @@ mod tests {
         assert_eq!(
             parse_duration_syntax("1h 2m 3s 4ms").unwrap(),
             Duration::from_millis(3_723_004)
+        );
+        assert_eq!(
+            parse_duration_syntax("1d").unwrap(),
+            Duration::from_secs(86_400)
+        );
+        assert!(
+            parse_duration("1d").is_err(),
+            "above the 1h bound of URL durations"
         );
         for bad in [
             "",

@@ -49,11 +49,13 @@ impl EtcdMember {
 /// A private etcd. Processes are killed and data removed on drop.
 #[derive(Debug)]
 pub struct PrivateEtcd {
+    // First: fields drop in order, so the members are dead before their
+    // directories are removed.
+    procs: Vec<Proc>,
     _root: tempfile::TempDir,
     members: Vec<EtcdMember>,
     cluster: String,
     options: EtcdOptions,
-    procs: Vec<Proc>,
     /// Root credentials once [`enable_auth`](Self::enable_auth) ran.
     root_password: std::sync::Mutex<Option<String>>,
 }

@@ -30,10 +30,12 @@ pub struct MariaDbOptions {
 /// root without password, a `test` database. Killed and removed on drop.
 #[derive(Debug)]
 pub struct PrivateMariaDb {
+    // First: fields drop in order, so the server is dead before its
+    // directory is removed.
+    proc: Proc,
     dir: tempfile::TempDir,
     port: u16,
     options: MariaDbOptions,
-    proc: Proc,
 }
 
 impl PrivateMariaDb {

@@ -39,11 +39,13 @@ pub struct RedisOptions {
 /// A `redis-server` on a free loopback port. Killed and removed on drop.
 #[derive(Debug)]
 pub struct PrivateRedis {
+    // First: fields drop in order, so the server is dead before its
+    // directory is removed.
+    proc: Proc,
     dir: tempfile::TempDir,
     port: u16,
     cluster_bus: Option<u16>,
     options: RedisOptions,
-    proc: Proc,
 }
 
 impl PrivateRedis {
