@@ -49,7 +49,7 @@ pub async fn require_mysql() -> String {
     required(mysql().await)
 }
 
-/// [`redis`], for a test.
+/// [`redis()`], for a test.
 ///
 /// # Panics
 ///
