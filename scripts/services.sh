@@ -4,6 +4,7 @@
 #   MariaDB  :3306  (root over TCP with an empty password, database `test`)
 #   Redis    :6379
 #   etcd     :2379  (client) / :2380 (peer)
+#   ZooKeeper :2181 (standalone, its own data dir, a 256 MiB heap)
 #
 # and make sure `protoc` exists (the etcd-client crate needs it at build time).
 #
@@ -21,6 +22,8 @@ ETCD_DATA_DIR=/var/lib/fenced-etcd    # our own data dir, separate from the pack
 ETCD_LOG=/var/log/fenced-etcd.log
 REDIS_LOG=/var/log/redis/ci.log
 MARIADB_LOG=/var/log/mysql/fenced-ci.log   # mariadbd's stdout/stderr
+ZK_DIR=/var/lib/fenced-zookeeper      # our own config and data dir, separate from the package's
+ZK_LOG=/var/log/fenced-zookeeper.log
 
 APT_UPDATED=0   # run `apt-get update` at most once, and only if we install something
 WAITED=0        # set by wait_for: seconds it took a service to answer
@@ -61,6 +64,16 @@ port_open() {
 # MariaDB only opens its port once it is ready to serve, so a connect is enough;
 # the SQL-level check happens in mariadb_ensure_access.
 mariadb_answers() { port_open 3306; }
+
+# ZooKeeper answers the `srvr` command (on the default whitelist) with its
+# mode once it serves requests.
+zookeeper_answers() {
+    local reply
+    reply=$(timeout 3 bash -c \
+        'exec 3<>/dev/tcp/127.0.0.1/2181 && printf "srvr" >&3 && cat <&3' \
+        2>/dev/null) || return 1
+    [[ $reply == *'Mode: '* ]]
+}
 
 # Redis replies +PONG to an inline PING.
 redis_answers() {
@@ -270,6 +283,48 @@ setup_etcd() {
     report etcd "${did[@]}"
 }
 
+# --- ZooKeeper -------------------------------------------------------------
+
+setup_zookeeper() {
+    local did=() pid
+    if zookeeper_answers; then
+        report zookeeper "already running"
+        return
+    fi
+    if [ ! -r /usr/share/java/zookeeper.jar ] || ! have java; then
+        apt_install zookeeper   # brings a JRE (default-jre)
+        did+=("installed zookeeper")
+    fi
+    mkdir -p "$ZK_DIR/data" "$(dirname "$ZK_LOG")"
+    # Standalone on loopback. tickTime 1 s lets clients negotiate sessions
+    # from 2 s (the tests' short TTLs) up to 60 s; the admin HTTP server is
+    # off (it would take port 8080); `srvr`/`ruok`/`mntr`/`stat` answer
+    # probes.
+    cat >"$ZK_DIR/zoo.cfg" <<CFG
+tickTime=1000
+initLimit=10
+syncLimit=5
+dataDir=$ZK_DIR/data
+clientPort=2181
+clientPortAddress=127.0.0.1
+minSessionTimeout=2000
+maxSessionTimeout=60000
+4lw.commands.whitelist=srvr,ruok,mntr,stat
+admin.enableServer=false
+CFG
+    # Started directly (no systemd); setsid + nohup detach it from this
+    # script's process group, as for etcd.
+    setsid nohup java -Xms64m -Xmx256m \
+        -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar \
+        -Dzookeeper.log.dir=/var/log/zookeeper \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$ZK_DIR/zoo.cfg" \
+        >>"$ZK_LOG" 2>&1 </dev/null &
+    pid=$!
+    wait_for zookeeper zookeeper_answers "$ZK_LOG" "$pid"
+    did+=("started (pid $pid), serving after ${WAITED}s")
+    report zookeeper "${did[@]}"
+}
+
 # --- protoc ----------------------------------------------------------------
 
 setup_protoc() {
@@ -295,5 +350,6 @@ setup_faketime() {
 setup_mariadb
 setup_redis
 setup_etcd
+setup_zookeeper
 setup_protoc
 setup_faketime
