@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Full local/CI check for the fenced workspace: bring up the backing services
-# (MariaDB, Redis, etcd; see scripts/services.sh), then format check, clippy,
+# (MariaDB, Redis, etcd, ZooKeeper; see scripts/services.sh), then format check, clippy,
 # tests and docs. Any failing step stops the run (set -e).
 set -euo pipefail
 
@@ -27,7 +27,7 @@ banner "disk"
 # build fails half-way with "No space left on device".
 df -h . | tail -n 1
 
-banner "services (MariaDB, Redis, etcd)"
+banner "services (MariaDB, Redis, etcd, ZooKeeper)"
 bash scripts/services.sh
 
 banner "cargo fmt --check"

@@ -5,7 +5,7 @@
 //! a message naming `scripts/services.sh`. Addresses default to the local
 //! services that script starts and can be overridden with environment
 //! variables (`FENCED_TEST_MYSQL_URL`, `FENCED_TEST_REDIS_URL`,
-//! `FENCED_TEST_ETCD_URL`).
+//! `FENCED_TEST_ETCD_URL`, `FENCED_TEST_ZOOKEEPER_URL`).
 
 use std::time::Duration;
 
@@ -39,6 +39,11 @@ pub fn redis_url() -> String {
 /// The etcd test endpoint (`FENCED_TEST_ETCD_URL`).
 pub fn etcd_url() -> String {
     env_or("FENCED_TEST_ETCD_URL", "http://127.0.0.1:2379")
+}
+
+/// The ZooKeeper test URL (`FENCED_TEST_ZOOKEEPER_URL`).
+pub fn zookeeper_url() -> String {
+    env_or("FENCED_TEST_ZOOKEEPER_URL", "zk://127.0.0.1:2181")
 }
 
 /// `host:port` of a URL such as `mysql://user:pw@host:3306/db?x=y`, using
@@ -167,6 +172,31 @@ pub async fn probe_etcd(url: &str) -> Result<(), String> {
     }
 }
 
+/// Checks that ZooKeeper serves requests at `url` (its first host): the
+/// `srvr` command, on ZooKeeper's default whitelist, answers with the
+/// server's mode.
+///
+/// # Errors
+///
+/// [`unreachable_message`] when it does not.
+pub async fn probe_zookeeper(url: &str) -> Result<(), String> {
+    let first = match url.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}", rest.split(',').next().unwrap_or(rest)),
+        None => url.to_owned(),
+    };
+    let stream = connect("ZooKeeper", &first, 2181).await?;
+    let reply = exchange("ZooKeeper", &first, stream, b"srvr").await?;
+    if reply.contains("Mode: ") {
+        Ok(())
+    } else {
+        Err(unreachable_message(
+            "ZooKeeper",
+            url,
+            "srvr did not report a serving mode",
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +220,18 @@ mod tests {
             assert_eq!(host_port(url, port).unwrap(), want, "{url}");
         }
         assert!(host_port("mysql:///db", 3306).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_closed_zookeeper_port_names_the_services_script() {
+        let e = probe_zookeeper("zk://app:hunter2@127.0.0.1:1,127.0.0.1:2/fenced")
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains("scripts/services.sh") && !e.contains("hunter2"),
+            "{e}"
+        );
+        assert!(e.contains("ZooKeeper"), "{e}");
     }
 
     #[test]

@@ -40,6 +40,26 @@ pub async fn etcd_hostport() -> Result<String, String> {
     services::host_port(&url, 2379)
 }
 
+/// The shared ZooKeeper URL (`FENCED_TEST_ZOOKEEPER_URL`, `zk://…`) once it
+/// serves requests.
+///
+/// # Errors
+///
+/// The probe's message (naming `scripts/services.sh`) when it does not.
+pub async fn zookeeper() -> Result<String, String> {
+    let url = services::zookeeper_url();
+    services::probe_zookeeper(&url).await.map(|()| url)
+}
+
+/// [`zookeeper()`], for a test.
+///
+/// # Panics
+///
+/// With the probe's message when the server does not answer.
+pub async fn require_zookeeper() -> String {
+    required(zookeeper().await)
+}
+
 /// [`mysql`], for a test.
 ///
 /// # Panics
