@@ -180,20 +180,29 @@ pub async fn probe_etcd(url: &str) -> Result<(), String> {
 ///
 /// [`unreachable_message`] when it does not.
 pub async fn probe_zookeeper(url: &str) -> Result<(), String> {
+    probe_zookeeper_mode(url).await.map(|_| ())
+}
+
+/// The mode ZooKeeper's `srvr` reports at `url` (its first host):
+/// `standalone`, `leader` or `follower`.
+///
+/// # Errors
+///
+/// [`unreachable_message`] when the server does not serve requests.
+pub async fn probe_zookeeper_mode(url: &str) -> Result<String, String> {
     let first = match url.split_once("://") {
         Some((scheme, rest)) => format!("{scheme}://{}", rest.split(',').next().unwrap_or(rest)),
         None => url.to_owned(),
     };
     let stream = connect("ZooKeeper", &first, 2181).await?;
     let reply = exchange("ZooKeeper", &first, stream, b"srvr").await?;
-    if reply.contains("Mode: ") {
-        Ok(())
-    } else {
-        Err(unreachable_message(
+    match reply.lines().find_map(|l| l.strip_prefix("Mode: ")) {
+        Some(mode) => Ok(mode.trim().to_owned()),
+        None => Err(unreachable_message(
             "ZooKeeper",
             url,
             "srvr did not report a serving mode",
-        ))
+        )),
     }
 }
 

@@ -9,6 +9,8 @@
 //!   SIGSTOP/SIGCONT);
 //! * [`PrivateEtcd`] (feature `etcd`): `etcd`, one or three members (TLS
 //!   client port, authentication, member kill and restart);
+//! * [`PrivateZooKeeper`] (feature `zookeeper`): ZooKeeper standalone or an
+//!   ensemble of three (member kill, restart, SIGSTOP/SIGCONT, leader);
 //! * [`TestCa`] (feature `tls`): a throw-away certificate authority that
 //!   issues the servers' certificates, so TLS tests verify a real chain.
 //!
@@ -61,11 +63,18 @@ mod ca;
 mod etcd;
 #[cfg(feature = "mysql")]
 mod mariadb;
-#[cfg(any(feature = "mysql", feature = "redis", feature = "etcd"))]
+#[cfg(any(
+    feature = "mysql",
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
 mod proc;
 #[cfg(feature = "redis")]
 mod redis;
 mod tls;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -77,12 +86,19 @@ pub use ca::TestCa;
 pub use etcd::{EtcdMember, EtcdOptions, PrivateEtcd};
 #[cfg(feature = "mysql")]
 pub use mariadb::{MariaDbOptions, PrivateMariaDb};
-#[cfg(any(feature = "mysql", feature = "redis", feature = "etcd"))]
+#[cfg(any(
+    feature = "mysql",
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
 use proc::Proc;
 #[cfg(feature = "redis")]
 pub use redis::{admin_connection, PrivateRedis, RedisOptions, RedisPersistence};
 pub use tempfile::TempDir;
 pub use tls::TlsFiles;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::{PrivateZooKeeper, ZooKeeperMember, ZooKeeperOptions};
 
 /// How long a private server may take to answer after it was started.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
