@@ -3,7 +3,7 @@
 
 use std::{fmt, path::PathBuf, time::Duration};
 
-use fenced_api::url::{params, parse_duration, percent_decode, redact, split_userinfo};
+use fenced_api::url::{credentials, host_list, params, parse_duration, percent_decode, redact};
 use fenced_api::{Error, Result};
 
 /// Default key prefix (the namespace).
@@ -96,22 +96,21 @@ impl EtcdConfig {
                 )))
             }
         };
-        let (user, rest) = userinfo(rest)?;
+        let (user, rest) = credentials("etcd", rest, "etcd://user:password@host:2379/prefix")?;
         // The userinfo is off: the first `?` starts the query.
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
         let http = if tls { "https" } else { "http" };
-        let endpoints = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| endpoint(http, h))
-            .collect::<Result<Vec<String>>>()?;
-        if endpoints.is_empty() {
+        if hosts.split(',').all(str::is_empty) {
             return Err(Error::config(format!(
                 "no etcd endpoint in `{}`",
                 redact(url)
             )));
         }
+        let endpoints = host_list("etcd", hosts, DEFAULT_PORT)?
+            .into_iter()
+            .map(|h| format!("{http}://{h}"))
+            .collect();
         let prefix = if path.is_empty() {
             DEFAULT_PREFIX
         } else {
@@ -176,77 +175,6 @@ fn ca_path(tls: bool, value: &str) -> Result<PathBuf> {
         ));
     }
     Ok(path.into())
-}
-
-/// `(user, password)` and what follows them. The userinfo ends at the first
-/// `@` followed by a host list ([`split_userinfo`]): a password may contain
-/// unencoded `/`, `?`, `#` or `@`, and must never end up in a path, a
-/// parameter or a message.
-fn userinfo(rest: &str) -> Result<(Option<(String, String)>, &str)> {
-    match split_userinfo(rest) {
-        (Some(info), rest) => Ok((
-            Some((
-                info.user.to_owned(),
-                info.password.unwrap_or_default().to_owned(),
-            )),
-            rest,
-        )),
-        // `user:password@` with no host list after it: say so without ever
-        // reading the password as a host (and showing it).
-        (None, rest) => match rest.split_once('@') {
-            Some((userinfo, _)) if userinfo.contains(':') => {
-                let user = userinfo.split(':').next().unwrap_or_default();
-                Err(Error::config(format!(
-                    "no etcd host after `{user}:***@` (expected etcd://user:password@host:2379/prefix)"
-                )))
-            }
-            _ => Ok((None, rest)),
-        },
-    }
-}
-
-/// `scheme://host:port` from `host[:port]` (`[v6]:port` too); the port must
-/// be 1..=65535 — never silently replaced by a default.
-fn endpoint(scheme: &str, h: &str) -> Result<String> {
-    let (host, port) = if let Some(v6) = h.strip_prefix('[') {
-        match v6.split_once(']') {
-            Some((addr, "")) => (addr, None),
-            Some((addr, p)) => match p.strip_prefix(':') {
-                Some(p) => (addr, Some(p)),
-                None => {
-                    return Err(Error::config(format!(
-                        "bad etcd host `{h}`: expected [address]:port"
-                    )))
-                }
-            },
-            None => return Err(Error::config(format!("bad etcd host `{h}`: missing `]`"))),
-        }
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, p)) => (host, Some(p)),
-            None => (h, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(Error::config(format!("no host name in etcd host `{h}`")));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
-            _ => {
-                return Err(Error::config(format!(
-                    "bad port `{}` in etcd host `{host}`: expected a number from 1 to 65535",
-                    p.chars().take(20).collect::<String>()
-                )))
-            }
-        },
-    };
-    if h.starts_with('[') {
-        Ok(format!("{scheme}://[{host}]:{port}"))
-    } else {
-        Ok(format!("{scheme}://{host}:{port}"))
-    }
 }
 
 fn validate_prefix(prefix: &str) -> Result<()> {

@@ -111,6 +111,123 @@ pub fn split_userinfo(rest: &str) -> (Option<Userinfo<'_>>, &str) {
     }
 }
 
+/// The `user[:password]` of `rest` (a URL after `scheme://`), owned, and
+/// what follows it — for stores that authenticate with both. An `@` with no
+/// host list after it (`user:password@` then nothing a host could be) is an
+/// error naming the user only, never reading the password as a host.
+///
+/// ```
+/// use fenced_api::url::credentials;
+/// let (user, rest) = credentials("zookeeper", "app:s3cr@t@h1:2181/fenced", "zk://user:password@host:2181/path")?;
+/// assert_eq!(user, Some(("app".to_owned(), "s3cr@t".to_owned())));
+/// assert_eq!(rest, "h1:2181/fenced");
+/// let e = credentials("zookeeper", "app:hunter2@", "zk://user:password@host:2181/path").unwrap_err();
+/// assert!(!e.to_string().contains("hunter2"));
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Config`] for `user:password@` with no host after it.
+pub fn credentials<'a>(
+    store: &str,
+    rest: &'a str,
+    example: &str,
+) -> Result<(Option<(String, String)>, &'a str)> {
+    match split_userinfo(rest) {
+        (Some(info), rest) => Ok((
+            Some((
+                info.user.to_owned(),
+                info.password.unwrap_or_default().to_owned(),
+            )),
+            rest,
+        )),
+        (None, rest) => match rest.split_once('@') {
+            Some((userinfo, _)) if userinfo.contains(':') => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                Err(Error::config(format!(
+                    "no {store} host after `{user}:***@` (expected {example})"
+                )))
+            }
+            _ => Ok((None, rest)),
+        },
+    }
+}
+
+/// A host list `h1[:p1],h2[:p2],[v6]:p3` as `host:port` strings
+/// (`[v6]:port` for IPv6), `default_port` where a host names none. A port
+/// must be a number from 1 to 65535 — never silently replaced by the
+/// default.
+///
+/// ```
+/// use fenced_api::url::host_list;
+/// assert_eq!(host_list("zookeeper", "a,b:2182,[::1]", 2181)?, ["a:2181", "b:2182", "[::1]:2181"]);
+/// assert!(host_list("zookeeper", "a:0", 2181).is_err() && host_list("zookeeper", "a:x", 2181).is_err());
+/// assert!(host_list("zookeeper", ",", 2181).is_err());
+/// # Ok::<(), fenced_api::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Config`] naming the bad host, or saying there is none.
+pub fn host_list(store: &str, hosts: &str, default_port: u16) -> Result<Vec<String>> {
+    let list = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| host_port(store, h, default_port))
+        .collect::<Result<Vec<String>>>()?;
+    if list.is_empty() {
+        return Err(Error::config(format!("no {store} host in `{hosts}`")));
+    }
+    Ok(list)
+}
+
+fn host_port(store: &str, h: &str, default_port: u16) -> Result<String> {
+    let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((addr, "")) => (addr, None),
+            Some((addr, p)) => match p.strip_prefix(':') {
+                Some(p) => (addr, Some(p)),
+                None => {
+                    return Err(Error::config(format!(
+                        "bad {store} host `{h}`: expected [address]:port"
+                    )))
+                }
+            },
+            None => {
+                return Err(Error::config(format!(
+                    "bad {store} host `{h}`: missing `]`"
+                )))
+            }
+        }
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, p)) => (host, Some(p)),
+            None => (h, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(Error::config(format!("no host name in {store} host `{h}`")));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => {
+                return Err(Error::config(format!(
+                    "bad port `{}` in {store} host `{host}`: expected a number from 1 to 65535",
+                    p.chars().take(20).collect::<String>()
+                )))
+            }
+        },
+    };
+    Ok(if h.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    })
+}
+
 /// Where the userinfo of `rest` (a URL after `scheme://`) ends: the index
 /// of the `@` described in [`split_userinfo`], or `None`. A candidate whose
 /// user name (the part before its first `:`) holds `/`, `?` or `#` is not a
