@@ -35,15 +35,15 @@ cargo fmt --all -- --check
 
 banner "cargo clippy"
 cargo clippy --workspace --all-targets -j 2 -- -D warnings
-# The opt-in features: the facade's etcd, and the CLI's (fenced-cli, the
-# `fenced` binary) etcd and bench.
-cargo clippy -p fenced --all-targets --features etcd -j 2 -- -D warnings
-cargo clippy -p fenced-cli --all-targets --features etcd,bench -j 2 -- -D warnings
+# The opt-in features: the facade's etcd and zookeeper, and the CLI's
+# (fenced-cli, the `fenced` binary) etcd, zookeeper and bench.
+cargo clippy -p fenced --all-targets --features etcd,zookeeper -j 2 -- -D warnings
+cargo clippy -p fenced-cli --all-targets --features etcd,zookeeper,bench -j 2 -- -D warnings
 
 banner "cargo test"
-# fenced/etcd, fenced-cli/etcd: the facade and the CLI are tested against
-# every backend.
-cargo test --workspace --features fenced/etcd,fenced-cli/etcd -j 2
+# The opt-in backends on: the facade and the CLI are tested against every
+# backend.
+cargo test --workspace --features fenced/etcd,fenced/zookeeper,fenced-cli/etcd,fenced-cli/zookeeper -j 2
 
 banner "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -j 2

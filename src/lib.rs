@@ -40,3 +40,5 @@ pub use fenced_mysql as mysql;
 pub use fenced_redis as redis;
 #[cfg(feature = "sqlite")]
 pub use fenced_sqlite as sqlite;
+#[cfg(feature = "zookeeper")]
+pub use fenced_zookeeper as zookeeper;

@@ -14,6 +14,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("rediss", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
+    ("zk", "zookeeper"),
+    ("zookeeper", "zookeeper"),
 ];
 
 /// The drivers compiled into this build (by cargo feature).
@@ -28,6 +30,8 @@ pub fn drivers() -> Vec<Driver> {
     list.push(fenced_redis::driver());
     #[cfg(feature = "etcd")]
     list.push(fenced_etcd::driver());
+    #[cfg(feature = "zookeeper")]
+    list.push(fenced_zookeeper::driver());
     list
 }
 
@@ -116,6 +120,8 @@ fn check_url(driver: &str, url: &str) -> Result<()> {
         "redis" => fenced_redis::RedisConfig::from_url(url).map(drop),
         #[cfg(feature = "etcd")]
         "etcd" => fenced_etcd::EtcdConfig::from_url(url).map(drop),
+        #[cfg(feature = "zookeeper")]
+        "zookeeper" => fenced_zookeeper::ZkConfig::from_url(url).map(drop),
         _ => Ok(()),
     }
 }
@@ -185,7 +191,13 @@ mod tests {
             ("rediss://:pw@cache:6380", Ok("redis")),
             #[cfg(not(feature = "mysql"))]
             ("mysql://h/db", Err("`mysql` cargo feature")),
-            ("zookeeper://h", Err("unknown store scheme `zookeeper`")),
+            #[cfg(feature = "zookeeper")]
+            ("zookeeper://h", Ok("zookeeper")),
+            #[cfg(feature = "zookeeper")]
+            ("zk://h1:2181,h2/apps/locks", Ok("zookeeper")),
+            #[cfg(not(feature = "zookeeper"))]
+            ("zk://h:2181", Err("`zookeeper` cargo feature")),
+            ("consul://h", Err("unknown store scheme `consul`")),
             ("just-a-path", Err("has no scheme")),
             ("", Err("has no scheme")),
         ];

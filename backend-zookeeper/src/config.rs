@@ -1,0 +1,360 @@
+//! Configuration: from a `zk://h1:2181,h2:2181/chroot/prefix?…` URL or the
+//! builder, validated before connecting.
+
+use std::{fmt, time::Duration};
+
+use fenced_api::url::{
+    credentials, host_list, params, parse_duration, percent_decode, redact, split_query,
+};
+use fenced_api::{Error, Result};
+
+/// Default namespace: the znode under which every lock lives.
+pub const DEFAULT_NAMESPACE: &str = "/fenced";
+/// Default session timeout asked of the server (it may negotiate another).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on connecting (establishing the session).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on one request.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The port of a host named without one.
+const DEFAULT_PORT: u16 = 2181;
+
+/// The URL parameters, one entry per parameter (`|` between spellings).
+const KNOWN: &[&str] = &[
+    "session_timeout",
+    "connect_timeout",
+    "operation_timeout|timeout",
+];
+
+/// Connection and namespace settings. `Debug` never shows the password.
+#[derive(Clone)]
+pub struct ZkConfig {
+    pub(crate) hosts: Vec<String>,
+    pub(crate) namespace: String,
+    pub(crate) user: Option<(String, String)>,
+    pub(crate) session_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("namespace", &self.namespace)
+            .field("user", &self.user.as_ref().map(|(u, _)| format!("{u}:***")))
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .finish()
+    }
+}
+
+impl ZkConfig {
+    /// Parses `zk://[user:password@]h1:2181[,h2:2181…][/chroot/prefix][?session_timeout=10s&connect_timeout=5s&operation_timeout=5s]`
+    /// (`zookeeper://` too).
+    ///
+    /// The path is the namespace: the znode every lock lives under (default
+    /// [`DEFAULT_NAMESPACE`]); two namespaces never see each other's locks.
+    /// It must be a valid znode path: no empty, `.` or `..` segment, no
+    /// control character; the root `/` and `/zookeeper` are refused. A host
+    /// without a port means 2181; a port must be a number from 1 to 65535.
+    /// `user:password` is sent as `digest` authentication.
+    ///
+    /// Parameters, each at most once:
+    ///
+    /// * `session_timeout` — the session timeout asked of the server
+    ///   (default 10 s; the server clamps it to 2 to 20 tick times);
+    /// * `connect_timeout` — bound on establishing the session (default 5 s);
+    /// * `operation_timeout` (or `timeout`) — bound on every request
+    ///   (default 5 s).
+    ///
+    /// ```
+    /// # use fenced_zookeeper::ZkConfig;
+    /// let c = ZkConfig::from_url("zk://10.0.0.1,10.0.0.2:2182/apps/billing?session_timeout=6s")?;
+    /// assert_eq!(c.namespace(), "/apps/billing");
+    /// assert_eq!(c.hosts(), ["10.0.0.1:2181", "10.0.0.2:2182"]);
+    /// # Ok::<(), fenced_api::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL (a bad port, a bad namespace,
+    /// an unknown or repeated parameter); nothing is connected, and no
+    /// message ever shows the password.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (scheme, _) = url
+            .split_once("://")
+            .ok_or_else(|| Error::config(format!("expected a zk:// url, got `{}`", redact(url))))?;
+        if !crate::SCHEMES.contains(&scheme) {
+            return Err(Error::config(format!(
+                "expected a zk:// or zookeeper:// url, got `{}`",
+                redact(url)
+            )));
+        }
+        let (base, query) = split_query(url);
+        let rest = &base[scheme.len() + 3..];
+        let (user, rest) = userinfo(rest)?;
+        let (hosts, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if hosts.split(',').all(str::is_empty) {
+            return Err(Error::config(format!(
+                "no ZooKeeper host in `{}`",
+                redact(url)
+            )));
+        }
+        let hosts = host_list("ZooKeeper", hosts, DEFAULT_PORT)?;
+        let namespace = match path.trim_end_matches('/') {
+            "" => DEFAULT_NAMESPACE.to_owned(),
+            p => percent_decode(p)?,
+        };
+        validate_namespace(&namespace)?;
+        let mut config = ZkConfig {
+            hosts,
+            namespace,
+            user,
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+        };
+        for p in params("zookeeper", query, KNOWN)? {
+            let d = parse_duration(p.value)?;
+            match p.name {
+                "session_timeout" => config.session_timeout = d,
+                "connect_timeout" => config.connect_timeout = d,
+                _ => config.operation_timeout = d,
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks what the builder may have changed: the namespace and the bounds.
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate_namespace(&self.namespace)?;
+        fenced_api::url::check_duration("the zookeeper session_timeout", self.session_timeout)?;
+        fenced_api::url::check_duration("the zookeeper connect_timeout", self.connect_timeout)?;
+        fenced_api::url::check_duration("the zookeeper operation_timeout", self.operation_timeout)?;
+        Ok(())
+    }
+
+    /// The namespace: the znode path every lock lives under.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The servers, as `host:port`.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The session timeout asked of the server.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The connect string for the client: `h1:2181,h2:2181`.
+    pub(crate) fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+}
+
+/// `(user, password)`, percent-decoded, and what follows them; see
+/// [`credentials`].
+fn userinfo(rest: &str) -> Result<(Option<(String, String)>, &str)> {
+    let (found, rest) = credentials("ZooKeeper", rest, "zk://user:password@host:2181/ns")?;
+    let Some((user, password)) = found else {
+        return Ok((None, rest));
+    };
+    let user = percent_decode(&user)?;
+    if user.is_empty() {
+        return Err(Error::config(
+            "the ZooKeeper digest user is empty (expected zk://user:password@host:2181/ns)",
+        ));
+    }
+    let password = percent_decode(&password)
+        .map_err(|_| Error::config("the ZooKeeper password has a bad %XX escape"))?;
+    Ok((Some((user, password)), rest))
+}
+
+/// The znode path rules ZooKeeper applies, checked before connecting: an
+/// absolute path, no empty, `.` or `..` segment, no character ZooKeeper
+/// refuses in a path; not the root and not ZooKeeper's own `/zookeeper`.
+fn validate_namespace(ns: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::config(format!(
+            "invalid ZooKeeper namespace {ns:?}: {why}"
+        )))
+    };
+    if !ns.starts_with('/') {
+        return bad("it must start with `/`");
+    }
+    if ns == "/" {
+        return bad("the root cannot be the namespace; name a znode such as /fenced");
+    }
+    if ns.len() > 512 {
+        return bad("at most 512 bytes");
+    }
+    if let Some(c) = ns.chars().find(|&c| !allowed_in_path(c)) {
+        return bad(&format!(
+            "the character {c:?} is not allowed in a znode path"
+        ));
+    }
+    for segment in ns[1..].split('/') {
+        match segment {
+            "" => return bad("an empty segment (`//` or a trailing `/`)"),
+            "." | ".." => return bad("a `.` or `..` segment"),
+            _ => {}
+        }
+    }
+    if ns == "/zookeeper" || ns.starts_with("/zookeeper/") {
+        return bad("/zookeeper is ZooKeeper's own subtree");
+    }
+    Ok(())
+}
+
+/// Whether ZooKeeper accepts `c` in a path (`PathUtils.validatePath`): no
+/// NUL, no control characters, no private-use or special characters, and
+/// nothing beyond U+FFFF (ZooKeeper checks UTF-16 units, and refuses the
+/// surrogates such a character is written with).
+pub(crate) fn allowed_in_path(c: char) -> bool {
+    !matches!(c,
+        '\u{0}'..='\u{1f}'
+        | '\u{7f}'..='\u{9f}'
+        | '\u{e000}'..='\u{f8ff}'
+        | '\u{fff0}'..)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn url_table() {
+        let cases: [(&str, &[&str], &str, bool); 6] = [
+            ("zk://127.0.0.1:2181", &["127.0.0.1:2181"], "/fenced", false),
+            (
+                "zk://h1:2181,h2:2182/app/locks",
+                &["h1:2181", "h2:2182"],
+                "/app/locks",
+                false,
+            ),
+            ("zookeeper://h1/ns/", &["h1:2181"], "/ns", false),
+            ("zk://u:p@h:2181/x", &["h:2181"], "/x", true),
+            (
+                "zk://[::1]:2182,[::1]/p",
+                &["[::1]:2182", "[::1]:2181"],
+                "/p",
+                false,
+            ),
+            (
+                "zk://h/my%20locks?timeout=2s",
+                &["h:2181"],
+                "/my locks",
+                false,
+            ),
+        ];
+        for (url, hosts, ns, auth) in cases {
+            let c = ZkConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.hosts, hosts, "{url}");
+            assert_eq!(c.namespace, ns, "{url}");
+            assert_eq!(c.user.is_some(), auth, "{url}");
+            assert!(c.validate().is_ok(), "{url}");
+        }
+        let c = ZkConfig::from_url(
+            "zk://u:secret@h/p?connect_timeout=250ms&timeout=3s&session_timeout=4s",
+        )
+        .unwrap();
+        assert_eq!(c.user, Some(("u".into(), "secret".into())));
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.operation_timeout, Duration::from_secs(3));
+        assert_eq!(c.session_timeout, Duration::from_secs(4));
+        assert_eq!(c.connect_string(), "h:2181");
+    }
+
+    #[test]
+    fn both_spellings_of_the_operation_timeout_and_defaults() {
+        for url in ["zk://h/p?operation_timeout=3s", "zk://h/p?timeout=3s"] {
+            let c = ZkConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.operation_timeout, Duration::from_secs(3), "{url}");
+        }
+        let c = ZkConfig::from_url("zk://h/p").unwrap();
+        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.operation_timeout, DEFAULT_OPERATION_TIMEOUT);
+        assert_eq!(c.session_timeout, DEFAULT_SESSION_TIMEOUT);
+    }
+
+    /// Every bad URL is a `Config` error whose message names what is wrong.
+    #[test]
+    fn bad_urls_name_what_is_wrong() {
+        for (url, says) in [
+            ("redis://h", "zk://"),
+            ("nourl", "zk://"),
+            ("zk://", "no ZooKeeper host"),
+            ("zk:///p", "no ZooKeeper host"),
+            ("zk://h/p?nope=1", "nope"),
+            ("zk://h/p?timeout=x", "x"),
+            ("zk://h/p?timeout=1s&operation_timeout=2s", "given twice"),
+            (
+                "zk://h/p?session_timeout=1s&session_timeout=1s",
+                "given twice",
+            ),
+            ("zk://h:99999/p", "port"),
+            ("zk://h:0/p", "port"),
+            ("zk://h:abc/p", "port"),
+            ("zk://h:+80/p", "port"),
+            ("zk://h:/p", "port"),
+            ("zk://h1,h2:99999/p", "port"),
+            ("zk://:2181/p", "host"),
+            ("zk://[::1/p", "]"),
+            ("zk://h/a//b", "empty segment"),
+            ("zk://h/a/./b", "`.`"),
+            ("zk://h/a/..", "`..`"),
+            ("zk://h/zookeeper", "/zookeeper"),
+            ("zk://h/zookeeper/quota", "/zookeeper"),
+            ("zk://h/a%01b", "not allowed"),
+            ("zk://h/a%zz", "%"),
+            ("zk://u:p@", "no ZooKeeper host"),
+        ] {
+            match ZkConfig::from_url(url) {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(e.to_string().contains(says), "{url}: {e}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_root_is_refused_as_a_namespace() {
+        let mut c = ZkConfig::from_url("zk://h/p").unwrap();
+        for ns in ["/", "", "p", "/a/", "/zookeeper"] {
+            c.namespace = ns.into();
+            assert!(matches!(c.validate(), Err(Error::Config { .. })), "{ns:?}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_shown() {
+        for pw in ["hunter2", "Alpha?Bravo", "Alpha/Bravo", "Alpha@Bravo"] {
+            let url = format!("zk://root:{pw}@127.0.0.1:1/p?timeout=2s");
+            let c = ZkConfig::from_url(&url).unwrap_or_else(|e| panic!("{pw}: {e}"));
+            assert_eq!(c.user, Some(("root".into(), pw.into())));
+            assert_eq!(c.hosts, ["127.0.0.1:1"]);
+            assert!(!format!("{c:?}").contains(pw));
+            for bad in [
+                format!("zk://root:{pw}@127.0.0.1:1/p?nope=1"),
+                format!("zk://root:{pw}@/p"),
+                format!("zk://root:{pw}@"),
+                format!("zk://root:{pw}@h:0/p"),
+            ] {
+                let e = ZkConfig::from_url(&bad).unwrap_err();
+                assert!(!e.to_string().contains(pw), "{e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! `ZkLock`: the handle, its builder, and the `DistributedLock`
+//! implementation — ephemeral sequential nodes, the creation zxid as token.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result, WaitPolicy,
+};
+use tokio::{task::JoinHandle, time::Instant};
+
+use crate::{
+    config::ZkConfig,
+    entry,
+    error::{self, kind, Kind},
+    keys::Keys,
+    list::{self, Holder},
+    queue::{Attempt, Parts, Place},
+    session::Sessions,
+    track::{self, Tracked, Tracker},
+    wait,
+};
+
+/// A lock store on ZooKeeper. Cheap to clone: clones share one session,
+/// the reaper and the held-lock table (one *client*).
+///
+/// See the [crate docs](crate) for the design.
+#[derive(Clone)]
+pub struct ZkLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZkConfig,
+    keys: Keys,
+    sessions: Arc<Sessions>,
+    tracker: Arc<Tracker>,
+    reaper: JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the session (when the last handle goes) deletes every
+        // node of it on the server.
+        self.reaper.abort();
+    }
+}
+
+impl fmt::Debug for ZkLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLock")
+            .field("config", &self.inner.config)
+            .field("session_timeout", &self.inner.sessions.negotiated())
+            .field("held", &self.inner.tracker.len())
+            .finish()
+    }
+}
+
+/// Builds a [`ZkLock`]: from a URL, then adjusted. Everything is
+/// validated before anything is connected.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ZkLockBuilder {
+    config: ZkConfig,
+}
+
+impl ZkLockBuilder {
+    /// Starts from a URL (see [`ZkConfig::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(ZkLockBuilder {
+            config: ZkConfig::from_url(url)?,
+        })
+    }
+
+    /// The namespace: the znode path every lock lives under (see
+    /// [`ZkConfig::from_url`] for the rules).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.config.namespace = namespace.into();
+        self
+    }
+
+    /// The session timeout asked of the server (default 10 s).
+    pub fn session_timeout(mut self, d: Duration) -> Self {
+        self.config.session_timeout = d;
+        self
+    }
+
+    /// Bound on connecting (default 5 s; above zero, at most 1 h).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
+
+    /// Bound on each request (default 5 s; above zero, at most 1 h).
+    pub fn operation_timeout(mut self, d: Duration) -> Self {
+        self.config.operation_timeout = d;
+        self
+    }
+
+    /// Connects: establishes the session.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid setting (nothing is connected then);
+    /// [`Error::Backend`] (retryable) when no server grants a session within
+    /// the connect timeout.
+    pub async fn connect(self) -> Result<ZkLock> {
+        self.config.validate()?;
+        ZkLock::connect_with(self.config).await
+    }
+}
+
+impl ZkLock {
+    /// A builder from a URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL.
+    pub fn builder(url: &str) -> Result<ZkLockBuilder> {
+        ZkLockBuilder::from_url(url)
+    }
+
+    /// Connects to the servers of `url` (see [`ZkConfig::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ZkLockBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<ZkLock> {
+        ZkLock::builder(url)?.connect().await
+    }
+
+    /// Connects with an explicit configuration.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(config: ZkConfig) -> Result<ZkLock> {
+        config.validate()?;
+        let tracker = Arc::new(Tracker::default());
+        let sessions = Arc::new(Sessions::connect(config.clone(), Arc::clone(&tracker)).await?);
+        let reaper = tokio::spawn(track::reaper(
+            Arc::clone(&tracker),
+            Arc::downgrade(&sessions),
+        ));
+        Ok(ZkLock {
+            inner: Arc::new(Inner {
+                keys: Keys::new(&config.namespace),
+                config,
+                sessions,
+                tracker,
+                reaper,
+            }),
+        })
+    }
+
+    /// The configuration (password redacted in `Debug`).
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the server granted to the current session.
+    pub fn negotiated_session_timeout(&self) -> Option<Duration> {
+        self.inner.sessions.negotiated()
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            sessions: &self.inner.sessions,
+            keys: &self.inner.keys,
+            tracker: &self.inner.tracker,
+        }
+    }
+
+    /// The node of `lease` if it is still current: its path and data, with
+    /// its version; `None` when it is gone or belongs to another grant.
+    async fn current(&self, lease: &Lease) -> Result<Option<(String, Vec<u8>, i32)>> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let token = lease.token.get() as i64;
+        let read = match inner.tracker.path_of(token) {
+            Some(path) => match s.run("get", s.client().get_data(&path)).await? {
+                Ok((data, stat)) => Some(Holder { path, data, stat }),
+                Err(e) if kind(&e) == Kind::NoNode => {
+                    inner.tracker.node_lost(&path);
+                    None
+                }
+                Err(e) => return Err(error::map(e)),
+            },
+            None => list::holder(&s, &inner.keys, &lease.key).await?,
+        };
+        Ok(read
+            .filter(|h| {
+                h.stat.czxid == token
+                    && entry::owner_bytes(&h.data) == lease.owner.as_str().as_bytes()
+            })
+            .map(|h| (h.path, h.data, h.stat.version)))
+    }
+
+    /// Rewrites the TTL in a current node's data (so `inspect` elsewhere
+    /// sees the new one), guarded by the version read.
+    async fn rewrite(&self, lease: &Lease, ttl: Duration) -> Result<Option<(String, i64)>> {
+        let s = self.inner.sessions.get().await?;
+        for _ in 0..3 {
+            let Some((path, data, version)) = self.current(lease).await? else {
+                return Ok(None);
+            };
+            let e = entry::decode(&data);
+            let fresh = entry::data(&lease.owner, ttl, e.label.as_ref());
+            match s
+                .run("set", s.client().set_data(&path, &fresh, Some(version)))
+                .await?
+            {
+                Ok(stat) => return Ok(Some((path, stat.ephemeral_owner))),
+                Err(e) if kind(&e) == Kind::BadVersion => continue,
+                Err(e) if kind(&e) == Kind::NoNode => return Ok(None),
+                Err(e) => return Err(error::map(e)),
+            }
+        }
+        Err(Error::backend(
+            error::BACKEND,
+            true,
+            "the lock node changed three times during an extend",
+        ))
+    }
+}
+
+#[async_trait]
+impl DistributedLock for ZkLock {
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        let owner = opts.owner_or_random();
+        let data = entry::data(&owner, opts.ttl(), opts.label());
+        let sent = Instant::now();
+        let attempt = Attempt::enter(self.parts(), key, &data).await?;
+        match attempt.place().await? {
+            Place::First => {
+                let lease = attempt.grant(&self.inner.tracker, key, owner, opts.ttl(), sent);
+                Ok(Some(lease.await?))
+            }
+            Place::Behind { holder, .. } => {
+                let holder = match opts.owner() {
+                    Some(_) => attempt.data_of(&holder).await?,
+                    None => None,
+                };
+                attempt.leave().await;
+                entry::check_reentry(key, opts, holder.as_deref())?;
+                Ok(None)
+            }
+            Place::Gone => Err(Error::backend(
+                error::BACKEND,
+                true,
+                "the new queue entry vanished (the session ended?)",
+            )),
+        }
+    }
+
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        if opts.wait() == WaitPolicy::NoWait {
+            let start = Instant::now();
+            return self.try_acquire(key, opts).await?.ok_or(Error::Timeout {
+                key: key.clone(),
+                waited: start.elapsed(),
+            });
+        }
+        wait::acquire(self.parts(), key, opts).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        LockOptions::validate_ttl(ttl)?;
+        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
+        let tracker = &self.inner.tracker;
+        let token = lease.token.get() as i64;
+        let path = tracker.path_of(token);
+        let tracked = path.as_deref().map(|p| (p, tracker.begin_extend(p, token)));
+        match tracked {
+            Some((_, Tracked::Expired)) => return Err(lost("its TTL passed without an extend")),
+            Some((_, Tracked::Lost)) => {
+                return Err(lost("its session ended or its node was deleted"))
+            }
+            _ => {}
+        }
+        /// Ends the tracker's extend even if the future is dropped.
+        struct Ending<'a>(&'a Tracker, Option<&'a str>, Option<Instant>);
+        impl Drop for Ending<'_> {
+            fn drop(&mut self) {
+                if let Some(p) = self.1 {
+                    self.0.end_extend(p, self.2);
+                }
+            }
+        }
+        let in_flight = tracked.filter(|(_, t)| *t == Tracked::Yes).map(|(p, _)| p);
+        let mut ending = Ending(tracker, in_flight, None);
+        let sent = Instant::now();
+        match self.rewrite(lease, ttl).await? {
+            Some((path, session)) => {
+                let renewed = lease.renewed(ttl, sent);
+                if ending.1.is_some() {
+                    ending.2 = Some(renewed.deadline);
+                } else {
+                    tracker.track(path, token, session, renewed.deadline);
+                }
+                Ok(renewed)
+            }
+            None => {
+                tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+                if let Some(p) = ending.1.take() {
+                    tracker.forget(p);
+                }
+                Err(lost(
+                    "its node was deleted, expired or belongs to another grant",
+                ))
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        let Some((path, _, _)) = self.current(lease).await? else {
+            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let s = self.inner.sessions.get().await?;
+        // Node names are never reused (a nonce and a sequence): deleting the
+        // path deletes exactly this grant, and hands the lock to the next
+        // in line. On an error the lock stays tracked: the reaper deletes it
+        // at its deadline.
+        let outcome = match s.run("delete", s.client().delete(&path, None)).await? {
+            Ok(()) => ReleaseOutcome::Released,
+            Err(e) if kind(&e) == Kind::NoNode => ReleaseOutcome::NotHeld,
+            Err(e) => return Err(error::map(e)),
+        };
+        self.inner.tracker.forget(&path);
+        Ok(outcome)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let holder = list::holder(&s, &inner.keys, key).await?;
+        Ok(holder.map(|h| list::info(&inner.tracker, key.clone(), &h)))
+    }
+
+    /// The holders under this client's namespace, first `limit` in key
+    /// order: the namespace's children, then per queue its lowest entry
+    /// (waiters are not listed). Token = the node's creation zxid, hold
+    /// count 1.
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        list::list(&s, &inner.keys, &inner.tracker, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let Some(h) = list::holder(&s, &inner.keys, key).await? else {
+            return Ok(false);
+        };
+        let removed = match s.run("delete", s.client().delete(&h.path, None)).await? {
+            Ok(()) => true,
+            Err(e) if kind(&e) == Kind::NoNode => false,
+            Err(e) => return Err(error::map(e)),
+        };
+        if removed {
+            tracing::warn!(key = %key, "lock force-released");
+        }
+        Ok(removed)
+    }
+
+    /// Native (watch) wait, FIFO, durable, monotonic fencing (creation
+    /// zxids survive restarts and leader changes).
+    ///
+    /// A lock's own TTL is enforced by this client's reaper while the
+    /// client runs, with the session as the backstop when it dies: a lock
+    /// whose holder stopped extending can outlive its deadline by up to one
+    /// negotiated session timeout if the whole client dies first.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .backend("zookeeper")
+            .native_wait(true)
+            .fifo(true)
+            .durable(true)
+            .fencing(true)
+            .min_ttl(Duration::from_secs(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_builder_keeps_what_it_is_given() {
+        let b = ZkLock::builder("zk://h1,h2:2182/from-url?timeout=7s")
+            .unwrap()
+            .namespace("/billing")
+            .session_timeout(Duration::from_secs(6))
+            .connect_timeout(Duration::from_millis(1500))
+            .operation_timeout(Duration::from_secs(2));
+        assert_eq!(b.config.namespace(), "/billing");
+        assert_eq!(b.config.hosts(), ["h1:2181", "h2:2182"]);
+        assert_eq!(b.config.session_timeout, Duration::from_secs(6));
+        assert_eq!(b.config.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(b.config.operation_timeout, Duration::from_secs(2));
+        assert!(b.config.validate().is_ok());
+    }
+
+    /// Nothing listens on port 1: a builder that tried to connect before
+    /// checking would answer with a (retryable) connection error.
+    #[tokio::test]
+    async fn the_builder_checks_everything_before_connecting() {
+        let b = || ZkLock::builder("zk://127.0.0.1:1/p?connect_timeout=10s").unwrap();
+        let started = Instant::now();
+        for (builder, says) in [
+            (b().namespace("/"), "namespace"),
+            (b().namespace("/a//b"), "namespace"),
+            (b().namespace("/zookeeper"), "namespace"),
+            (b().session_timeout(Duration::ZERO), "session_timeout"),
+            (b().connect_timeout(Duration::ZERO), "connect_timeout"),
+            (
+                b().operation_timeout(Duration::from_secs(7200)),
+                "operation_timeout",
+            ),
+        ] {
+            let what = format!("{builder:?}");
+            match builder.connect().await {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(e.to_string().contains(says), "{what}: {e}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}

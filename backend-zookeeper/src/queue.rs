@@ -1,0 +1,285 @@
+//! The queue of one key: entering it (an ephemeral sequential child of the
+//! key's container node), finding one's place, and leaving it — also when
+//! the caller's future is dropped or the create's reply was lost.
+
+use std::sync::Arc;
+
+use fenced_api::{Error, FencingToken, Lease, LockKey, Owner, Result};
+use tokio::time::Instant;
+use zookeeper_client::{Acls, CreateMode, Stat};
+
+use crate::{
+    error::{self, kind, Kind},
+    keys::{entry_prefix, in_order, Keys},
+    session::{Session, Sessions},
+    track::Tracker,
+};
+
+/// What the recipe needs of one client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Parts<'a> {
+    pub(crate) sessions: &'a Sessions,
+    pub(crate) keys: &'a Keys,
+    pub(crate) tracker: &'a Arc<Tracker>,
+}
+
+/// Where an entry stands in its queue.
+#[derive(Debug)]
+pub(crate) enum Place {
+    /// The lowest entry: it holds the lock.
+    First,
+    /// Behind `predecessor` (a name); `holder` is the lowest entry's name.
+    Behind { predecessor: String, holder: String },
+    /// The entry is gone (its session ended, or it was force-deleted).
+    Gone,
+}
+
+/// One entry in a queue, deleted when dropped unless it became a lease.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    session: Arc<Session>,
+    pub(crate) queue: String,
+    nonce: String,
+    /// The node's name once known.
+    name: Option<String>,
+    czxid: i64,
+    armed: bool,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the node goes with the session
+        };
+        let (session, queue, nonce, name) = (
+            Arc::clone(&self.session),
+            std::mem::take(&mut self.queue),
+            std::mem::take(&mut self.nonce),
+            self.name.take(),
+        );
+        rt.spawn(async move { remove(&session, &queue, &nonce, name.as_deref()).await });
+    }
+}
+
+/// Deletes the entry `name` of `queue`, or — its name unknown because the
+/// create's reply was lost — the entry carrying `nonce`.
+async fn remove(session: &Session, queue: &str, nonce: &str, name: Option<&str>) {
+    let names = match name {
+        Some(n) => vec![n.to_owned()],
+        None => match session
+            .run("get children", session.client().list_children(queue))
+            .await
+        {
+            Ok(Ok(children)) => children
+                .into_iter()
+                .filter(|c| c.starts_with(&entry_prefix(nonce)))
+                .collect(),
+            _ => return,
+        },
+    };
+    for n in names {
+        let path = format!("{queue}/{n}");
+        match session
+            .run("delete", session.client().delete(&path, None))
+            .await
+        {
+            Ok(Ok(())) | Ok(Err(_)) => {}
+            Err(e) => {
+                tracing::debug!(path, error = %e, "removing a queue entry failed; it goes with the session")
+            }
+        }
+    }
+}
+
+impl Attempt {
+    /// Enters the queue of `key` with `data`.
+    pub(crate) async fn enter(parts: Parts<'_>, key: &LockKey, data: &[u8]) -> Result<Attempt> {
+        let session = parts.sessions.get().await?;
+        let mut attempt = Attempt {
+            queue: parts.keys.queue(key),
+            nonce: uuid::Uuid::new_v4().simple().to_string(),
+            name: None,
+            czxid: 0,
+            armed: true,
+            session,
+        };
+        let prefix = format!("{}/{}", attempt.queue, entry_prefix(&attempt.nonce));
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let s = Arc::clone(&attempt.session);
+        for _ in 0..3 {
+            match s
+                .run("create", s.client().create(&prefix, data, &options))
+                .await?
+            {
+                Ok((stat, sequence)) => {
+                    attempt.name = Some(format!("{}{sequence}", entry_prefix(&attempt.nonce)));
+                    attempt.czxid = stat.czxid;
+                    return Ok(attempt);
+                }
+                Err(e) if kind(&e) == Kind::NoNode => {
+                    make_queue(&s, parts.keys, &attempt.queue).await?
+                }
+                Err(e) if kind(&e) == Kind::Retryable => {
+                    // The reply was lost: the node may exist. Find it by
+                    // its nonce; if it is not there (yet), dropping the
+                    // attempt looks again and deletes it.
+                    if attempt.find().await? {
+                        return Ok(attempt);
+                    }
+                    return Err(error::map(e));
+                }
+                Err(e) => return Err(error::map(e)),
+            }
+        }
+        Err(Error::backend(
+            error::BACKEND,
+            true,
+            "the queue node vanished three times in a row",
+        ))
+    }
+
+    /// Looks for this attempt's node among the queue's children.
+    async fn find(&mut self) -> Result<bool> {
+        let s = Arc::clone(&self.session);
+        let children = match s
+            .run("get children", s.client().list_children(&self.queue))
+            .await?
+        {
+            Ok(c) => c,
+            Err(e) if kind(&e) == Kind::NoNode => return Ok(false),
+            Err(e) => return Err(error::map(e)),
+        };
+        self.name = children
+            .into_iter()
+            .find(|c| c.starts_with(&entry_prefix(&self.nonce)));
+        Ok(self.name.is_some())
+    }
+
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or_default()
+    }
+
+    /// The session the entry is on.
+    pub(crate) fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The full path of an entry of this queue.
+    pub(crate) fn path_of(&self, name: &str) -> String {
+        format!("{}/{name}", self.queue)
+    }
+
+    /// Where the entry stands now (one children read).
+    pub(crate) async fn place(&self) -> Result<Place> {
+        let s = &self.session;
+        let children = match s
+            .run("get children", s.client().list_children(&self.queue))
+            .await?
+        {
+            Ok(c) => in_order(c),
+            Err(e) if kind(&e) == Kind::NoNode => return Ok(Place::Gone),
+            Err(e) => return Err(error::map(e)),
+        };
+        let Some(i) = children.iter().position(|c| c == self.name()) else {
+            return Ok(Place::Gone);
+        };
+        if i == 0 {
+            return Ok(Place::First);
+        }
+        Ok(Place::Behind {
+            predecessor: children[i - 1].clone(),
+            holder: children[0].clone(),
+        })
+    }
+
+    /// The data of the entry `name` of this queue; `None` if it is gone.
+    pub(crate) async fn data_of(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let s = &self.session;
+        match s
+            .run("get", s.client().get_data(&self.path_of(name)))
+            .await?
+        {
+            Ok((data, _)) => Ok(Some(data)),
+            Err(e) if kind(&e) == Kind::NoNode => Ok(None),
+            Err(e) => Err(error::map(e)),
+        }
+    }
+
+    /// Leaves the queue now.
+    pub(crate) async fn leave(mut self) {
+        self.armed = false;
+        remove(
+            &self.session,
+            &self.queue,
+            &self.nonce,
+            self.name.as_deref(),
+        )
+        .await;
+    }
+
+    /// The entry holds the lock: it becomes a tracked lease with a
+    /// deadline `ttl` after `sent` (the send time of the read that showed
+    /// it first). The token is the node's creation zxid, from the create's
+    /// reply or a follow-up read when that reply carried none.
+    pub(crate) async fn grant(
+        mut self,
+        tracker: &Tracker,
+        key: &LockKey,
+        owner: Owner,
+        ttl: std::time::Duration,
+        sent: Instant,
+    ) -> Result<Lease> {
+        let path = self.path_of(self.name());
+        if self.czxid <= 0 {
+            let s = &self.session;
+            match s.run("exists", s.client().check_stat(&path)).await? {
+                Ok(Some(Stat { czxid, .. })) => self.czxid = czxid,
+                Ok(None) => {
+                    return Err(Error::backend(
+                        error::BACKEND,
+                        true,
+                        "the granted node vanished",
+                    ))
+                }
+                Err(e) => return Err(error::map(e)),
+            }
+        }
+        self.armed = false;
+        tracker.track(path, self.czxid, self.session.id(), sent + ttl);
+        Ok(Lease::new(
+            key.clone(),
+            owner,
+            FencingToken::new(self.czxid as u64),
+            ttl,
+            sent,
+        ))
+    }
+}
+
+/// Creates the namespace (persistent nodes) and the queue (a container
+/// node, which the server deletes once it is empty).
+async fn make_queue(s: &Session, keys: &Keys, queue: &str) -> Result<()> {
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    match s
+        .run(
+            "create namespace",
+            s.client().mkdir(keys.namespace(), &persistent),
+        )
+        .await?
+    {
+        Ok(()) => {}
+        Err(e) => return Err(error::map(e)),
+    }
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    match s
+        .run("create queue", s.client().create(queue, &[], &container))
+        .await?
+    {
+        Ok(_) => Ok(()),
+        Err(e) if kind(&e) == Kind::NodeExists => Ok(()),
+        Err(e) => Err(error::map(e)),
+    }
+}
