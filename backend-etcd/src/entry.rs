@@ -7,7 +7,7 @@
 //! (`<prefix>\0lock\0<key>\0<owner>`), so guards compare paths and create
 //! revisions, never values.
 
-use fenced_api::{Error, Label, LockKey, LockOptions, Owner, Result};
+use fenced_api::{Label, LockKey, LockOptions, Owner, Result};
 
 use crate::error;
 
@@ -57,14 +57,7 @@ pub(crate) fn check_reentry(
 ) -> Result<()> {
     match (opts.owner(), holder.map(owner_bytes)) {
         (Some(owner), Some(h)) if h == owner.as_str().as_bytes() => {
-            if opts.is_reentrant() {
-                Err(Error::Unsupported {
-                    backend: error::BACKEND,
-                    what: "owner reentrancy (use LockClient::builder(..).reentrant(true))".into(),
-                })
-            } else {
-                Err(Error::AlreadyHeld { key: key.clone() })
-            }
+            Err(opts.refuse_reentry(error::BACKEND, key))
         }
         _ => Ok(()),
     }

@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use crate::{Error, Result};
+use crate::{Error, LockKey, Result};
 
 /// How long `acquire` may wait for a held key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -202,6 +202,21 @@ pub struct LockOptions {
 }
 
 impl LockOptions {
+    /// What a store without owner reentrancy answers an acquire whose
+    /// explicit owner (these options') already holds `key`: `AlreadyHeld`,
+    /// or `Unsupported` when re-entry was asked for (through `LockClient`,
+    /// per task, it works on every store).
+    pub fn refuse_reentry(&self, backend: &'static str, key: &LockKey) -> Error {
+        if self.is_reentrant() {
+            Error::Unsupported {
+                backend,
+                what: "owner reentrancy (use LockClient::builder(..).reentrant(true))".into(),
+            }
+        } else {
+            Error::AlreadyHeld { key: key.clone() }
+        }
+    }
+
     /// TTL used when none is given: 30 s (with the default watchdog, renewed every 10 s).
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
     /// Shortest TTL accepted: 10 ms. Anything shorter is below a network round trip.

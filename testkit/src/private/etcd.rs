@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command, time::Duration};
 use etcd_client::{Client, ConnectOptions};
 use fenced_api::Result;
 
-use super::{fail, find_binary, free_port, temp_dir, Proc, TlsFiles};
+use super::{fail, find_binary, free_port, proc::Proc, temp_dir, TlsFiles};
 
 /// How to start a [`PrivateEtcd`].
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command};
 use fenced_api::Result;
 use sqlx::{mysql::MySqlConnectOptions, Connection};
 
-use super::{fail, find_binary, free_port, temp_dir, Proc, TlsFiles};
+use super::{fail, find_binary, free_port, proc::Proc, temp_dir, TlsFiles};
 use crate::services::probe_mysql;
 
 /// How to start a [`PrivateMariaDb`].

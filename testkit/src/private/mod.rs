@@ -86,13 +86,6 @@ pub use ca::TestCa;
 pub use etcd::{EtcdMember, EtcdOptions, PrivateEtcd};
 #[cfg(feature = "mysql")]
 pub use mariadb::{MariaDbOptions, PrivateMariaDb};
-#[cfg(any(
-    feature = "mysql",
-    feature = "redis",
-    feature = "etcd",
-    feature = "zookeeper"
-))]
-use proc::Proc;
 #[cfg(feature = "redis")]
 pub use redis::{admin_connection, PrivateRedis, RedisOptions, RedisPersistence};
 pub use tempfile::TempDir;

@@ -4,7 +4,9 @@ use std::{process::Command, time::Duration};
 
 use fenced_api::Result;
 
-use super::{fail, find_binary, free_port, temp_dir, tls::install_crypto_provider, Proc, TlsFiles};
+use super::{
+    fail, find_binary, free_port, proc::Proc, temp_dir, tls::install_crypto_provider, TlsFiles,
+};
 
 /// How a [`PrivateRedis`] persists data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

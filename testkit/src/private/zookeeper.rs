@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command};
 
 use fenced_api::Result;
 
-use super::{fail, free_port, temp_dir, Proc};
+use super::{fail, free_port, proc::Proc, temp_dir};
 use crate::services;
 
 /// What to start.
