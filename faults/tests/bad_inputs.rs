@@ -1086,7 +1086,14 @@ fn malformed_urls(dir: &std::path::Path) -> Vec<(String, &'static [&'static str]
     let e = "etcd://127.0.0.1:1/fz";
     let mut cases: Vec<(String, &'static [&'static str])> = vec![
         // Unknown schemes / no scheme.
-        ("zookeeper://127.0.0.1:1".into(), &["unknown store scheme"]),
+        ("consul://127.0.0.1:1".into(), &["unknown store scheme"]),
+        // ZooKeeper: a bad port, a reserved namespace, an unknown parameter.
+        ("zk://127.0.0.1:99999/fz".into(), &["port"]),
+        ("zk://127.0.0.1:1/zookeeper".into(), &["zookeeper"]),
+        (
+            "zookeeper://127.0.0.1:1/fz?nope=1".into(),
+            &["unknown", "nope"],
+        ),
         (
             "mysqlx://root@127.0.0.1:1/test".into(),
             &["unknown store scheme"],
@@ -1169,6 +1176,10 @@ fn malformed_urls(dir: &std::path::Path) -> Vec<(String, &'static [&'static str]
         cases.push((
             format!("sqlite://{db}?busy_timeout={v}"),
             &["duration", "busy_timeout"],
+        ));
+        cases.push((
+            format!("zk://127.0.0.1:1/fz?session_timeout={v}"),
+            &["duration", "session_timeout"],
         ));
     }
     cases

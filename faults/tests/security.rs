@@ -177,7 +177,9 @@ async fn passwords_never_appear_in_config_errors() {
         format!("etcd://root:{pw}@127.0.0.1:1/p?nope=1"),
         format!("etcd://root:{pw}@127.0.0.1:1/p?timeout=x"),
         format!("etcds://root:{pw}@/p"),
-        format!("zookeeper://root:{pw}@127.0.0.1:1"),
+        format!("zookeeper://root:{pw}@127.0.0.1:1/p?nope=1"),
+        format!("zk://root:{pw}@127.0.0.1:99999/p"),
+        format!("consul://root:{pw}@127.0.0.1:1"),
         format!("root:{pw}@127.0.0.1:1"),
         format!("sqlite:///tmp/{pw}-never.db?table=a.b"),
     ];
