@@ -9,7 +9,7 @@
 //!   SIGSTOP/SIGCONT);
 //! * [`PrivateEtcd`] (feature `etcd`): `etcd`, one or three members (TLS
 //!   client port, authentication, member kill and restart);
-//! * [`PrivateZooKeeper`] (feature `zookeeper`): ZooKeeper standalone or an
+//! * `PrivateZooKeeper` (feature `zookeeper`): ZooKeeper standalone or an
 //!   ensemble of three (member kill, restart, SIGSTOP/SIGCONT, leader);
 //! * [`TestCa`] (feature `tls`): a throw-away certificate authority that
 //!   issues the servers' certificates, so TLS tests verify a real chain.
