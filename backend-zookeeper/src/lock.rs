@@ -17,12 +17,12 @@ use crate::{
     keys::Keys,
     list::{self, Holder},
     queue::{Attempt, Parts, Place},
-    session::Sessions,
+    session::{self, Sessions},
     track::{self, Tracked, Tracker},
     wait,
 };
 
-/// A lock store on ZooKeeper. Cheap to clone: clones share one session,
+/// A lock store on ZooKeeper. Cheap to clone: clones share the sessions,
 /// the reaper and the held-lock table (one *client*).
 ///
 /// See the [crate docs](crate) for the design.
@@ -41,8 +41,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the session (when the last handle goes) deletes every
-        // node of it on the server.
+        // Closing the sessions (when the last handle goes) deletes every
+        // node of theirs on the server.
         self.reaper.abort();
     }
 }
@@ -84,7 +84,9 @@ impl ZkLockBuilder {
         self
     }
 
-    /// The session timeout asked of the server (default 10 s).
+    /// The session timeout asked of the server (default 10 s): how long a
+    /// dead client's locks may linger, and the longest TTL the base session
+    /// carries (longer TTLs get a session of their own; see the crate docs).
     pub fn session_timeout(mut self, d: Duration) -> Self {
         self.config.session_timeout = d;
         self
@@ -163,7 +165,7 @@ impl ZkLock {
         &self.inner.config
     }
 
-    /// The session timeout the server granted to the current session.
+    /// The session timeout the server granted to the current base session.
     pub fn negotiated_session_timeout(&self) -> Option<Duration> {
         self.inner.sessions.negotiated()
     }
@@ -176,9 +178,9 @@ impl ZkLock {
         }
     }
 
-    /// The node of `lease` if it is still current: its path and data, with
-    /// its version; `None` when it is gone or belongs to another grant.
-    async fn current(&self, lease: &Lease) -> Result<Option<(String, Vec<u8>, i32)>> {
+    /// The node of `lease` if it is still current (`None` when it is gone
+    /// or belongs to another grant), read through the base session.
+    async fn current(&self, lease: &Lease) -> Result<Option<Holder>> {
         let inner = &self.inner;
         let s = inner.sessions.get().await?;
         let token = lease.token.get() as i64;
@@ -193,29 +195,46 @@ impl ZkLock {
             },
             None => list::holder(&s, &inner.keys, &lease.key).await?,
         };
-        Ok(read
-            .filter(|h| {
-                h.stat.czxid == token
-                    && entry::owner_bytes(&h.data) == lease.owner.as_str().as_bytes()
-            })
-            .map(|h| (h.path, h.data, h.stat.version)))
+        Ok(read.filter(|h| {
+            h.stat.czxid == token && entry::owner_bytes(&h.data) == lease.owner.as_str().as_bytes()
+        }))
     }
 
     /// Rewrites the TTL in a current node's data (so `inspect` elsewhere
-    /// sees the new one), guarded by the version read.
-    async fn rewrite(&self, lease: &Lease, ttl: Duration) -> Result<Option<(String, i64)>> {
-        let s = self.inner.sessions.get().await?;
+    /// sees the new one), guarded by the version read, through the node's
+    /// own session: the write keeps that session alive on the server at
+    /// least one negotiated timeout past its send time. Returns the node's
+    /// path and session id, the TTL granted (shortened to the session's
+    /// timeout if it was longer) and the write's send time.
+    async fn rewrite(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Option<(String, i64, Duration, Instant)>> {
         for _ in 0..3 {
-            let Some((path, data, version)) = self.current(lease).await? else {
+            let Some(h) = self.current(lease).await? else {
                 return Ok(None);
             };
-            let e = entry::decode(&data);
+            let Some(s) = self.inner.sessions.by_id(h.stat.ephemeral_owner) else {
+                return Err(Error::Unsupported {
+                    backend: error::BACKEND,
+                    what: "extending a ZooKeeper lock through a client other than the one \
+                           whose session holds it (only that session can keep the node alive)"
+                        .into(),
+                });
+            };
+            let ttl = session::granted(ttl, s.negotiated());
+            let e = entry::decode(&h.data);
             let fresh = entry::data(&lease.owner, ttl, e.label.as_ref());
+            let sent = Instant::now();
             match s
-                .run("set", s.client().set_data(&path, &fresh, Some(version)))
+                .run(
+                    "set",
+                    s.client().set_data(&h.path, &fresh, Some(h.stat.version)),
+                )
                 .await?
             {
-                Ok(stat) => return Ok(Some((path, stat.ephemeral_owner))),
+                Ok(_) => return Ok(Some((h.path, s.id(), ttl, sent))),
                 Err(e) if kind(&e) == Kind::BadVersion => continue,
                 Err(e) if kind(&e) == Kind::NoNode => return Ok(None),
                 Err(e) => return Err(error::map(e)),
@@ -233,12 +252,11 @@ impl ZkLock {
 impl DistributedLock for ZkLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
-        let data = entry::data(&owner, opts.ttl(), opts.label());
         let sent = Instant::now();
-        let attempt = Attempt::enter(self.parts(), key, &data).await?;
+        let attempt = Attempt::enter(self.parts(), key, &owner, opts.ttl(), opts.label()).await?;
         match attempt.place().await? {
             Place::First => {
-                let lease = attempt.grant(&self.inner.tracker, key, owner, opts.ttl(), sent);
+                let lease = attempt.grant(&self.inner.tracker, key, owner, sent);
                 Ok(Some(lease.await?))
             }
             Place::Behind { holder, .. } => {
@@ -294,9 +312,8 @@ impl DistributedLock for ZkLock {
         }
         let in_flight = tracked.filter(|(_, t)| *t == Tracked::Yes).map(|(p, _)| p);
         let mut ending = Ending(tracker, in_flight, None);
-        let sent = Instant::now();
         match self.rewrite(lease, ttl).await? {
-            Some((path, session)) => {
+            Some((path, session, ttl, sent)) => {
                 let renewed = lease.renewed(ttl, sent);
                 if ending.1.is_some() {
                     ending.2 = Some(renewed.deadline);
@@ -318,7 +335,7 @@ impl DistributedLock for ZkLock {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let Some((path, _, _)) = self.current(lease).await? else {
+        let Some(Holder { path, .. }) = self.current(lease).await? else {
             tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
             return Ok(ReleaseOutcome::NotHeld);
         };

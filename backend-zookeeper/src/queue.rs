@@ -2,16 +2,17 @@
 //! key's container node), finding one's place, and leaving it — also when
 //! the caller's future is dropped or the create's reply was lost.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
-use fenced_api::{Error, FencingToken, Lease, LockKey, Owner, Result};
+use fenced_api::{Error, FencingToken, Label, Lease, LockKey, Owner, Result};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, CreateMode, Stat};
 
 use crate::{
+    entry,
     error::{self, kind, Kind},
     keys::{entry_prefix, in_order, Keys},
-    session::{Session, Sessions},
+    session::{granted, Session, Sessions},
     track::Tracker,
 };
 
@@ -43,6 +44,8 @@ pub(crate) struct Attempt {
     /// The node's name once known.
     name: Option<String>,
     czxid: i64,
+    /// The TTL granted to the entry (see [`granted`]).
+    ttl: Duration,
     armed: bool,
 }
 
@@ -95,10 +98,22 @@ async fn remove(session: &Session, queue: &str, nonce: &str, name: Option<&str>)
 }
 
 impl Attempt {
-    /// Enters the queue of `key` with `data`.
-    pub(crate) async fn enter(parts: Parts<'_>, key: &LockKey, data: &[u8]) -> Result<Attempt> {
-        let session = parts.sessions.get().await?;
+    /// Enters the queue of `key` as `owner`, on the session that covers
+    /// `ttl` (see [`Sessions::for_ttl`]); the entry's TTL is what that
+    /// session grants ([`granted`]).
+    pub(crate) async fn enter(
+        parts: Parts<'_>,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        label: Option<&Label>,
+    ) -> Result<Attempt> {
+        let session = parts.sessions.for_ttl(ttl).await?;
+        let ttl = granted(ttl, session.negotiated());
+        let data = entry::data(owner, ttl, label);
+        let data = &data[..];
         let mut attempt = Attempt {
+            ttl,
             queue: parts.keys.queue(key),
             nonce: uuid::Uuid::new_v4().simple().to_string(),
             name: None,
@@ -221,17 +236,17 @@ impl Attempt {
     }
 
     /// The entry holds the lock: it becomes a tracked lease with a
-    /// deadline `ttl` after `sent` (the send time of the read that showed
-    /// it first). The token is the node's creation zxid, from the create's
+    /// deadline its TTL after `sent` (the send time of the read that showed
+    /// it first, a request on the entry's own session). The token is the node's creation zxid, from the create's
     /// reply or a follow-up read when that reply carried none.
     pub(crate) async fn grant(
         mut self,
         tracker: &Tracker,
         key: &LockKey,
         owner: Owner,
-        ttl: std::time::Duration,
         sent: Instant,
     ) -> Result<Lease> {
+        let ttl = self.ttl;
         let path = self.path_of(self.name());
         if self.czxid <= 0 {
             let s = &self.session;

@@ -1,12 +1,14 @@
-//! Sessions: one ZooKeeper session per client, replaced when it ends.
+//! Sessions: one ZooKeeper session per client (and one per longer lock
+//! TTL, see [`Sessions`]), each replaced when it ends.
 //!
-//! Every ephemeral node this client creates lives on the current session.
-//! When the session ends (`Expired`, or closed), every lock on it is lost
+//! Every ephemeral node this client creates lives on one of them. When a
+//! session ends (`Expired`, or closed), every lock on it is lost
 //! at once — the server has deleted their nodes — and the next call opens a
 //! new session. A session is never resumed after it expired, so a lock is
 //! never believed held on a session the server already ended.
 
 use std::{
+    collections::BTreeMap,
     future::Future,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -98,28 +100,24 @@ fn end(ended: &AtomicBool, tracker: &Tracker, id: i64) {
     }
 }
 
-/// The session of one client, and how to make the next.
+/// One session timeout's current session, and how to make the next.
 #[derive(Debug)]
-pub(crate) struct Sessions {
-    config: ZkConfig,
-    tracker: Arc<Tracker>,
+struct Slot {
+    /// The session timeout asked of the server.
+    timeout: Duration,
     current: tokio::sync::Mutex<Option<Arc<Session>>>,
 }
 
-impl Sessions {
-    /// Opens the first session (so that a client that cannot reach
-    /// ZooKeeper fails at once).
-    pub(crate) async fn connect(config: ZkConfig, tracker: Arc<Tracker>) -> Result<Sessions> {
-        let first = open(&config, &tracker).await?;
-        Ok(Sessions {
-            config,
-            tracker,
-            current: tokio::sync::Mutex::new(Some(Arc::new(first))),
-        })
+impl Slot {
+    fn new(timeout: Duration, first: Option<Session>) -> Slot {
+        Slot {
+            timeout,
+            current: tokio::sync::Mutex::new(first.map(Arc::new)),
+        }
     }
 
     /// The current session, or a new one when it ended.
-    pub(crate) async fn get(&self) -> Result<Arc<Session>> {
+    async fn get(&self, config: &ZkConfig, tracker: &Arc<Tracker>) -> Result<Arc<Session>> {
         let mut current = self.current.lock().await;
         if let Some(s) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(Arc::clone(s));
@@ -127,24 +125,124 @@ impl Sessions {
         if let Some(old) = current.take() {
             old.end();
         }
-        let fresh = Arc::new(open(&self.config, &self.tracker).await?);
+        let fresh = Arc::new(open(config, self.timeout, tracker).await?);
         *current = Some(Arc::clone(&fresh));
         Ok(fresh)
     }
 
-    /// The negotiated timeout of the current session, if there is one.
-    pub(crate) fn negotiated(&self) -> Option<Duration> {
+    /// The current session without waiting, if it is usable.
+    fn peek(&self) -> Option<Arc<Session>> {
         self.current
             .try_lock()
             .ok()
-            .and_then(|c| c.as_ref().map(|s| s.negotiated()))
+            .and_then(|c| c.as_ref().filter(|s| s.is_usable()).map(Arc::clone))
     }
 }
 
+/// The sessions of one client: the base session (the configured timeout),
+/// which carries every read and every lock whose TTL its negotiated timeout
+/// covers, and one more session per longer TTL (in whole seconds), opened
+/// when first needed.
+///
+/// Why a lock never lives on a session shorter than its TTL: a partitioned
+/// client cannot delete its node at the lock's deadline, so only the
+/// session's expiry frees the key. The server expires a session one
+/// negotiated timeout after the last request it received on it, and every
+/// grant and extend is a request on the lock's own session sent at the
+/// instant its deadline counts from — so with TTL ≤ negotiated timeout the
+/// server cannot free the key before the holder's deadline. A TTL longer
+/// than the longest session the server grants is shortened to it
+/// ([`granted`]).
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    config: ZkConfig,
+    tracker: Arc<Tracker>,
+    base: Slot,
+    /// Longer-TTL sessions by requested timeout in whole seconds.
+    classes: std::sync::Mutex<BTreeMap<u64, Arc<Slot>>>,
+}
+
+impl Sessions {
+    /// Opens the base session (so that a client that cannot reach
+    /// ZooKeeper fails at once).
+    pub(crate) async fn connect(config: ZkConfig, tracker: Arc<Tracker>) -> Result<Sessions> {
+        let first = open(&config, config.session_timeout, &tracker).await?;
+        Ok(Sessions {
+            base: Slot::new(config.session_timeout, Some(first)),
+            config,
+            tracker,
+            classes: std::sync::Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The base session, or a new one when it ended: for reads, deletes,
+    /// and locks whose TTL it covers.
+    pub(crate) async fn get(&self) -> Result<Arc<Session>> {
+        self.base.get(&self.config, &self.tracker).await
+    }
+
+    /// The session a lock with `ttl` lives on: the base session when its
+    /// negotiated timeout covers `ttl`, otherwise the session of `ttl`
+    /// rounded up to whole seconds (whose negotiated timeout may still be
+    /// shorter, when the server's `maxSessionTimeout` is: see [`granted`]).
+    pub(crate) async fn for_ttl(&self, ttl: Duration) -> Result<Arc<Session>> {
+        let base = self.get().await?;
+        if ttl <= base.negotiated() {
+            return Ok(base);
+        }
+        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let slot = {
+            let mut classes = self.classes.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                classes
+                    .entry(secs)
+                    .or_insert_with(|| Arc::new(Slot::new(Duration::from_secs(secs), None))),
+            )
+        };
+        slot.get(&self.config, &self.tracker).await
+    }
+
+    /// This client's current session with id `id`, if it is one.
+    pub(crate) fn by_id(&self, id: i64) -> Option<Arc<Session>> {
+        let classes: Vec<Arc<Slot>> = self
+            .classes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        std::iter::once(self.base.peek())
+            .chain(classes.iter().map(|slot| slot.peek()))
+            .flatten()
+            .find(|s| s.id() == id)
+    }
+
+    /// The negotiated timeout of the base session, if there is one.
+    pub(crate) fn negotiated(&self) -> Option<Duration> {
+        self.base.peek().map(|s| s.negotiated())
+    }
+}
+
+/// The TTL a lock asking for `ttl` gets on a session of `negotiated`
+/// timeout: `ttl`, or the session timeout when that is shorter — a lock
+/// cannot outlive its session (the server's `maxSessionTimeout` bounds the
+/// longest lease; the lease says what was granted, and `LockClient` renews
+/// by it).
+pub(crate) fn granted(ttl: Duration, negotiated: Duration) -> Duration {
+    if ttl > negotiated {
+        tracing::debug!(
+            asked_ms = ttl.as_millis() as u64,
+            granted_ms = negotiated.as_millis() as u64,
+            "lock TTL shortened to its ZooKeeper session's timeout"
+        );
+    }
+    ttl.min(negotiated)
+}
+
 /// Establishes a session within the connect timeout.
-async fn open(config: &ZkConfig, tracker: &Arc<Tracker>) -> Result<Session> {
+async fn open(config: &ZkConfig, timeout: Duration, tracker: &Arc<Tracker>) -> Result<Session> {
     let mut connector = Client::connector()
-        .with_session_timeout(config.session_timeout)
+        .with_session_timeout(timeout)
         .with_connection_timeout(config.connect_timeout)
         .with_fail_eagerly();
     if let Some((user, password)) = &config.user {

@@ -26,19 +26,14 @@ pub(crate) async fn acquire(parts: Parts<'_>, key: &LockKey, opts: &LockOptions)
         waited: start.elapsed(),
     };
     let owner = opts.owner_or_random();
-    let data = entry::data(&owner, opts.ttl(), opts.label());
     // Dropped on every early return: the entry leaves the queue.
-    let attempt = Attempt::enter(parts, key, &data).await?;
+    let attempt = Attempt::enter(parts, key, &owner, opts.ttl(), opts.label()).await?;
     let mut checked_reentry = opts.owner().is_none();
     loop {
         let sent = Instant::now();
         let (predecessor, holder) =
             match attempt.place().await? {
-                Place::First => {
-                    return attempt
-                        .grant(parts.tracker, key, owner, opts.ttl(), sent)
-                        .await
-                }
+                Place::First => return attempt.grant(parts.tracker, key, owner, sent).await,
                 Place::Behind {
                     predecessor,
                     holder,
@@ -80,5 +75,8 @@ pub(crate) async fn acquire(parts: Parts<'_>, key: &LockKey, opts: &LockOptions)
                 watcher.changed().await;
             }
         }
+        // One event per wake-up: the tests count them to show that a release
+        // wakes only the successor.
+        tracing::debug!(key = %key, predecessor = %path, "woken: predecessor changed");
     }
 }

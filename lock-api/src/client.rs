@@ -561,7 +561,9 @@ impl LockClientBuilder {
     }
 
     /// Renewal interval (default ttl/3). At most half the TTL, so that a failed
-    /// renewal can be retried before the lease runs out.
+    /// renewal can be retried before the lease runs out. A lease the store
+    /// granted for less than the TTL asked (see [`Lease::ttl`](crate::Lease::ttl)) is renewed
+    /// at the same fraction of its granted TTL.
     pub fn renew_interval(mut self, every: Duration) -> Self {
         self.renew_interval = Some(every);
         self

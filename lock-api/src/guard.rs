@@ -173,12 +173,19 @@ impl Held {
         let max_hold_at = cfg.max_hold.and_then(|m| self.acquired_at.checked_add(m));
         // Renewals are scheduled from the *send* time of the last successful
         // request (deadline − ttl), so a slow reply never pushes the next
-        // renewal past the deadline.
+        // renewal past the deadline; and by the TTL the store granted — a
+        // store that grants less than asked (ZooKeeper: no longer than the
+        // lock's session) is renewed at the same fraction of what it gave.
         let next_after = |lease: &Lease| {
+            let every = if lease.ttl < cfg.ttl {
+                interval.mul_f64(lease.ttl.as_secs_f64() / cfg.ttl.as_secs_f64())
+            } else {
+                interval
+            };
             lease
                 .deadline
                 .checked_sub(lease.ttl)
-                .and_then(|sent| sent.checked_add(interval))
+                .and_then(|sent| sent.checked_add(every))
                 .unwrap_or_else(Instant::now)
         };
         let mut next = next_after(&self.lease());

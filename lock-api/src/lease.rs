@@ -68,7 +68,10 @@ pub struct Lease {
     pub owner: Owner,
     /// The fencing token of this acquisition.
     pub token: FencingToken,
-    /// The effective TTL granted by the store (may be rounded up from the request).
+    /// The effective TTL granted by the store: rounded up from the request
+    /// where the store counts coarser (etcd: whole seconds), shortened where
+    /// it cannot hold a lock that long (ZooKeeper: a lock lives no longer
+    /// than its session's timeout). `LockClient` renews by this TTL.
     pub ttl: Duration,
     /// Local monotonic instant after which the lease must be considered lost.
     pub deadline: Instant,

@@ -813,3 +813,54 @@ async fn a_grant_arriving_inside_the_safety_margin_is_renewed_before_use() {
     );
     assert!(guard.valid_for() > TTL / 2, "{:?}", guard.valid_for());
 }
+
+/// A store that grants at most `cap` (like ZooKeeper, whose locks live no
+/// longer than their session's timeout).
+#[derive(Debug)]
+struct Capped {
+    inner: MemoryLock,
+    cap: Duration,
+}
+
+#[fenced_api::async_trait]
+impl fenced_api::WrapLock for Capped {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.inner
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        opts: &LockOptions,
+    ) -> fenced_api::Result<Option<Lease>> {
+        let capped = opts.to_builder().ttl(opts.ttl().min(self.cap)).build()?;
+        self.inner.try_acquire(key, &capped).await
+    }
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> fenced_api::Result<Lease> {
+        let capped = opts.to_builder().ttl(opts.ttl().min(self.cap)).build()?;
+        self.inner.acquire(key, &capped).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> fenced_api::Result<Lease> {
+        self.inner.extend(lease, ttl.min(self.cap)).await
+    }
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<fenced_api::Result<Lease>> {
+        self.inner.extend_many(leases, ttl.min(self.cap)).await
+    }
+}
+fenced_api::wrap_lock!(Capped);
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_granted_shorter_than_asked_is_renewed_by_its_granted_ttl() {
+    let store = MemoryLock::new();
+    let capped = Capped {
+        inner: store.clone(),
+        cap: TTL / 3,
+    };
+    // Renewing every TTL/3 by the client's TTL would be exactly at the
+    // granted lease's deadline, past its safe deadline: lost at once.
+    let guard = builder(capped).build().unwrap().acquire("k").await.unwrap();
+    assert_eq!(guard.handle().lease().ttl, TTL / 3);
+    sleep(TTL * 5).await;
+    assert!(!guard.is_lost());
+    assert!(!store_grants_k(&store).await);
+    assert!(guard.handle().lease().ttl <= TTL / 3);
+}
