@@ -167,7 +167,7 @@ pub(crate) fn info(
 ) -> LockInfo {
     let mut ttl = lease_ttl;
     let entry = keys.entry(&key, entry::owner_bytes(value));
-    if let Some(deadline) = tracker.deadline(&entry, revision) {
+    if let Some(deadline) = tracker.deadline(&(entry, revision)) {
         ttl = ttl.min(deadline.saturating_duration_since(Instant::now()));
     }
     let (owner, label) = entry::decode(&key, value);

@@ -6,8 +6,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fenced_api::{
-    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
-    Result, WaitPolicy,
+    deadlines::Tracked, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    LockOptions, ReleaseOutcome, Result, WaitPolicy,
 };
 use tokio::{task::JoinHandle, time::Instant};
 
@@ -19,7 +19,7 @@ use crate::{
     keys::{oldest, Keys},
     list,
     session::{RefreshError, Sessions},
-    track::{self, Held, Tracked, Tracker},
+    track::{self, Held, Tracker},
     wait::{self, Attempt, Parts, WatchHub},
 };
 
@@ -140,7 +140,7 @@ impl EtcdLock {
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: EtcdConfig) -> Result<EtcdLock> {
         let etcd = Etcd::connect(&config).await?;
-        let tracker = Arc::new(Tracker::default());
+        let tracker = Arc::new(track::tracker());
         let batches = Arc::new(Batches::new(etcd.clone()));
         let reaper = tokio::spawn(track::reaper(
             Arc::clone(&tracker),
@@ -364,47 +364,42 @@ impl DistributedLock for EtcdLock {
         let path = self.entry_of(lease);
         let token = lease.token.get() as i64;
         let tracker = &self.inner.tracker;
-        let on = match tracker.begin_extend(&path, token) {
+        let tracked = (path, token);
+        let on = match tracker.begin_extend(&tracked) {
             Tracked::Expired => return Err(lost("its TTL passed without an extend")),
             Tracked::Lost => return Err(lost("its session lease ended or its entry was deleted")),
             Tracked::No => None,
-            Tracked::Yes { lease } => Some(lease),
+            Tracked::Yes(held) => Some(held.lease),
         };
-        /// Ends the tracker's extend even if the future is dropped.
-        struct Ending<'a>(&'a Tracker, &'a [u8], i64, Option<(Instant, i64)>, bool);
-        impl Drop for Ending<'_> {
-            fn drop(&mut self) {
-                if self.4 {
-                    self.0.end_extend(self.1, self.2, self.3);
-                }
-            }
-        }
-        let mut ending = Ending(tracker, &path, token, None, on.is_some());
+        let mut ending = tracker.extending(on.map(|_| tracked.clone()));
+        let held = |id| Held {
+            owner: lease.owner.clone(),
+            lease: id,
+        };
         if let Some(on) = on {
             if let Some(renewed) = self.extend_in_place(lease, ttl, on).await.inspect_err(|e| {
                 if matches!(e, Error::LeaseLost { .. }) {
                     tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                    tracker.forget(&path, token);
+                    tracker.forget(&tracked);
                 }
             })? {
-                ending.3 = Some((renewed.deadline, on));
+                ending.renewed(renewed.deadline, held(on));
                 return Ok(renewed);
             }
         }
         match self.extend_by_moving(lease, ttl).await {
             Ok((renewed, on)) => {
-                if ending.4 {
-                    ending.3 = Some((renewed.deadline, on));
+                if ending.is_active() {
+                    ending.renewed(renewed.deadline, held(on));
                 } else {
-                    let held = Held::new(lease.owner.clone(), on, renewed.deadline);
-                    tracker.track(path.clone(), token, held);
+                    tracker.track(tracked.clone(), held(on), renewed.deadline);
                 }
                 Ok(renewed)
             }
             Err(e) => {
                 if matches!(e, Error::LeaseLost { .. }) {
                     tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                    tracker.forget(&path, token);
+                    tracker.forget(&tracked);
                 }
                 Err(e)
             }
@@ -421,7 +416,8 @@ impl DistributedLock for EtcdLock {
         );
         // On an error the lock stays tracked: the reaper deletes it at its deadline.
         let resp = self.inner.batches.batched(Kind::Writes, &entry, op).await?;
-        self.inner.tracker.forget(&entry, lease.token.get() as i64);
+        let token = lease.token.get() as i64;
+        self.inner.tracker.forget(&(entry, token));
         if !matches!(resp, TxnOpResponse::Txn(t) if t.succeeded()) {
             tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
             return Ok(ReleaseOutcome::NotHeld);

@@ -236,7 +236,7 @@ impl Sessions {
             Ok(ttl) if ttl < 0 => {
                 tracing::warn!(lease = id, "session lease gone; every lock on it is lost");
                 class.invalidate(id);
-                self.tracker.lease_lost(id);
+                self.tracker.lose_where(|_, h| h.lease == id);
             }
             Ok(_) => {}
             Err(e) => {
@@ -256,11 +256,11 @@ impl Sessions {
         token: i64,
         view: View,
     ) -> Lease {
-        self.tracker.track(
-            entry,
-            token,
-            Held::new(owner.clone(), view.id, view.valid_until),
-        );
+        let held = Held {
+            owner: owner.clone(),
+            lease: view.id,
+        };
+        self.tracker.track((entry, token), held, view.valid_until);
         Lease::new(
             key.clone(),
             owner,
@@ -319,7 +319,7 @@ async fn refresh_task(
                 tracing::warn!(lease = v.id, "session lease gone; every lock on it is lost");
                 *keeper = None;
                 class.invalidate(v.id);
-                sessions.tracker.lease_lost(v.id);
+                sessions.tracker.lose_where(|_, h| h.lease == v.id);
                 if !or_grant {
                     return Err(RefreshError::Gone);
                 }

@@ -126,7 +126,7 @@ impl Attempt {
     /// and label —, our lease) — unless an explicit owner holds the key
     /// through this client.
     async fn clean(sessions: &Sessions, entry: &[u8], value: &[u8], lease: i64, explicit: bool) {
-        if explicit && sessions.tracker().holds(entry) {
+        if explicit && sessions.tracker().holds(|(path, _)| path == entry) {
             return;
         }
         let txn = Txn::new()
@@ -482,7 +482,7 @@ fn granted(
                     token,
                     "announcing the new holder: its entry is gone; marked lost"
                 );
-                tracker.entry_lost(&entry, token);
+                tracker.lose(&(entry, token));
             }
             Ok(_) => {}
             Err(e) => {

@@ -52,10 +52,8 @@ pub(crate) async fn holder(s: &Session, keys: &Keys, key: &LockKey) -> Result<Op
 /// from its last write (an extend rewrites it) on the server's clock.
 pub(crate) fn info(tracker: &Tracker, key: LockKey, h: &Holder) -> LockInfo {
     let e = entry::decode(&h.data);
-    let remaining = match tracker.get(&h.path, h.stat.czxid) {
-        Some(held) => held
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now()),
+    let remaining = match tracker.deadline(&(h.path.clone(), h.stat.czxid)) {
+        Some(deadline) => deadline.saturating_duration_since(tokio::time::Instant::now()),
         None => {
             let now_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)

@@ -5,8 +5,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
-    Result, WaitPolicy,
+    deadlines::Tracked, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    LockOptions, ReleaseOutcome, Result, WaitPolicy,
 };
 use tokio::{task::JoinHandle, time::Instant};
 
@@ -18,7 +18,7 @@ use crate::{
     list::{self, Holder},
     queue::{Attempt, Parts, Place},
     session::{self, Sessions},
-    track::{self, Tracked, Tracker},
+    track::{self, Tracker},
     wait,
 };
 
@@ -143,7 +143,7 @@ impl ZkLock {
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: ZkConfig) -> Result<ZkLock> {
         config.validate()?;
-        let tracker = Arc::new(Tracker::default());
+        let tracker = Arc::new(track::tracker());
         let sessions = Arc::new(Sessions::connect(config.clone(), Arc::clone(&tracker)).await?);
         let reaper = tokio::spawn(track::reaper(
             Arc::clone(&tracker),
@@ -184,11 +184,15 @@ impl ZkLock {
         let inner = &self.inner;
         let s = inner.sessions.get().await?;
         let token = lease.token.get() as i64;
-        let read = match inner.tracker.path_of(token) {
-            Some(path) => match s.run("get", s.client().get_data(&path)).await? {
-                Ok((data, stat)) => Some(Holder { path, data, stat }),
+        let read = match track::node_of(&inner.tracker, token) {
+            Some(node) => match s.run("get", s.client().get_data(&node.0)).await? {
+                Ok((data, stat)) => Some(Holder {
+                    path: node.0,
+                    data,
+                    stat,
+                }),
                 Err(e) if kind(&e) == Kind::NoNode => {
-                    inner.tracker.node_lost(&path);
+                    inner.tracker.lose(&node);
                     None
                 }
                 Err(e) => return Err(error::map(e)),
@@ -292,40 +296,28 @@ impl DistributedLock for ZkLock {
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
         let tracker = &self.inner.tracker;
         let token = lease.token.get() as i64;
-        let path = tracker.path_of(token);
-        let tracked = path.as_deref().map(|p| (p, tracker.begin_extend(p, token)));
-        match tracked {
-            Some((_, Tracked::Expired)) => return Err(lost("its TTL passed without an extend")),
-            Some((_, Tracked::Lost)) => {
-                return Err(lost("its session ended or its node was deleted"))
-            }
-            _ => {}
-        }
-        /// Ends the tracker's extend even if the future is dropped.
-        struct Ending<'a>(&'a Tracker, Option<&'a str>, Option<Instant>);
-        impl Drop for Ending<'_> {
-            fn drop(&mut self) {
-                if let Some(p) = self.1 {
-                    self.0.end_extend(p, self.2);
-                }
-            }
-        }
-        let in_flight = tracked.filter(|(_, t)| *t == Tracked::Yes).map(|(p, _)| p);
-        let mut ending = Ending(tracker, in_flight, None);
+        let node = track::node_of(tracker, token);
+        let in_flight = match node.as_ref().map(|n| tracker.begin_extend(n)) {
+            Some(Tracked::Expired) => return Err(lost("its TTL passed without an extend")),
+            Some(Tracked::Lost) => return Err(lost("its session ended or its node was deleted")),
+            Some(Tracked::Yes(_)) => node.clone(),
+            Some(Tracked::No) | None => None,
+        };
+        let mut ending = tracker.extending(in_flight);
         match self.rewrite(lease, ttl).await? {
             Some((path, session, ttl, sent)) => {
                 let renewed = lease.renewed(ttl, sent);
-                if ending.1.is_some() {
-                    ending.2 = Some(renewed.deadline);
+                if ending.is_active() {
+                    ending.renewed(renewed.deadline, session);
                 } else {
-                    tracker.track(path, token, session, renewed.deadline);
+                    tracker.track((path, token), session, renewed.deadline);
                 }
                 Ok(renewed)
             }
             None => {
                 tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                if let Some(p) = ending.1.take() {
-                    tracker.forget(p);
+                if let Some(node) = node.filter(|_| ending.is_active()) {
+                    tracker.forget(&node);
                 }
                 Err(lost(
                     "its node was deleted, expired or belongs to another grant",
@@ -349,7 +341,7 @@ impl DistributedLock for ZkLock {
             Err(e) if kind(&e) == Kind::NoNode => ReleaseOutcome::NotHeld,
             Err(e) => return Err(error::map(e)),
         };
-        self.inner.tracker.forget(&path);
+        self.inner.tracker.forget(&(path, lease.token.get() as i64));
         Ok(outcome)
     }
 

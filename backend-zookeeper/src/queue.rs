@@ -263,7 +263,7 @@ impl Attempt {
             }
         }
         self.armed = false;
-        tracker.track(path, self.czxid, self.session.id(), sent + ttl);
+        tracker.track((path, self.czxid), self.session.id(), sent + ttl);
         Ok(Lease::new(
             key.clone(),
             owner,

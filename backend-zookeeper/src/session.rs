@@ -96,7 +96,7 @@ fn end(ended: &AtomicBool, tracker: &Tracker, id: i64) {
             session = format!("{id:#x}"),
             "ZooKeeper session ended; every lock on it is lost"
         );
-        tracker.session_lost(id);
+        tracker.lose_where(|_, &session| session == id);
     }
 }
 

@@ -43,6 +43,8 @@
 //!   [`LeaseHandle::lost_token`], [`LeaseHandle::expiring`]) and
 //!   [`LockClient::with_lock`].
 //! * [`wait`] — the shared waiting helper for stores with no native wait.
+//! * [`deadlines`] — per-lock deadlines and their reaper, for stores whose
+//!   locks share a session that outlives each of them.
 //! * [`telemetry`] — the metric names `LockClient` emits through the
 //!   `metrics` facade (acquire wait, contention, hold time, renewals and
 //!   their failures, losses, releases).
@@ -62,6 +64,7 @@ pub mod batch;
 mod bounded;
 mod capabilities;
 mod client;
+pub mod deadlines;
 mod driver;
 mod dual;
 mod error;
