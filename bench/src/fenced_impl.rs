@@ -24,9 +24,10 @@ const MANY_TTL: Duration = Duration::from_secs(6);
 
 /// The implementations of one run: one per fenced backend/strategy in
 /// `drivers` (SQLite in a temporary directory, MySQL `unique_key`,
-/// `row_lock` and `optimistic`, Redis, etcd if its driver is compiled in),
-/// then the peers and floors. `only`, when not empty, keeps the ones whose
-/// name contains one of its strings (`redis`, `mysql`, `fenced/`, `peer/`).
+/// `row_lock` and `optimistic`, Redis, etcd and ZooKeeper if their drivers
+/// are compiled in), then the peers and floors. `only`, when not empty,
+/// keeps the ones whose name contains one of its strings (`redis`, `mysql`,
+/// `fenced/`, `peer/`; `zookeeper,zk-` for every ZooKeeper row).
 ///
 /// Every implementation gets its own namespace (table, prefix) named after a
 /// fresh id; [`Implementation::cleanup`] removes it.
@@ -80,6 +81,20 @@ pub async fn implementations(
                 format!("etcd://{}/fenced-bench-{id}", servers.etcd_host_port()),
                 Server::Etcd,
             )),
+            // A lock whose TTL exceeds the client's session timeout gets a
+            // session of its own: a session as long as LOOP_TTL keeps every
+            // lock of a task on its one session (one connection per task, as
+            // for the peers; two would pass ZooKeeper's default limit of 60
+            // connections per address in the 50-task cells).
+            "zookeeper" => variants.push((
+                "fenced/zookeeper".into(),
+                servers.zookeeper_url(&format!(
+                    "{}?session_timeout={}s",
+                    zk_namespace(&id),
+                    LOOP_TTL.as_secs()
+                )),
+                Server::ZooKeeper,
+            )),
             _ => {}
         }
         for (name, url, server) in variants {
@@ -110,6 +125,11 @@ pub async fn implementations(
         }
     }
     Ok(out)
+}
+
+/// The znode fenced/zookeeper's locks live under in the run `id`.
+fn zk_namespace(id: &str) -> String {
+    format!("/fenced-bench-{id}")
 }
 
 struct FencedImpl {
@@ -181,6 +201,11 @@ impl Implementation for FencedImpl {
                 peers::drop_tables(&self.servers, &[table]).await
             }
             Server::Redis => peers::redis_delete(&self.servers, &format!("{{fb{}*", self.id)).await,
+            // The namespace is persistent (the queues under it are
+            // containers, the entries ephemeral).
+            Server::ZooKeeper => {
+                peers::zk_delete_tree(&self.servers, &zk_namespace(&self.id)).await
+            }
             // etcd keys live on leases and vanish by themselves; SQLite's
             // directory is removed with the last `Arc<TempDir>`.
             Server::Etcd | Server::None => Ok(()),

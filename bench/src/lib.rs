@@ -5,7 +5,8 @@
 //! instead — bench-only baselines written here: the raw round-trip floor of
 //! each server, MySQL `GET_LOCK`, the textbook naive unique-key lock (INSERT,
 //! fixed 100 ms retry sleep, DELETE), the textbook row lock (BEGIN / SELECT …
-//! FOR UPDATE / COMMIT) and the `rslock` crate on Redis.
+//! FOR UPDATE / COMMIT), the `rslock` crate on Redis, etcd's Lock RPC and the
+//! `zookeeper-client` crate's lock recipe.
 //!
 //! A run is a matrix of [`Implementation`]s × [`Scenario`]s; each cell is
 //! time-bounded and yields one [`CellResult`] (one JSON line). Every task has

@@ -20,6 +20,10 @@ use crate::{
     BenchError, Scenario, ScenarioKind,
 };
 
+mod zk;
+
+pub(crate) use zk::delete_tree as zk_delete_tree;
+
 /// The naive lock retries a taken key after this fixed sleep, as the
 /// textbook INSERT/DELETE lock does.
 const NAIVE_RETRY: Duration = Duration::from_millis(100);
@@ -38,6 +42,10 @@ enum PeerKind {
     EtcdGet,
     /// etcd's built-in Lock RPC (v3lock) on one lease per task.
     EtcdLock,
+    /// One ZooKeeper `exists` per acquire and per release: the two-round-trip floor.
+    ZkExists,
+    /// The `zookeeper-client` crate's lock recipe (`Client::lock`).
+    ZkLock,
 }
 
 struct Peer {
@@ -69,6 +77,8 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
         ("floor/etcd-get", PeerKind::EtcdGet),
         #[cfg(feature = "etcd")]
         ("peer/etcd-lock", PeerKind::EtcdLock),
+        ("floor/zk-exists", PeerKind::ZkExists),
+        ("peer/zk-lock", PeerKind::ZkLock),
     ]
     .into_iter()
     .map(|(name, kind)| {
@@ -100,7 +110,10 @@ impl Implementation for Peer {
 
     fn kind(&self) -> Kind {
         match self.kind {
-            PeerKind::RedisPing | PeerKind::MySqlSelect1 | PeerKind::EtcdGet => Kind::Floor,
+            PeerKind::RedisPing
+            | PeerKind::MySqlSelect1
+            | PeerKind::EtcdGet
+            | PeerKind::ZkExists => Kind::Floor,
             _ => Kind::Peer,
         }
     }
@@ -109,15 +122,17 @@ impl Implementation for Peer {
         match self.kind {
             PeerKind::RedisPing | PeerKind::Rslock => Server::Redis,
             PeerKind::EtcdGet | PeerKind::EtcdLock => Server::Etcd,
+            PeerKind::ZkExists | PeerKind::ZkLock => Server::ZooKeeper,
             _ => Server::MySql,
         }
     }
 
     fn runs(&self, s: &Scenario) -> bool {
         match self.kind {
-            PeerKind::RedisPing | PeerKind::MySqlSelect1 | PeerKind::EtcdGet => {
-                s.without_exclusion()
-            }
+            PeerKind::RedisPing
+            | PeerKind::MySqlSelect1
+            | PeerKind::EtcdGet
+            | PeerKind::ZkExists => s.without_exclusion(),
             // One open transaction per connection: it cannot hold 10 000 rows
             // as separate locks.
             PeerKind::RowLock => !matches!(s.kind, ScenarioKind::ManyKeys { .. }),
@@ -130,6 +145,9 @@ impl Implementation for Peer {
             #[cfg(feature = "etcd")]
             PeerKind::EtcdGet | PeerKind::EtcdLock => {
                 etcd::locker(self.kind, &self.servers, &self.id, &self.abandoned).await?
+            }
+            PeerKind::ZkExists | PeerKind::ZkLock => {
+                zk::locker(self.kind, &self.servers, &self.id).await?
             }
             PeerKind::RedisPing | PeerKind::Rslock => {
                 let client = redis::Client::open(self.servers.redis.as_str())?;
@@ -185,6 +203,7 @@ impl Implementation for Peer {
             PeerKind::Rslock => redis_delete(&self.servers, &format!("{{fb{}}}:*", self.id)).await,
             #[cfg(feature = "etcd")]
             PeerKind::EtcdLock => etcd::drain(&self.abandoned).await,
+            PeerKind::ZkLock => zk::delete_tree(&self.servers, &zk::root(&self.id)).await,
             _ => Ok(()),
         }
     }

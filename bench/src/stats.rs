@@ -274,6 +274,8 @@ pub enum Server {
     Redis,
     /// etcd.
     Etcd,
+    /// ZooKeeper.
+    ZooKeeper,
 }
 
 /// Where the servers are (the test services by default).
@@ -285,11 +287,16 @@ pub struct Servers {
     pub redis: String,
     /// `http://host:port` of etcd.
     pub etcd: String,
+    /// `zk://[user:password@]host:port[,host:port…]` of ZooKeeper (a path
+    /// or query in it is ignored: every implementation picks its own root).
+    pub zookeeper: String,
 }
 
 impl Servers {
     /// `FENCED_TEST_MYSQL_URL`, `FENCED_TEST_REDIS_URL`, `FENCED_TEST_ETCD_URL`,
-    /// else the local test services of `scripts/services.sh`.
+    /// `FENCED_TEST_ZOOKEEPER_URL`, else the local test services of
+    /// `scripts/services.sh` (`mysql://root@127.0.0.1:3306/test`,
+    /// `redis://127.0.0.1:6379`, `http://127.0.0.1:2379`, `zk://127.0.0.1:2181`).
     pub fn from_env() -> Self {
         let env_or = |var: &str, default: &str| {
             std::env::var(var)
@@ -301,7 +308,52 @@ impl Servers {
             mysql: env_or("FENCED_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
             redis: env_or("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
             etcd: env_or("FENCED_TEST_ETCD_URL", "http://127.0.0.1:2379"),
+            zookeeper: env_or("FENCED_TEST_ZOOKEEPER_URL", "zk://127.0.0.1:2181"),
         }
+    }
+
+    /// The ZooKeeper URL's authority: `[user:password@]host:port,…`.
+    fn zookeeper_authority(&self) -> &str {
+        let rest = self
+            .zookeeper
+            .split_once("://")
+            .map_or(self.zookeeper.as_str(), |(_, r)| r);
+        rest.split(['/', '?', '#']).next().unwrap_or(rest)
+    }
+
+    /// A fenced ZooKeeper URL for the namespace `path` (`/…`), on the
+    /// servers and credentials of [`Servers::zookeeper`].
+    pub(crate) fn zookeeper_url(&self, path: &str) -> String {
+        format!("zk://{}{path}", self.zookeeper_authority())
+    }
+
+    /// `host:port,…` of ZooKeeper (what `zookeeper-client` connects to) and
+    /// the `user:password` of its URL, if any.
+    pub(crate) fn zookeeper_hosts(&self) -> (String, Option<&str>) {
+        let authority = self.zookeeper_authority();
+        let (user, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let hosts = hosts
+            .split(',')
+            .map(|h| {
+                let bare_v6 = h.starts_with('[') && h.ends_with(']');
+                if h.contains(':') && !bare_v6 {
+                    h.to_owned()
+                } else {
+                    format!("{h}:2181")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        (hosts, user)
+    }
+
+    /// The first ZooKeeper server: where the four-letter words go.
+    fn zookeeper_first(&self) -> String {
+        let (hosts, _) = self.zookeeper_hosts();
+        hosts.split(',').next().unwrap_or_default().to_owned()
     }
 
     /// `host:port` of etcd.
@@ -337,6 +389,10 @@ pub(crate) async fn commands(server: Server, servers: &Servers) -> Option<u64> {
                     .sum::<f64>() as u64,
             )
         }
+        // Every request a client sends is a packet (pings and session
+        // handshakes too, which are few over a cell); ZooKeeper keeps no
+        // per-operation counters without its metrics provider.
+        Server::ZooKeeper => mntr(servers, "zk_packets_received").await,
     }
 }
 
@@ -348,8 +404,43 @@ pub(crate) async fn connections(server: Server, servers: &Servers) -> Option<u64
             .lines()
             .find_map(|l| l.strip_prefix("connected_clients:")?.trim().parse().ok()),
         Server::MySql => mysql_status(servers, "Threads_connected").await,
+        Server::ZooKeeper => mntr(servers, "zk_num_alive_connections").await,
         Server::None | Server::Etcd => None,
     }
+}
+
+/// One value of ZooKeeper's `mntr` (a four-letter word: it must be on the
+/// server's `4lw.commands.whitelist`, as `scripts/services.sh` puts it).
+async fn mntr(servers: &Servers, name: &str) -> Option<u64> {
+    four_letter(&servers.zookeeper_first(), "mntr")
+        .await?
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// ZooKeeper's version, from `srvr` (`3.8.0-…, built on …`).
+pub(crate) async fn zookeeper_version(servers: &Servers) -> Option<String> {
+    four_letter(&servers.zookeeper_first(), "srvr")
+        .await?
+        .lines()
+        .find_map(|l| l.strip_prefix("Zookeeper version:"))
+        .map(|v| v.trim().to_owned())
+}
+
+/// ZooKeeper's answer to a four-letter word (the server closes the
+/// connection after it).
+async fn four_letter(host_port: &str, word: &str) -> Option<String> {
+    let io = async {
+        let mut s = TcpStream::connect(host_port).await.ok()?;
+        s.write_all(word.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(3), io)
+        .await
+        .ok()
+        .flatten()
 }
 
 pub(crate) async fn redis_info(servers: &Servers, section: &str) -> Option<String> {
@@ -413,6 +504,24 @@ mod tests {
         let one = jain(&[10, 0, 0, 0]).unwrap_or(0.0);
         assert!((one - 0.25).abs() < 1e-9, "{one}");
         assert_eq!(jain(&[0, 0]), None);
+    }
+
+    #[test]
+    fn zookeeper_addresses() {
+        let mut servers = Servers::from_env();
+        servers.zookeeper = "zk://127.0.0.1:2181".into();
+        assert_eq!(servers.zookeeper_hosts(), ("127.0.0.1:2181".into(), None));
+        assert_eq!(servers.zookeeper_url("/b"), "zk://127.0.0.1:2181/b");
+        servers.zookeeper = "zookeeper://app:pw@h1,[::1],h2:2182/chroot?session_timeout=5s".into();
+        assert_eq!(
+            servers.zookeeper_hosts(),
+            ("h1:2181,[::1]:2181,h2:2182".into(), Some("app:pw"))
+        );
+        assert_eq!(
+            servers.zookeeper_url("/b"),
+            "zk://app:pw@h1,[::1],h2:2182/b"
+        );
+        assert_eq!(servers.zookeeper_first(), "h1:2181");
     }
 
     #[test]

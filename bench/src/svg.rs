@@ -25,10 +25,11 @@ const H: u32 = 480;
 const LEGEND_W: u32 = 230;
 /// The family every text of the plots uses (registered in [`font`]).
 const FAMILY: &str = "sans-serif";
-/// The series colours (matplotlib's tab10, then black and light blue), as `0xRRGGBB`.
-const COLORS: [u32; 12] = [
+/// The series colours (matplotlib's tab10, then black and tab20's light
+/// blue, orange and green), as `0xRRGGBB`: one per series of a full run.
+const COLORS: [u32; 14] = [
     0x1f77b4, 0xd62728, 0x2ca02c, 0xff7f0e, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
-    0x17becf, 0x000000, 0xaec7e8,
+    0x17becf, 0x000000, 0xaec7e8, 0xffbb78, 0x98df8a,
 ];
 
 /// The colour of series `i`.

@@ -17,7 +17,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "bench/results")]
     pub(crate) out: PathBuf,
     /// Only implementations whose name contains one of these (comma-separated),
-    /// e.g. `redis`, `mysql`, `fenced/`, `peer/rslock`. Default: all.
+    /// e.g. `redis`, `mysql`, `fenced/`, `peer/rslock`, `zookeeper,zk-` (every
+    /// ZooKeeper row). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// Only scenarios whose name contains one of these (comma-separated),
