@@ -36,14 +36,19 @@ cargo fmt --all -- --check
 banner "cargo clippy"
 cargo clippy --workspace --all-targets -j 2 -- -D warnings
 # The opt-in features: the facade's etcd and zookeeper, and the CLI's
-# (fenced-cli, the `fenced` binary) etcd, zookeeper and bench.
+# (fenced-cli, the `fenced` binary) etcd, zookeeper and bench. The
+# workspace builds fenced-zookeeper with `tls` (faults enables the facade's
+# zookeeper feature, which turns it on); its build without is checked here.
 cargo clippy -p fenced --all-targets --features etcd,zookeeper -j 2 -- -D warnings
+cargo clippy -p fenced-zookeeper --all-targets -j 2 -- -D warnings
 cargo clippy -p fenced-cli --all-targets --features etcd,zookeeper,bench -j 2 -- -D warnings
 
 banner "cargo test"
 # The opt-in backends on: the facade and the CLI are tested against every
 # backend.
 cargo test --workspace --features fenced/etcd,fenced/zookeeper,fenced-cli/etcd,fenced-cli/zookeeper -j 2
+# fenced-zookeeper without `tls` (zks:// must say which feature it needs).
+cargo test -p fenced-zookeeper --lib -j 2
 
 banner "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -j 2

@@ -16,6 +16,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
     ("zookeeper", "zookeeper"),
+    ("zks", "zookeeper"),
+    ("zookeeper+tls", "zookeeper"),
 ];
 
 /// The drivers compiled into this build (by cargo feature).
@@ -195,8 +197,17 @@ mod tests {
             ("zookeeper://h", Ok("zookeeper")),
             #[cfg(feature = "zookeeper")]
             ("zk://h1:2181,h2/apps/locks", Ok("zookeeper")),
+            #[cfg(feature = "zookeeper")]
+            (
+                "zks://h1:2281/apps/locks?ca=/etc/zk/ca.pem",
+                Ok("zookeeper"),
+            ),
+            #[cfg(feature = "zookeeper")]
+            ("zookeeper+tls://h1:2281?ca=/etc/zk/ca.pem", Ok("zookeeper")),
             #[cfg(not(feature = "zookeeper"))]
             ("zk://h:2181", Err("`zookeeper` cargo feature")),
+            #[cfg(not(feature = "zookeeper"))]
+            ("zks://h:2281", Err("`zookeeper` cargo feature")),
             ("consul://h", Err("unknown store scheme `consul`")),
             ("just-a-path", Err("has no scheme")),
             ("", Err("has no scheme")),
@@ -223,6 +234,9 @@ mod tests {
             ("rediss://h", "redis"),
             ("etcd://h:2379/p", "etcd"),
             ("etcds://h:2379/p", "etcd"),
+            ("zk://h:2181/p", "zookeeper"),
+            ("zks://h:2281/p", "zookeeper"),
+            ("zookeeper+tls://h:2281/p", "zookeeper"),
         ] {
             let e = driver_for_in(only_memory(), url).unwrap_err().to_string();
             assert!(

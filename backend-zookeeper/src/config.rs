@@ -1,7 +1,11 @@
-//! Configuration: from a `zk://h1:2181,h2:2181/chroot/prefix?…` URL or the
-//! builder, validated before connecting.
+//! Configuration: from a `zk://h1:2181,h2:2181/chroot/prefix?…` URL (or
+//! `zks://…` for TLS) or the builder, validated before connecting.
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use fenced_api::url::{
     credentials, host_list, params, parse_duration, percent_decode, redact, split_query,
@@ -25,14 +29,29 @@ const KNOWN: &[&str] = &[
     "session_timeout",
     "connect_timeout",
     "operation_timeout|timeout",
+    "ca",
+    "cert",
+    "key",
 ];
 
-/// Connection and namespace settings. `Debug` never shows the password.
+/// The schemes of plaintext and of TLS connections.
+const PLAIN: &[&str] = &["zk", "zookeeper"];
+const TLS: &[&str] = &["zks", "zookeeper+tls"];
+
+/// Connection and namespace settings. `Debug` never shows the password
+/// (nor any key: the TLS files are held as paths and read when a session
+/// opens).
 #[derive(Clone)]
 pub struct ZkConfig {
     pub(crate) hosts: Vec<String>,
     pub(crate) namespace: String,
     pub(crate) user: Option<(String, String)>,
+    /// `zks://`: every connection is TLS.
+    pub(crate) tls: bool,
+    /// PEM file of the CA(s) the servers' certificates must chain to.
+    pub(crate) ca: Option<PathBuf>,
+    /// PEM files of the client certificate (chain) and its private key.
+    pub(crate) identity: Option<(PathBuf, PathBuf)>,
     pub(crate) session_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) operation_timeout: Duration,
@@ -44,6 +63,9 @@ impl fmt::Debug for ZkConfig {
             .field("hosts", &self.hosts)
             .field("namespace", &self.namespace)
             .field("user", &self.user.as_ref().map(|(u, _)| format!("{u}:***")))
+            .field("tls", &self.tls)
+            .field("ca", &self.ca)
+            .field("identity", &self.identity)
             .field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("operation_timeout", &self.operation_timeout)
@@ -53,7 +75,8 @@ impl fmt::Debug for ZkConfig {
 
 impl ZkConfig {
     /// Parses `zk://[user:password@]h1:2181[,h2:2181…][/chroot/prefix][?session_timeout=10s&connect_timeout=5s&operation_timeout=5s]`
-    /// (`zookeeper://` too).
+    /// (`zookeeper://` too), or `zks://…?ca=…[&cert=…&key=…]` for TLS
+    /// (`zookeeper+tls://` too; connecting needs the `tls` cargo feature).
     ///
     /// The path is the namespace: the znode every lock lives under (default
     /// [`DEFAULT_NAMESPACE`]); two namespaces never see each other's locks.
@@ -68,7 +91,18 @@ impl ZkConfig {
     ///   (default 10 s; the server clamps it to 2 to 20 tick times);
     /// * `connect_timeout` — bound on establishing the session (default 5 s);
     /// * `operation_timeout` (or `timeout`) — bound on every request
-    ///   (default 5 s).
+    ///   (default 5 s);
+    /// * `ca=<path>` (`zks://` only, required there) — a PEM file with the
+    ///   certificate authority (or authorities) that signed the servers'
+    ///   certificates; only these are trusted, and each server's certificate
+    ///   must name the host as the URL writes it;
+    /// * `cert=<path>&key=<path>` (`zks://` only, both or neither) — PEM
+    ///   files of the client certificate (chain) and its private key, for a
+    ///   server that requires client certificates (`ssl.clientAuth`, on by
+    ///   default).
+    ///
+    /// Percent-encode a path with `&`, `#` or `%` in it. The files are read
+    /// when a session opens, before anything is sent.
     ///
     /// ```
     /// # use fenced_zookeeper::ZkConfig;
@@ -81,15 +115,17 @@ impl ZkConfig {
     /// # Errors
     ///
     /// [`Error::Config`] for a malformed URL (a bad port, a bad namespace,
-    /// an unknown or repeated parameter); nothing is connected, and no
-    /// message ever shows the password.
+    /// an unknown or repeated parameter, a TLS parameter on a plaintext URL,
+    /// `zks://` without `ca`, `cert` without `key` or the reverse); nothing
+    /// is connected, and no message ever shows the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let (scheme, _) = url
             .split_once("://")
             .ok_or_else(|| Error::config(format!("expected a zk:// url, got `{}`", redact(url))))?;
-        if !crate::SCHEMES.contains(&scheme) {
+        let tls = TLS.contains(&scheme);
+        if !tls && !PLAIN.contains(&scheme) {
             return Err(Error::config(format!(
-                "expected a zk:// or zookeeper:// url, got `{}`",
+                "expected a zk://, zookeeper:// or zks:// url, got `{}`",
                 redact(url)
             )));
         }
@@ -116,17 +152,47 @@ impl ZkConfig {
             hosts,
             namespace,
             user,
+            tls,
+            ca: None,
+            identity: None,
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
         };
+        let (mut cert, mut key) = (None, None);
         for p in params("zookeeper", query, KNOWN)? {
-            let d = parse_duration(p.value)?;
             match p.name {
-                "session_timeout" => config.session_timeout = d,
-                "connect_timeout" => config.connect_timeout = d,
-                _ => config.operation_timeout = d,
+                "ca" => config.ca = Some(tls_path(tls, p.name, p.value)?),
+                "cert" => cert = Some(tls_path(tls, p.name, p.value)?),
+                "key" => key = Some(tls_path(tls, p.name, p.value)?),
+                name => {
+                    let d = parse_duration(p.value)?;
+                    match name {
+                        "session_timeout" => config.session_timeout = d,
+                        "connect_timeout" => config.connect_timeout = d,
+                        _ => config.operation_timeout = d,
+                    }
+                }
             }
+        }
+        config.identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(Error::config(
+                    "the zookeeper url parameter `cert` needs `key` too: the PEM file of the client certificate's private key",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::config(
+                    "the zookeeper url parameter `key` needs `cert` too: the PEM file of the client certificate",
+                ))
+            }
+        };
+        if tls && config.ca.is_none() {
+            return Err(Error::config(
+                "zks:// needs `ca=<path>`: a PEM file with the CA that signed the ZooKeeper servers' certificates",
+            ));
         }
         Ok(config)
     }
@@ -155,10 +221,45 @@ impl ZkConfig {
         self.session_timeout
     }
 
+    /// Whether connections are TLS (`zks://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file trusted for `zks://` (the `ca` parameter).
+    pub fn ca(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    /// The client certificate and key files (the `cert` and `key`
+    /// parameters), if any.
+    pub fn identity(&self) -> Option<(&Path, &Path)> {
+        self.identity
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()))
+    }
+
     /// The connect string for the client: `h1:2181,h2:2181`.
     pub(crate) fn connect_string(&self) -> String {
         self.hosts.join(",")
     }
+}
+
+/// The value of the file parameter `name` (`ca`, `cert`, `key`),
+/// percent-decoded: a path, on a TLS URL only.
+fn tls_path(tls: bool, name: &str, value: &str) -> Result<PathBuf> {
+    if !tls {
+        return Err(Error::config(format!(
+            "the zookeeper url parameter `{name}` needs TLS: use zks://"
+        )));
+    }
+    let path = percent_decode(value)?;
+    if path.is_empty() {
+        return Err(Error::config(format!(
+            "the zookeeper url parameter `{name}` needs a path to a PEM file"
+        )));
+    }
+    Ok(path.into())
 }
 
 /// `(user, password)`, percent-decoded, and what follows them; see
@@ -330,6 +431,83 @@ mod tests {
     }
 
     #[test]
+    fn tls_urls() {
+        let c = ZkConfig::from_url(
+            "zks://h1,h2:2282/ns?ca=/etc/zk/ca.pem&cert=/etc/zk/me.pem&key=/etc/zk/me%26.key&timeout=2s",
+        )
+        .unwrap();
+        assert!(c.tls());
+        assert_eq!(c.hosts, ["h1:2181", "h2:2282"]);
+        assert_eq!(c.namespace, "/ns");
+        assert_eq!(c.ca(), Some(Path::new("/etc/zk/ca.pem")));
+        assert_eq!(
+            c.identity(),
+            Some((Path::new("/etc/zk/me.pem"), Path::new("/etc/zk/me&.key")))
+        );
+        assert_eq!(c.operation_timeout, Duration::from_secs(2));
+        for url in [
+            "zks://h/p?ca=/ca.pem",
+            "zookeeper+tls://h/p?ca=/ca.pem",
+            "zks://u:p@[::1]:2281/p?key=/k.pem&ca=/ca.pem&cert=/c.pem",
+        ] {
+            let c = ZkConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert!(c.tls(), "{url}");
+            assert_eq!(c.ca(), Some(Path::new("/ca.pem")), "{url}");
+        }
+        for url in ["zk://h/p", "zookeeper://h/p"] {
+            let c = ZkConfig::from_url(url).unwrap();
+            assert!(
+                !c.tls() && c.ca().is_none() && c.identity().is_none(),
+                "{url}"
+            );
+        }
+    }
+
+    /// TLS parameters are checked before anything connects: on a TLS URL
+    /// only, `ca` required, `cert` and `key` together, each once, a path.
+    #[test]
+    fn bad_tls_urls_name_what_is_wrong() {
+        for (url, says) in [
+            ("zk://h/p?ca=/ca.pem", "`ca` needs TLS: use zks://"),
+            ("zookeeper://h/p?cert=/c.pem", "`cert` needs TLS"),
+            ("zk://h/p?key=/k.pem", "`key` needs TLS"),
+            ("zks://h/p", "zks:// needs `ca=<path>`"),
+            ("zookeeper+tls://h/p?cert=/c&key=/k", "needs `ca=<path>`"),
+            ("zks://h/p?ca=/ca.pem&cert=/c.pem", "`cert` needs `key` too"),
+            ("zks://h/p?ca=/ca.pem&key=/k.pem", "`key` needs `cert` too"),
+            ("zks://h/p?ca=", "needs a path"),
+            ("zks://h/p?ca=/a&cert=&key=/k", "needs a path"),
+            ("zks://h/p?ca=%zz", "%"),
+            ("zks://h/p?ca=/a&ca=/b", "given twice"),
+            ("zks://h/p?ca=/a&cert=/c&key=/k&key=/k", "given twice"),
+            ("zks://h/p?ca=/a&crt=/c", "crt"),
+            ("zkss://h/p?ca=/a", "zks://"),
+            ("zookeeper+ssl://h/p", "zks://"),
+        ] {
+            match ZkConfig::from_url(url) {
+                Err(e @ Error::Config { .. }) => {
+                    assert!(e.to_string().contains(says), "{url}: {e}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_scheme_of_the_driver_parses() {
+        // Plaintext schemes refuse `ca`, TLS ones require it.
+        for scheme in crate::SCHEMES {
+            let plain = ZkConfig::from_url(&format!("{scheme}://h/p"));
+            let tls = ZkConfig::from_url(&format!("{scheme}://h/p?ca=/ca.pem"));
+            match (plain, tls) {
+                (Ok(p), Err(_)) => assert!(!p.tls(), "{scheme}"),
+                (Err(_), Ok(t)) => assert!(t.tls(), "{scheme}"),
+                other => panic!("{scheme}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn the_root_is_refused_as_a_namespace() {
         let mut c = ZkConfig::from_url("zk://h/p").unwrap();
         for ns in ["/", "", "p", "/a/", "/zookeeper"] {
@@ -346,11 +524,17 @@ mod tests {
             assert_eq!(c.user, Some(("root".into(), pw.into())));
             assert_eq!(c.hosts, ["127.0.0.1:1"]);
             assert!(!format!("{c:?}").contains(pw));
+            let tls = format!("zks://root:{pw}@127.0.0.1:1/p?ca=/ca.pem&cert=/c.pem&key=/k.pem");
+            let c = ZkConfig::from_url(&tls).unwrap_or_else(|e| panic!("{pw}: {e}"));
+            assert!(!format!("{c:?}").contains(pw));
             for bad in [
                 format!("zk://root:{pw}@127.0.0.1:1/p?nope=1"),
                 format!("zk://root:{pw}@/p"),
                 format!("zk://root:{pw}@"),
                 format!("zk://root:{pw}@h:0/p"),
+                format!("zk://root:{pw}@h/p?ca=/ca.pem"),
+                format!("zks://root:{pw}@h/p"),
+                format!("zks://root:{pw}@h/p?ca=/ca.pem&cert=/c.pem"),
             ] {
                 let e = ZkConfig::from_url(&bad).unwrap_err();
                 assert!(!e.to_string().contains(pw), "{e}");

@@ -3,7 +3,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 // Files import only files of a lower layer, and none imports `lock`:
-// lock | wait | list, queue | session, track | keys, entry | config, error.
+// lock | wait | list, queue | session, track | keys, entry, tls | config, error.
 mod config;
 mod entry;
 mod error;
@@ -12,6 +12,7 @@ mod list;
 mod lock;
 mod queue;
 mod session;
+mod tls;
 mod track;
 mod wait;
 
@@ -22,8 +23,9 @@ pub use config::{
 pub use lock::{ZkLock, ZkLockBuilder};
 pub use zookeeper_client;
 
-/// URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["zk", "zookeeper"];
+/// URL schemes this backend serves: plaintext `zk`, `zookeeper`; TLS
+/// `zks`, `zookeeper+tls` (connecting needs the `tls` cargo feature).
+pub const SCHEMES: &[&str] = &["zk", "zookeeper", "zks", "zookeeper+tls"];
 
 /// This backend's entry for the `fenced::connect(url)` registry.
 pub fn driver() -> fenced_api::Driver {

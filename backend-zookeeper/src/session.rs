@@ -24,6 +24,7 @@ use zookeeper_client::{Client, Error as ZkError, SessionState};
 use crate::{
     config::ZkConfig,
     error::{self, bounded, kind, Kind},
+    tls::{self, Tls},
     track::Tracker,
 };
 
@@ -248,11 +249,22 @@ async fn open(config: &ZkConfig, timeout: Duration, tracker: &Arc<Tracker>) -> R
     if let Some((user, password)) = &config.user {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
+    // Certificates are read before anything is sent: a bad file is a
+    // configuration error, not an unreachable server.
+    let tls = Tls::load(config)?;
     let at = config.connect_string();
-    let client = bounded("connect", config.connect_timeout, connector.connect(&at))
+    let deadline = tokio::time::Instant::now() + config.connect_timeout;
+    let connecting = tls::connect(tls.as_ref(), connector, &at);
+    let client = match bounded("connect", config.connect_timeout, connecting)
         .await
-        .map_err(|e| e.connecting(&at))?
-        .map_err(|e| error::map(e).connecting(&at))?;
+        .and_then(|r| r.map_err(error::map))
+    {
+        Ok(client) => client,
+        Err(e) => {
+            let e = tls::explain(tls.as_ref(), &config.hosts, deadline, e).await;
+            return Err(e.connecting(&at));
+        }
+    };
     let id = client.session_id().0;
     let ended = Arc::new(AtomicBool::new(false));
     let mut states = client.state_watcher();

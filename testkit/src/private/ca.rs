@@ -104,15 +104,47 @@ impl TestCa {
             cert: dir.join("server.pem"),
             key: dir.join("server.key"),
         };
+        self.write(&files, &cert.pem(), &key.serialize_pem())?;
+        Ok(files)
+    }
+
+    /// Issues a client certificate with common name `name` (client
+    /// authentication only) and writes `ca.pem`, `<name>.pem` and
+    /// `<name>.key` into `dir`.
+    ///
+    /// # Errors
+    ///
+    /// When signing or writing fails.
+    pub fn issue_client(&self, dir: &Path, name: &str) -> Result<TlsFiles> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err)?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = date_time_ymd(2020, 1, 1);
+        params.not_after = date_time_ymd(2099, 12, 31);
+        let key = KeyPair::generate().map_err(tls_err)?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(tls_err)?;
+        let files = TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        };
+        self.write(&files, &cert.pem(), &key.serialize_pem())?;
+        Ok(files)
+    }
+
+    /// Writes the CA certificate, `cert` and `key` where `files` says.
+    fn write(&self, files: &TlsFiles, cert: &str, key: &str) -> Result<()> {
         for (path, pem) in [
-            (&files.ca, self.cert_pem.clone()),
-            (&files.cert, cert.pem()),
-            (&files.key, key.serialize_pem()),
+            (&files.ca, &*self.cert_pem),
+            (&files.cert, cert),
+            (&files.key, key),
         ] {
             std::fs::write(path, pem)
                 .map_err(|e| fail(format!("writing {}: {e}", path.display())))?;
         }
-        Ok(files)
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command};
 
 use fenced_api::Result;
 
-use super::{fail, free_port, proc::Proc, temp_dir};
+use super::{fail, free_port, proc::Proc, temp_dir, TlsFiles};
 use crate::services;
 
 /// What to start.
@@ -19,6 +19,11 @@ pub struct ZooKeeperOptions {
     pub tick_ms: u32,
     /// Largest session timeout the members grant (default 60 s).
     pub max_session_ms: u32,
+    /// Also serve TLS on a `secureClientPort` per member (Netty), with this
+    /// server certificate and key; clients must present a certificate
+    /// signed by `ca` (ZooKeeper's default `ssl.clientAuth=need`). The
+    /// plaintext client port stays (probes and admin use it).
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ZooKeeperOptions {
@@ -27,6 +32,7 @@ impl Default for ZooKeeperOptions {
             members: 1,
             tick_ms: 500,
             max_session_ms: 60_000,
+            tls: None,
         }
     }
 }
@@ -42,6 +48,8 @@ pub struct ZooKeeperMember {
     pub quorum: u16,
     /// The leader-election port.
     pub election: u16,
+    /// The TLS client port (`secureClientPort`), when serving TLS.
+    pub secure: Option<u16>,
     /// The data directory (holds `myid`, `zoo.cfg` and the snapshots/logs).
     pub dir: PathBuf,
 }
@@ -50,6 +58,11 @@ impl ZooKeeperMember {
     /// `127.0.0.1:<client port>`.
     pub fn hostport(&self) -> String {
         format!("127.0.0.1:{}", self.client)
+    }
+
+    /// `127.0.0.1:<TLS client port>`, when serving TLS.
+    pub fn secure_hostport(&self) -> Option<String> {
+        self.secure.map(|p| format!("127.0.0.1:{p}"))
     }
 }
 
@@ -83,6 +96,7 @@ impl PrivateZooKeeper {
                     client: free_port()?,
                     quorum: free_port()?,
                     election: free_port()?,
+                    secure: options.tls.as_ref().map(|_| free_port()).transpose()?,
                     dir: root.path().join(format!("m{}", i + 1)),
                 })
             })
@@ -122,6 +136,15 @@ impl PrivateZooKeeper {
     /// A fenced URL for this ensemble and namespace path: `zk://…/<path>`.
     pub fn url(&self, path: &str) -> String {
         format!("zk://{}/{}", self.hostports(), path.trim_start_matches('/'))
+    }
+
+    /// `h1:p1,h2:p2,…` of the TLS client ports (`None` without TLS).
+    pub fn secure_hostports(&self) -> Option<String> {
+        self.members
+            .iter()
+            .map(ZooKeeperMember::secure_hostport)
+            .collect::<Option<Vec<_>>>()
+            .map(|list| list.join(","))
     }
 
     /// What member `i` answers to `srvr` (its mode: `standalone`, `leader`,
@@ -202,6 +225,22 @@ impl PrivateZooKeeper {
             std::fs::write(m.dir.join(name), text)
                 .map_err(|e| fail(format!("writing {name} of member {}: {e}", m.id)))
         };
+        if let (Some(tls), Some(port)) = (&o.tls, m.secure) {
+            // A PEM key store is one file: the key, then the certificate.
+            let read = |path: &std::path::Path| {
+                std::fs::read_to_string(path)
+                    .map_err(|e| fail(format!("reading {}: {e}", path.display())))
+            };
+            write("keystore.pem", &(read(&tls.key)? + &read(&tls.cert)?))?;
+            cfg.push_str(&format!(
+                "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+                 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={}\nssl.trustStore.type=PEM\n",
+                m.dir.join("keystore.pem").display(),
+                tls.ca.display(),
+            ));
+        }
         write("zoo.cfg", &cfg)?;
         write("myid", &format!("{}\n", m.id))
     }
@@ -214,8 +253,13 @@ impl PrivateZooKeeper {
             .arg("-Xmx128m")
             .arg("-cp")
             .arg(format!(
-                "/etc/zookeeper/conf:{}",
-                zookeeper_jar()?.display()
+                "/etc/zookeeper/conf:{}{}",
+                zookeeper_jar()?.display(),
+                if self.options.tls.is_some() {
+                    netty_codec()?
+                } else {
+                    String::new()
+                }
             ))
             .arg(format!("-Dzookeeper.log.dir={}", m.dir.display()))
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
@@ -235,6 +279,19 @@ impl PrivateZooKeeper {
 
 fn java() -> Result<PathBuf> {
     super::find_binary(&["java"], "a Java runtime (ZooKeeper's)")
+}
+
+/// `:<netty-codec jar>`: Netty's TLS handler needs it, and the class path
+/// of Debian's zookeeper.jar does not list it.
+fn netty_codec() -> Result<String> {
+    let jar = "/usr/share/java/netty-codec.jar";
+    if std::path::Path::new(jar).exists() {
+        Ok(format!(":{jar}"))
+    } else {
+        Err(fail(format!(
+            "a TLS ZooKeeper needs {jar} (Debian's libnetty-java, installed with zookeeper by `scripts/services.sh`)"
+        )))
+    }
 }
 
 fn zookeeper_jar() -> Result<PathBuf> {
