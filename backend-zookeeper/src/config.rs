@@ -14,8 +14,10 @@ use fenced_api::{Error, Result};
 
 /// Default namespace: the znode under which every lock lives.
 pub const DEFAULT_NAMESPACE: &str = "/fenced";
-/// Default session timeout asked of the server (it may negotiate another).
-pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default session timeout asked of the server (it may negotiate another):
+/// `LockClient`'s default TTL, so that a client with default settings holds
+/// its locks on one session (a longer TTL needs a session of its own).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default bound on connecting (establishing the session).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on one request.
@@ -74,7 +76,7 @@ impl fmt::Debug for ZkConfig {
 }
 
 impl ZkConfig {
-    /// Parses `zk://[user:password@]h1:2181[,h2:2181…][/chroot/prefix][?session_timeout=10s&connect_timeout=5s&operation_timeout=5s]`
+    /// Parses `zk://[user:password@]h1:2181[,h2:2181…][/chroot/prefix][?session_timeout=30s&connect_timeout=5s&operation_timeout=5s]`
     /// (`zookeeper://` too), or `zks://…?ca=…[&cert=…&key=…]` for TLS
     /// (`zookeeper+tls://` too; connecting needs the `tls` cargo feature).
     ///
@@ -88,7 +90,10 @@ impl ZkConfig {
     /// Parameters, each at most once:
     ///
     /// * `session_timeout` — the session timeout asked of the server
-    ///   (default 10 s; the server clamps it to 2 to 20 tick times);
+    ///   (default 30 s; the server clamps it to its `minSessionTimeout` ..
+    ///   `maxSessionTimeout`, by default 2 to 20 tick times): the longest
+    ///   TTL the client's base session carries, and how long a dead
+    ///   client's shorter locks may linger;
     /// * `connect_timeout` — bound on establishing the session (default 5 s);
     /// * `operation_timeout` (or `timeout`) — bound on every request
     ///   (default 5 s);

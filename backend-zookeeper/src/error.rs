@@ -29,7 +29,11 @@ pub(crate) enum Kind {
 /// Classifies a client error by its variant.
 pub(crate) fn kind(e: &ZkError) -> Kind {
     match e {
+        // `Custom` is what the client gives pending requests when it
+        // drops a connection it found silent ("no response from
+        // connection") or broken (an I/O error): transport failures.
         ZkError::ConnectionLoss
+        | ZkError::Custom(_)
         | ZkError::Timeout
         | ZkError::SessionMoved
         | ZkError::Throttled

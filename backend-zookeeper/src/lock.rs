@@ -18,7 +18,7 @@ use crate::{
     list::{self, Holder},
     queue::{Attempt, Parts, Place},
     session::{self, Sessions},
-    track::{self, Tracker},
+    track::{self, Node, Tracker},
     wait,
 };
 
@@ -84,7 +84,7 @@ impl ZkLockBuilder {
         self
     }
 
-    /// The session timeout asked of the server (default 10 s): how long a
+    /// The session timeout asked of the server (default 30 s): how long a
     /// dead client's locks may linger, and the longest TTL the base session
     /// carries (longer TTLs get a session of their own; see the crate docs).
     pub fn session_timeout(mut self, d: Duration) -> Self {
@@ -204,20 +204,21 @@ impl ZkLock {
         }))
     }
 
-    /// Rewrites the TTL in a current node's data (so `inspect` elsewhere
-    /// sees the new one), guarded by the version read, through the node's
-    /// own session: the write keeps that session alive on the server at
-    /// least one negotiated timeout past its send time. Returns the node's
-    /// path and session id, the TTL granted (shortened to the session's
-    /// timeout if it was longer) and the write's send time.
-    async fn rewrite(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-    ) -> Result<Option<(String, i64, Duration, Instant)>> {
+    /// Extends a lease this client does not track: read its node, and
+    /// rewrite its TTL (guarded by the version read) through the node's own
+    /// session — the write keeps that session alive on the server at least
+    /// one negotiated timeout past its send time. A node on a session of
+    /// this client is tracked from then on.
+    async fn extend_untracked(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let token = lease.token.get() as i64;
         for _ in 0..3 {
             let Some(h) = self.current(lease).await? else {
-                return Ok(None);
+                tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+                return Err(Error::lease_lost(
+                    &lease.key,
+                    lease.token,
+                    "its node was deleted, expired or belongs to another grant",
+                ));
             };
             let Some(s) = self.inner.sessions.by_id(h.stat.ephemeral_owner) else {
                 return Err(Error::Unsupported {
@@ -228,8 +229,8 @@ impl ZkLock {
                 });
             };
             let ttl = session::granted(ttl, s.negotiated());
-            let e = entry::decode(&h.data);
-            let fresh = entry::data(&lease.owner, ttl, e.label.as_ref());
+            let label = entry::decode(&h.data).label;
+            let fresh = entry::data(&lease.owner, ttl, label.as_ref());
             let sent = Instant::now();
             match s
                 .run(
@@ -238,9 +239,20 @@ impl ZkLock {
                 )
                 .await?
             {
-                Ok(_) => return Ok(Some((h.path, s.id(), ttl, sent))),
+                Ok(_) => {
+                    let renewed = lease.renewed(ttl, sent);
+                    let node = Node {
+                        session: s.id(),
+                        owner: lease.owner.clone(),
+                        label,
+                    };
+                    self.inner
+                        .tracker
+                        .track((h.path, token), node, renewed.deadline);
+                    return Ok(renewed);
+                }
                 Err(e) if kind(&e) == Kind::BadVersion => continue,
-                Err(e) if kind(&e) == Kind::NoNode => return Ok(None),
+                Err(e) if kind(&e) == Kind::NoNode => continue,
                 Err(e) => return Err(error::map(e)),
             }
         }
@@ -291,57 +303,83 @@ impl DistributedLock for ZkLock {
         wait::acquire(self.parts(), key, opts).await
     }
 
+    /// One write for a lock this client holds: its node's path, owner,
+    /// label and session are tracked, so the TTL is rewritten without
+    /// reading the node first (a node path names one grant for good: a
+    /// nonce and a sequence). A lease this client does not track is read
+    /// first and extended only if its node lives on one of this client's
+    /// sessions.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         LockOptions::validate_ttl(ttl)?;
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
         let tracker = &self.inner.tracker;
         let token = lease.token.get() as i64;
         let node = track::node_of(tracker, token);
-        let in_flight = match node.as_ref().map(|n| tracker.begin_extend(n)) {
+        let held = match node.as_ref().map(|n| tracker.begin_extend(n)) {
             Some(Tracked::Expired) => return Err(lost("its TTL passed without an extend")),
             Some(Tracked::Lost) => return Err(lost("its session ended or its node was deleted")),
-            Some(Tracked::Yes(_)) => node.clone(),
-            Some(Tracked::No) | None => None,
+            Some(Tracked::Yes(held)) => held,
+            Some(Tracked::No) | None => return self.extend_untracked(lease, ttl).await,
         };
-        let mut ending = tracker.extending(in_flight);
-        match self.rewrite(lease, ttl).await? {
-            Some((path, session, ttl, sent)) => {
+        let Some(node) = node else {
+            return self.extend_untracked(lease, ttl).await;
+        };
+        let mut ending = tracker.extending(Some(node.clone()));
+        if held.owner != lease.owner {
+            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: another owner's lease");
+            return Err(lost("the lock belongs to another owner"));
+        }
+        let Some(s) = self.inner.sessions.by_id(held.session) else {
+            tracker.lose(&node);
+            return Err(lost("its session ended"));
+        };
+        let ttl = session::granted(ttl, s.negotiated());
+        let data = entry::data(&held.owner, ttl, held.label.as_ref());
+        let sent = Instant::now();
+        match s
+            .run("set", s.client().set_data(&node.0, &data, None))
+            .await?
+        {
+            Ok(_) => {
                 let renewed = lease.renewed(ttl, sent);
-                if ending.is_active() {
-                    ending.renewed(renewed.deadline, session);
-                } else {
-                    tracker.track((path, token), session, renewed.deadline);
-                }
+                ending.renewed(renewed.deadline, held);
                 Ok(renewed)
             }
-            None => {
+            Err(e) if kind(&e) == Kind::NoNode => {
                 tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                if let Some(node) = node.filter(|_| ending.is_active()) {
-                    tracker.forget(&node);
-                }
-                Err(lost(
-                    "its node was deleted, expired or belongs to another grant",
-                ))
+                tracker.forget(&node);
+                Err(lost("its node was deleted or expired"))
             }
+            Err(e) => Err(error::map(e)),
         }
     }
 
+    /// One delete for a lock this client holds (its owner checked against
+    /// the tracked one); a lease this client does not track is read first.
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let Some(Holder { path, .. }) = self.current(lease).await? else {
+        let tracker = &self.inner.tracker;
+        let token = lease.token.get() as i64;
+        let tracked = track::node_of(tracker, token)
+            .and_then(|node| tracker.data(&node).map(|held| (node.0, held)));
+        let path = match tracked {
+            Some((path, held)) if held.owner == lease.owner => Some(path),
+            Some(_) => None,
+            None => self.current(lease).await?.map(|h| h.path),
+        };
+        let Some(path) = path else {
             tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
             return Ok(ReleaseOutcome::NotHeld);
         };
         let s = self.inner.sessions.get().await?;
-        // Node names are never reused (a nonce and a sequence): deleting the
-        // path deletes exactly this grant, and hands the lock to the next
-        // in line. On an error the lock stays tracked: the reaper deletes it
-        // at its deadline.
+        // Deleting the path deletes exactly this grant, and hands the lock
+        // to the next in line. On an error the lock stays tracked: the
+        // reaper deletes it at its deadline.
         let outcome = match s.run("delete", s.client().delete(&path, None)).await? {
             Ok(()) => ReleaseOutcome::Released,
             Err(e) if kind(&e) == Kind::NoNode => ReleaseOutcome::NotHeld,
             Err(e) => return Err(error::map(e)),
         };
-        self.inner.tracker.forget(&(path, lease.token.get() as i64));
+        tracker.forget(&(path, token));
         Ok(outcome)
     }
 

@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fenced_api::{Error, FencingToken, Label, Lease, LockKey, Owner, Result};
+use fenced_api::{wait::Backoff, Error, FencingToken, Label, Lease, LockKey, Owner, Result};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, CreateMode, Stat};
 
@@ -13,7 +13,7 @@ use crate::{
     error::{self, kind, Kind},
     keys::{entry_prefix, in_order, Keys},
     session::{granted, Session, Sessions},
-    track::Tracker,
+    track::{Node, Tracker},
 };
 
 /// What the recipe needs of one client.
@@ -46,6 +46,8 @@ pub(crate) struct Attempt {
     czxid: i64,
     /// The TTL granted to the entry (see [`granted`]).
     ttl: Duration,
+    /// The label written in the entry's data.
+    label: Option<Label>,
     armed: bool,
 }
 
@@ -67,33 +69,84 @@ impl Drop for Attempt {
     }
 }
 
+/// Pauses between tries to remove an entry: short first (a lost reply is
+/// usually one dropped connection), then at most one try every 2 s.
+const REMOVE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+
+/// How many times an entry whose create reply was lost is looked for and
+/// not found before it is taken as never created: a create may still be
+/// applied after a first look (it was in flight when the connection broke).
+const REMOVE_LOOKS: u32 = 3;
+
 /// Deletes the entry `name` of `queue`, or — its name unknown because the
 /// create's reply was lost — the entry carrying `nonce`.
+///
+/// Retried with backoff for as long as the session lives: a leftover entry
+/// would block the key for everyone once it became the lowest, and nothing
+/// else deletes it while its session is alive. When the session ends, the
+/// server deletes the entry itself.
 async fn remove(session: &Session, queue: &str, nonce: &str, name: Option<&str>) {
-    let names = match name {
-        Some(n) => vec![n.to_owned()],
-        None => match session
-            .run("get children", session.client().list_children(queue))
-            .await
-        {
-            Ok(Ok(children)) => children
-                .into_iter()
-                .filter(|c| c.starts_with(&entry_prefix(nonce)))
-                .collect(),
-            _ => return,
-        },
-    };
-    for n in names {
-        let path = format!("{queue}/{n}");
-        match session
-            .run("delete", session.client().delete(&path, None))
-            .await
-        {
-            Ok(Ok(())) | Ok(Err(_)) => {}
+    let mut misses = 0;
+    for attempt in 0u32.. {
+        match remove_once(session, queue, nonce, name).await {
+            Ok(true) => return,
+            Ok(false) => {
+                misses += 1;
+                if misses >= REMOVE_LOOKS {
+                    return;
+                }
+            }
+            Err(e) if !e.is_retryable() => {
+                tracing::warn!(queue, nonce, error = %e, "removing a queue entry failed; it stays until its session ends");
+                return;
+            }
             Err(e) => {
-                tracing::debug!(path, error = %e, "removing a queue entry failed; it goes with the session")
+                tracing::debug!(queue, nonce, error = %e, "removing a queue entry failed; retrying")
             }
         }
+        if !session.is_usable() {
+            return; // the entry went with the session
+        }
+        tokio::time::sleep(REMOVE_BACKOFF.delay(attempt)).await;
+    }
+}
+
+/// One try: `Ok(true)` when the entry is gone (deleted now or before),
+/// `Ok(false)` when the entry of a lost create reply was not found.
+async fn remove_once(
+    session: &Session,
+    queue: &str,
+    nonce: &str,
+    name: Option<&str>,
+) -> Result<bool> {
+    let name = match name {
+        Some(n) => n.to_owned(),
+        None => {
+            let children = match session
+                .run("get children", session.client().list_children(queue))
+                .await?
+            {
+                Ok(c) => c,
+                Err(e) if kind(&e) == Kind::NoNode => return Ok(false),
+                Err(e) => return Err(error::map(e)),
+            };
+            match children
+                .into_iter()
+                .find(|c| c.starts_with(&entry_prefix(nonce)))
+            {
+                Some(n) => n,
+                None => return Ok(false),
+            }
+        }
+    };
+    let path = format!("{queue}/{name}");
+    match session
+        .run("delete", session.client().delete(&path, None))
+        .await?
+    {
+        Ok(()) => Ok(true),
+        Err(e) if kind(&e) == Kind::NoNode => Ok(true),
+        Err(e) => Err(error::map(e)),
     }
 }
 
@@ -114,6 +167,7 @@ impl Attempt {
         let data = &data[..];
         let mut attempt = Attempt {
             ttl,
+            label: label.cloned(),
             queue: parts.keys.queue(key),
             nonce: uuid::Uuid::new_v4().simple().to_string(),
             name: None,
@@ -263,7 +317,12 @@ impl Attempt {
             }
         }
         self.armed = false;
-        tracker.track((path, self.czxid), self.session.id(), sent + ttl);
+        let node = Node {
+            session: self.session.id(),
+            owner: owner.clone(),
+            label: self.label.take(),
+        };
+        tracker.track((path, self.czxid), node, sent + ttl);
         Ok(Lease::new(
             key.clone(),
             owner,

@@ -65,7 +65,8 @@ impl Session {
         self.client.session_timeout()
     }
 
-    fn is_usable(&self) -> bool {
+    /// Neither ended nor closed: requests on it may still succeed.
+    pub(crate) fn is_usable(&self) -> bool {
         !self.ended.load(Ordering::Acquire) && !self.client.state().is_terminated()
     }
 
@@ -97,7 +98,7 @@ fn end(ended: &AtomicBool, tracker: &Tracker, id: i64) {
             session = format!("{id:#x}"),
             "ZooKeeper session ended; every lock on it is lost"
         );
-        tracker.lose_where(|_, &session| session == id);
+        tracker.lose_where(|_, node| node.session == id);
     }
 }
 
@@ -106,37 +107,50 @@ fn end(ended: &AtomicBool, tracker: &Tracker, id: i64) {
 struct Slot {
     /// The session timeout asked of the server.
     timeout: Duration,
-    current: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The current session: read without waiting (extends look sessions up
+    /// by id while other requests are opening or using them).
+    current: std::sync::Mutex<Option<Arc<Session>>>,
+    /// Held while a new session is opened, so that one opens at a time.
+    opening: tokio::sync::Mutex<()>,
 }
 
 impl Slot {
     fn new(timeout: Duration, first: Option<Session>) -> Slot {
         Slot {
             timeout,
-            current: tokio::sync::Mutex::new(first.map(Arc::new)),
+            current: std::sync::Mutex::new(first.map(Arc::new)),
+            opening: tokio::sync::Mutex::new(()),
         }
     }
 
     /// The current session, or a new one when it ended.
     async fn get(&self, config: &ZkConfig, tracker: &Arc<Tracker>) -> Result<Arc<Session>> {
-        let mut current = self.current.lock().await;
-        if let Some(s) = current.as_ref().filter(|s| s.is_usable()) {
-            return Ok(Arc::clone(s));
+        if let Some(s) = self.peek() {
+            return Ok(s);
         }
-        if let Some(old) = current.take() {
+        let _opening = self.opening.lock().await;
+        // Another caller may have opened one while this one waited.
+        if let Some(s) = self.peek() {
+            return Ok(s);
+        }
+        if let Some(old) = self.current().take() {
             old.end();
         }
         let fresh = Arc::new(open(config, self.timeout, tracker).await?);
-        *current = Some(Arc::clone(&fresh));
+        *self.current() = Some(Arc::clone(&fresh));
         Ok(fresh)
     }
 
-    /// The current session without waiting, if it is usable.
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<Arc<Session>>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current session, if it is usable.
     fn peek(&self) -> Option<Arc<Session>> {
-        self.current
-            .try_lock()
-            .ok()
-            .and_then(|c| c.as_ref().filter(|s| s.is_usable()).map(Arc::clone))
+        self.current()
+            .as_ref()
+            .filter(|s| s.is_usable())
+            .map(Arc::clone)
     }
 }
 

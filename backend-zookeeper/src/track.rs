@@ -17,7 +17,10 @@ use std::{
     time::Duration,
 };
 
-use fenced_api::deadlines::{Deadlines, Reaped};
+use fenced_api::{
+    deadlines::{Deadlines, Reaped},
+    Label, Owner,
+};
 
 use crate::error::{bounded, kind, Kind};
 use crate::session::Sessions;
@@ -25,11 +28,22 @@ use crate::session::Sessions;
 /// Pause before retrying a deletion ZooKeeper did not answer.
 const REAP_RETRY: Duration = Duration::from_secs(1);
 
-/// The locks of one client, by (node path, creation zxid = the token);
-/// the data is the id of the session the node is ephemeral on. Node paths
-/// are never reused (a nonce and a sequence), so the path alone names one
-/// grant; the zxid lets an extend find it by token.
-pub(crate) type Tracker = Deadlines<(String, i64), i64>;
+/// The locks of one client, by (node path, creation zxid = the token).
+/// Node paths are never reused (a nonce and a sequence), so the path alone
+/// names one grant; the zxid lets an extend find it by token.
+pub(crate) type Tracker = Deadlines<(String, i64), Node>;
+
+/// What this client knows of a node it holds: enough to extend and release
+/// it without reading it first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Node {
+    /// The session the node is ephemeral on.
+    pub(crate) session: i64,
+    /// The owner written in its data.
+    pub(crate) owner: Owner,
+    /// The label written in its data.
+    pub(crate) label: Option<Label>,
+}
 
 /// An empty tracker with ZooKeeper's retry pause.
 pub(crate) fn tracker() -> Tracker {

@@ -31,7 +31,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// and the entry outlives the call on a session that lives on, holding the
 /// key for nobody.
 #[tokio::test]
-#[ignore = "known bug: a queue entry whose delete/find failed is never retried (see an_entry_whose_create_reply_was_lost_leaves_the_queue)"]
+
 async fn a_leader_kill_never_makes_two_holders() {
     let zk = PrivateZooKeeper::start(ZooKeeperOptions {
         members: 3,

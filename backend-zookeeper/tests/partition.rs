@@ -108,7 +108,7 @@ async fn the_holder_of_an_expired_session_knows_before_anyone_else_is_granted() 
 /// failed call: once the holder releases, the key is free for others —
 /// not held by a node nobody owns while its session lives on.
 #[tokio::test]
-#[ignore = "known bug: queue.rs gives up deleting an entry after one failed try while its session lives on"]
+
 async fn an_entry_whose_create_reply_was_lost_leaves_the_queue() {
     let h = ZkHarness::new().await;
     let first_host = h.hosts().split(',').next().unwrap().to_owned();

@@ -3,6 +3,8 @@
 //! free its key; a TTL longer than the server's longest session is granted
 //! shorter, says so, and `LockClient` renews by what was granted.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::{sync::Arc, time::Duration};

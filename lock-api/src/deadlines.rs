@@ -222,6 +222,11 @@ where
         self.state().held.get(key).map(|h| h.deadline)
     }
 
+    /// The data of the lock `key`, if tracked.
+    pub fn data(&self, key: &K) -> Option<D> {
+        self.state().held.get(key).map(|h| h.data.clone())
+    }
+
     /// The first tracked key that `matches` (e.g. by token alone).
     pub fn find(&self, matches: impl Fn(&K) -> bool) -> Option<K> {
         self.state().held.keys().find(|k| matches(k)).cloned()
