@@ -1,4 +1,8 @@
 #![doc = include_str!("../README.md")]
+// A release build computes the layout of row_lock's `list` future (sqlx
+// queries nested in the NOWAIT probes) 130 queries deep, past rustc's
+// default limit of 128; debug builds do not get there.
+#![recursion_limit = "256"]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
