@@ -31,6 +31,7 @@
 mod error;
 mod fenced_impl;
 mod peers;
+mod readme;
 mod report;
 mod runner;
 mod scenario;
@@ -39,10 +40,8 @@ mod svg;
 
 pub use error::BenchError;
 pub use fenced_impl::implementations;
-pub use report::{
-    markdown, read_jsonl, readme_summary, replace_readme_summary, summary_table, write_jsonl,
-    MachineInfo, README_MARKERS,
-};
+pub use readme::{readme_summary, replace_readme_summary, README_MARKERS};
+pub use report::{markdown, read_jsonl, summary_table, write_jsonl, MachineInfo};
 pub use runner::{run, Implementation, Locker, Progress};
 pub use scenario::{Profile, Scenario, ScenarioKind};
 pub use stats::{CellResult, Kind, ManyKeys, Servers};

@@ -36,7 +36,7 @@ pub fn read_jsonl(path: &Path) -> std::io::Result<Vec<CellResult>> {
         .collect()
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "–".to_owned(), |x| format!("{x:.digits$}"))
 }
 
@@ -204,106 +204,14 @@ fn today_utc() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-fn get<'a>(results: &'a [CellResult], imp: &str, scenario: &str) -> Option<&'a CellResult> {
+pub(crate) fn get<'a>(
+    results: &'a [CellResult],
+    imp: &str,
+    scenario: &str,
+) -> Option<&'a CellResult> {
     results
         .iter()
         .find(|r| r.implementation == imp && r.scenario.name == scenario)
-}
-
-/// Where [`readme_summary`] goes in the README.
-pub const README_MARKERS: (&str, &str) = (
-    "<!-- fenced bench summary: written by scripts/bench.sh -->",
-    "<!-- end of fenced bench summary -->",
-);
-
-/// The README's short table: each fenced backend's headline numbers from
-/// this run, with the peers' uncontended rates for scale.
-pub fn readme_summary(results: &[CellResult], machine: &MachineInfo) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "From `scripts/bench.sh` on {} ({} CPUs, loopback servers); all numbers and the targets \
-         in [`BENCHMARKS.md`](BENCHMARKS.md).\n",
-        machine.date, machine.cpus
-    );
-    let _ = writeln!(
-        s,
-        "| backend | uncontended acq/s (cycle p50 ms) | 16 tasks, hold 20 ms, think 20 ms: efficiency / Jain / hand-off p99 ms | 50 tasks, hold 20 ms: Jain | 10 000 locks held: lost |\n\
-         |---|--:|--:|--:|--:|"
-    );
-    let mut seen: Vec<&str> = Vec::new();
-    for r in results.iter().filter(|r| r.kind == Kind::Fenced) {
-        let name = r.implementation.as_str();
-        if seen.contains(&name) {
-            continue;
-        }
-        seen.push(name);
-        let u = get(results, name, "uncontended");
-        let c16 = get(results, name, "contended-16-h20-t20");
-        let c50 = get(results, name, "contended-50-h20-t0");
-        let many = results
-            .iter()
-            .find(|m| m.implementation == name && m.many.is_some())
-            .and_then(|m| m.many.as_ref());
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} |",
-            name.trim_start_matches("fenced/"),
-            u.map_or_else(
-                || "–".to_owned(),
-                |u| format!("{:.0} ({:.2})", u.acq_per_s, u.cycle_p50_ms)
-            ),
-            c16.map_or_else(
-                || "–".to_owned(),
-                |c| format!(
-                    "{:.3} / {} / {}",
-                    c.efficiency,
-                    opt(c.jain, 3),
-                    opt(c.handoff_p99_ms, 2)
-                )
-            ),
-            c50.map_or_else(|| "–".to_owned(), |c| opt(c.jain, 3)),
-            many.map_or_else(
-                || "not run".to_owned(),
-                |m| format!("{} of {}", m.lost, m.held)
-            ),
-        );
-    }
-    let peers: Vec<String> = results
-        .iter()
-        .filter(|r| r.kind != Kind::Fenced && r.scenario.name == "uncontended")
-        .map(|r| format!("{} {:.0}", r.implementation, r.acq_per_s))
-        .collect();
-    if !peers.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nPeers and floors, uncontended acq/s: {}.",
-            peers.join(", ")
-        );
-    }
-    s
-}
-
-/// `readme` with the block between [`README_MARKERS`] replaced by `summary`.
-///
-/// # Errors
-///
-/// When the markers are missing or out of order (the text is not changed).
-pub fn replace_readme_summary(readme: &str, summary: &str) -> Result<String, String> {
-    let (start, end) = README_MARKERS;
-    let (Some(a), Some(b)) = (readme.find(start), readme.find(end)) else {
-        return Err(format!(
-            "the README has no summary block: add the lines `{start}` and `{end}` where it goes"
-        ));
-    };
-    if b < a {
-        return Err("the README's summary markers are out of order".to_owned());
-    }
-    Ok(format!(
-        "{}{start}\n{summary}{}",
-        &readme[..a],
-        &readme[b..]
-    ))
 }
 
 fn verdict(ok: Option<bool>) -> &'static str {
@@ -576,7 +484,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::{stats::Kind, Profile};
+    use crate::{
+        readme::{readme_summary, replace_readme_summary, README_MARKERS},
+        stats::Kind,
+        Profile,
+    };
 
     /// `fenced bench --from` redraws a report from what a run wrote: every
     /// field must come back as written, scenario durations included.
@@ -603,7 +515,10 @@ mod tests {
             zookeeper_version: None,
         };
         let summary = readme_summary(&results, &machine);
-        assert!(summary.contains("| x | 1234 (0.00)"), "{summary}");
+        assert!(
+            summary.contains("| x | – | – | – | 1234 (0.00) |"),
+            "{summary}"
+        );
         let (start, end) = README_MARKERS;
         let readme = format!("# t\n{start}\nSTALE-BLOCK\n{end}\nrest\n");
         let new = replace_readme_summary(&readme, &summary).unwrap();
