@@ -13,10 +13,12 @@
 #                                          # faults/results/runs.jsonl, run what is missing (seed by
 #                                          # seed, every cell alike), start nothing after 90 minutes
 #
-# Needs, besides the three services: the fenced-faults-client binary (built
-# below with the runner), libfaketime's `faketime` for the clock-skew cell,
-# and the mariadbd / redis-server / etcd binaries for the private servers of
-# the server faults — all installed by scripts/services.sh.
+# Needs, besides the services: the fenced-faults-client binary (built below
+# with the runner), libfaketime's `faketime` for the clock-skew cell, and the
+# mariadbd / redis-server / etcd binaries and Java with ZooKeeper's jar for
+# the private servers — of the server faults, and the MariaDB with a binary
+# log and the ZooKeeper whose transaction log give the MySQL and ZooKeeper
+# cells their server truth — all installed by scripts/services.sh.
 #
 # The short profile (one run per cell) runs in CI as
 # `cargo test -p fenced-faults --test short_profile`.

@@ -272,6 +272,35 @@ dead_path_test!(
     etcd_url(),
     2379
 );
+dead_path_test!(
+    #[cfg(feature = "zookeeper")]
+    dead_path_on_zookeeper,
+    "zookeeper",
+    zookeeper_url(),
+    2181
+);
+
+/// A ZooKeeper URL with a namespace of its own, whose session timeout is
+/// the holder's `--ttl`. The blackholed holder cannot delete its node, so
+/// B gets the key only once the server expires the holder's session: one
+/// session timeout (rounded up to a tick) after the last request it
+/// received — never before the lease's deadline, which counts from a
+/// renewal sent earlier. So the holder's command is stopped first, and B
+/// waits about a TTL after the path died, well inside its `--wait`. A
+/// longer session only makes B wait longer; a lock never lives on a
+/// shorter one.
+#[cfg(feature = "zookeeper")]
+async fn zookeeper_url() -> String {
+    let base = services::zookeeper_url();
+    services::probe_zookeeper(&base)
+        .await
+        .unwrap_or_else(|m| panic!("{m}"));
+    let hp = services::host_port(&base, 2181).unwrap();
+    format!(
+        "zk://{hp}/fenced-cli-{}?session_timeout={TTL}",
+        uuid::Uuid::new_v4().simple()
+    )
+}
 
 /// A `--grace` that cannot fit the TTL is refused before anything is
 /// acquired, naming the largest grace that fits.

@@ -170,7 +170,7 @@ pub fn evidence_markdown(results: &[crate::model::RunResult]) -> String {
             out,
             "| {} | {}{label} | {} | {confirmed} / {injected} | {regressions} | {forbidden} | {noticed} of {} | {take} | {conflicts} | {evidence} |",
             Target::ALL[*t].name(),
-            Fault::ALL[*f].name(),
+            Fault::ALL[*f].name(Target::ALL[*t]),
             runs.len(),
             runs.len(),
         );

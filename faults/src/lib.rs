@@ -5,13 +5,15 @@
 //!   one-way delay, blackhole without RST, connection cut, refused
 //!   connections, a dropped reply);
 //! * [`private`] — private server instances (MariaDB, redis-server, etcd
-//!   single and 3-member) on their own ports and data directories, so
-//!   destructive tests never disturb the shared services;
+//!   single and 3-member, ZooKeeper standalone and a 3-member ensemble) on
+//!   their own ports and data directories, so destructive tests never
+//!   disturb the shared services;
 //! * [`procs`] — client *processes* (the `fenced-faults-client` binary) for
 //!   SIGSTOP, SIGKILL and skewed clocks, sharing the fenced resource and the
 //!   history through a small TCP hub in the parent;
-//! * [`servers`] — the server faults (restart, etcd leader kill, `KILL` of a
-//!   lock connection, lock-conflict storms) on private servers;
+//! * [`servers`] — the server faults (restart, leader kill of an etcd
+//!   cluster or a ZooKeeper ensemble, `KILL` of a lock connection,
+//!   lock-conflict storms) on private servers;
 //! * [`mutant`] — deliberately broken locks for control runs.
 //!
 //! Everything here targets loopback only and is bounded in count and time.
@@ -36,7 +38,7 @@ pub mod truth;
 pub mod private {
     pub use fenced_testkit::private::{
         find_binary, free_port, send_signal, EtcdMember, EtcdOptions, MariaDbOptions, PrivateEtcd,
-        PrivateMariaDb, PrivateRedis, RedisOptions, RedisPersistence, TestCa, TlsFiles,
-        START_TIMEOUT,
+        PrivateMariaDb, PrivateRedis, PrivateZooKeeper, RedisOptions, RedisPersistence, TestCa,
+        TlsFiles, ZooKeeperMember, ZooKeeperOptions, START_TIMEOUT,
     };
 }

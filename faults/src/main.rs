@@ -119,7 +119,7 @@ async fn main() -> std::process::ExitCode {
     for i in 0..args.runs {
         for target in Target::ALL {
             for fault in Fault::ALL {
-                let name = format!("{} × {}", target.name(), fault.name());
+                let name = format!("{} × {}", target.name(), fault.name(target));
                 if fault.applies_to(target) && wanted(&name) {
                     configs.push(RunConfig::new(target, fault, args.seed + i));
                 }
@@ -208,6 +208,20 @@ async fn main() -> std::process::ExitCode {
     } else {
         None
     };
+    // ZooKeeper server truth reads a transaction log: a private ZooKeeper
+    // whose data directory this process owns.
+    let zookeeper = configs.iter().any(|c| c.target == Target::ZooKeeper);
+    let _txn_log_server = if zookeeper {
+        match fenced_faults::truth::zookeeper::private_server().await {
+            Ok(zk) => Some(zk),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return std::process::ExitCode::from(69);
+            }
+        }
+    } else {
+        None
+    };
     let total = configs.len();
     let commit = current_commit();
     eprintln!(
@@ -261,7 +275,7 @@ async fn main() -> std::process::ExitCode {
                     let p = args.jsonl.with_file_name(format!(
                         "unsafe-{}-{}-{}.jsonl",
                         r.config.target.name(),
-                        r.config.fault.name(),
+                        r.config.fault.name(r.config.target),
                         r.config.seed
                     ));
                     let _ = std::fs::write(p, &r.history);

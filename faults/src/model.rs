@@ -24,17 +24,20 @@ pub enum Target {
     Redis,
     /// etcd.
     Etcd,
+    /// ZooKeeper.
+    ZooKeeper,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::Sqlite,
         Target::MySqlUniqueKey,
         Target::MySqlRowLock,
         Target::MySqlOptimistic,
         Target::Redis,
         Target::Etcd,
+        Target::ZooKeeper,
     ];
 
     /// Its name in reports.
@@ -46,6 +49,7 @@ impl Target {
             Target::MySqlOptimistic => "mysql-optimistic",
             Target::Redis => "redis",
             Target::Etcd => "etcd",
+            Target::ZooKeeper => "zookeeper",
         }
     }
 
@@ -96,8 +100,9 @@ pub enum Fault {
     ServerRestart,
     /// As [`Fault::ServerRestart`], on a Redis with AOF `appendfsync always`.
     ServerRestartAof,
-    /// The leader of a private 3-member etcd cluster is SIGKILLed while a
-    /// client holds.
+    /// The leader of a private 3-member cluster (etcd, or a ZooKeeper
+    /// ensemble) is SIGKILLed while a client holds. Named per store
+    /// ([`Fault::name`]): `etcd-leader-kill`, `zk-leader-kill`.
     LeaderKill,
     /// `KILL <id>` of the `row_lock` holder's connection on the server.
     KillConnection,
@@ -110,6 +115,18 @@ pub enum Fault {
 
 /// How long a [`Fault::LockStorm`] run contends (other faults: from the TTL).
 pub const STORM_BUDGET: Duration = Duration::from_secs(8);
+
+/// The tick of the ZooKeeper cells' private servers, ms. A holder that
+/// cannot delete its own node (frozen, cut off, dead) keeps the key until
+/// the server expires its session: one session timeout (the TTL, see
+/// `Target::url`) after the last request, rounded up to the next tick. With
+/// 500 ms that is at most 2.5 s, well inside the shortest freeze of the
+/// suite (1.5 × TTL = 3 s), so the key changes hands during a freeze as on
+/// the other stores. With the shared server's 1 s tick the takeover can
+/// come at 3 s, just as a starved victim wakes, and its forced stale write
+/// can land between the successor's read and write (a lost update the
+/// resource cannot refuse: it learns a token when it is written).
+pub const ZOOKEEPER_TICK_MS: u32 = 500;
 
 /// Where a fault's clients run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,9 +163,12 @@ impl Fault {
         Fault::LockStorm,
     ];
 
-    /// Its name in reports.
-    pub fn name(self) -> &'static str {
+    /// Its name in reports, on `target`. Only the leader kill's name
+    /// depends on the store: it says which kind of cluster lost its leader
+    /// (`etcd-leader-kill`, `zk-leader-kill`).
+    pub fn name(self, target: Target) -> &'static str {
         match self {
+            Fault::LeaderKill if target == Target::ZooKeeper => "zk-leader-kill",
             Fault::Contention => "contention",
             Fault::PausePastTtl => "pause-past-ttl",
             Fault::ShortStalls => "short-stalls",
@@ -225,12 +245,15 @@ impl Fault {
     pub fn forbids_overlap(self, target: Target) -> bool {
         match self {
             Fault::Contention | Fault::ClockSkew | Fault::LockStorm => true,
-            // Durable stores keep the lease through a restart; a row_lock
-            // transaction dies with the server (the holder learns at its
-            // next renewal) and a Redis without persistence forgets.
+            // Durable stores keep the lease through a restart (ZooKeeper
+            // reloads its sessions and gives each a full timeout from the
+            // moment it serves again, so a holder's node outlives the
+            // holder's deadline); a row_lock transaction dies with the
+            // server (the holder learns at its next renewal) and a Redis
+            // without persistence forgets.
             Fault::ServerRestart => matches!(
                 target,
-                Target::MySqlUniqueKey | Target::MySqlOptimistic | Target::Etcd
+                Target::MySqlUniqueKey | Target::MySqlOptimistic | Target::Etcd | Target::ZooKeeper
             ),
             Fault::ServerRestartAof | Fault::LeaderKill => true,
             _ => false,
@@ -247,7 +270,7 @@ impl Fault {
         match self {
             Fault::ServerRestart => return target != Target::Sqlite,
             Fault::ServerRestartAof => return target == Target::Redis,
-            Fault::LeaderKill => return target == Target::Etcd,
+            Fault::LeaderKill => return matches!(target, Target::Etcd | Target::ZooKeeper),
             Fault::KillConnection => return target == Target::MySqlRowLock,
             Fault::LockStorm => return mysql,
             // SQLite's clock is the calling process's wall clock (the store
@@ -303,7 +326,10 @@ impl RunConfig {
             fencing: true,
             clients: if fault == Fault::LockStorm { 16 } else { 4 },
             ttl: Duration::from_millis(match (target, fault) {
-                (Target::Etcd, _) => 2_000,
+                // etcd leases are whole seconds. ZooKeeper: the clients'
+                // session timeout is the TTL (`Target::url`), and 2 s is the
+                // shortest session the shared server (tickTime 1 s) grants.
+                (Target::Etcd | Target::ZooKeeper, _) => 2_000,
                 (_, Fault::LockStorm) => 300,
                 _ => 600,
             }),

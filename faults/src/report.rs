@@ -207,7 +207,21 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          not forbid them); under a freeze (pause past the TTL, SIGSTOP) the frozen process \
          cannot act on any deadline, so its overlaps last as long as the freeze allows — the \
          reason the resource checks tokens. Loss detection is measured from the safe \
-         deadline.\n"
+         deadline.\n\n\
+         ZooKeeper: TTL 2 s and a session timeout of 2 s, the shortest the shared server \
+         (tickTime 1 s) grants. A lock's TTL is enforced by its holder's own client, whose \
+         reaper deletes the node at the lease's deadline; the session is the backstop: a holder \
+         that cannot delete its node (frozen, cut off, dead) keeps the key until the server \
+         expires its session, one session timeout — rounded up to the server's next tick — \
+         after the last request the server got from it. That request is never earlier than the \
+         grant or renewal the holder's deadline counts from, so with the TTL at most the session \
+         timeout the server cannot free the key before the holder's deadline. The cells' \
+         private servers tick every 500 ms, so such takeovers come 2–2.5 s after the holder fell \
+         silent, inside the shortest freeze here (1.5 × TTL, the starved watchdog), as on the \
+         other stores. With a 1 s tick the takeover can come at 3 s, as the starved victim wakes: \
+         in a trial run the key changed hands just then, and the victim's stale write landed \
+         between the successor's read and its write — a lost update no token check can refuse, \
+         since the resource learns a token only when it is written.\n"
     );
     let _ = writeln!(
         out,
@@ -225,9 +239,11 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          (the store runs inside the client), so a skewed client is a skewed store — the short \
          profile shows the check catching exactly that. **Server faults** run against a private \
          server (own port and data): `server-restart` SIGKILLs and restarts it while the victim \
-         holds (MariaDB with InnoDB, Redis without persistence, etcd), `server-restart-aof-always` \
-         does the same to a Redis with AOF `appendfsync always`, `etcd-leader-kill` SIGKILLs the \
-         leader of a 3-member cluster, `server-kill-connection` runs `KILL` on the connection \
+         holds (MariaDB with InnoDB, Redis without persistence, etcd, a standalone ZooKeeper on \
+         the same data directory, whose zxids — the tokens — must keep rising), \
+         `server-restart-aof-always` does the same to a Redis with AOF `appendfsync always`, \
+         `etcd-leader-kill` and `zk-leader-kill` (one fault, named per store) SIGKILL the leader \
+         of a 3-member etcd cluster or ZooKeeper ensemble, `server-kill-connection` runs `KILL` on the connection \
          holding the `row_lock` transaction, and `lock-conflict-storm` runs 16 clients (TTL \
          300 ms, every third holder dying) for 8 s on a MariaDB with `innodb_lock_wait_timeout = 1` \
          while a conflict injector — a heavy transaction (300 scratch rows updated) that takes \
@@ -254,7 +270,11 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let all = cells(results);
     for ((v, t, f), c) in &all {
-        let name = format!("{}{}", Fault::ALL[*f].name(), variant_label(*v));
+        let name = format!(
+            "{}{}",
+            Fault::ALL[*f].name(Target::ALL[*t]),
+            variant_label(*v)
+        );
         let live: Vec<f64> = c.liveness_ms.iter().flatten().copied().collect();
         let not_live = c.liveness_ms.iter().filter(|l| l.is_none()).count();
         let live_cell = if not_live > 0 {
@@ -302,7 +322,13 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     let unsafe_cells: Vec<String> = all
         .iter()
         .filter(|((v, _, _), c)| *v == 0 && !c.is_safe())
-        .map(|((_, t, f), _)| format!("{} × {}", Target::ALL[*t].name(), Fault::ALL[*f].name()))
+        .map(|((_, t, f), _)| {
+            format!(
+                "{} × {}",
+                Target::ALL[*t].name(),
+                Fault::ALL[*f].name(Target::ALL[*t])
+            )
+        })
         .collect();
     let caught = all
         .iter()
@@ -367,7 +393,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
                 format!(
                     "{} × {}: {e}",
                     Target::ALL[*t].name(),
-                    Fault::ALL[*f].name()
+                    Fault::ALL[*f].name(Target::ALL[*t])
                 )
             })
         })
@@ -387,7 +413,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
            Per key no two may intersect on the store's own clock or order (overlaps), tokens must \
            strictly increase (regressions), and every grant a client reported must be one the \
            record shows — with a token the store granted, to that client only, and (etcd) not \
-           already deleted when the client asked (unvouched). All must be 0. `n/a`: the run had \
+           already deleted when the client asked, (ZooKeeper) created after the client asked \
+           and made the holder before the client was told (unvouched). All must be 0. `n/a`: the run had \
            no server record (reason below).\n\
          - **stale writes accepted / lost updates / non-owner releases** must be 0 with fencing on.\n\
          - **belief overlaps**: times two clients both believed they held the key. Under a pause \
@@ -404,7 +431,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
            failovers too. Must be 0.\n\
          - **overlaps where none is allowed**: belief overlaps under faults that freeze or cut off \
            nobody, or on stores that keep their locks through the fault (contention, clock skew, \
-           storms, restarts of durable stores, the etcd leader kill). Must be 0.\n\
+           storms, restarts of durable stores, the leader kills). Must be 0.\n\
          - **victim noticed its loss**: runs in which the holder hit by the fault learnt that its \
            lease was gone (loss signal, refused release, refused write). Required where the store \
            loses the lock (SIGSTOP past the TTL, Redis restart without persistence, row_lock after \

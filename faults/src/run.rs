@@ -29,17 +29,25 @@ impl Target {
             )),
             Target::Redis => Some((services::redis_url(), 6379)),
             Target::Etcd => Some((services::etcd_url(), 2379)),
+            Target::ZooKeeper => Some((
+                // The private ZooKeeper whose transaction log this process
+                // reads, while one is in use (server truth).
+                crate::truth::zookeeper::server_url().unwrap_or_else(services::zookeeper_url),
+                2181,
+            )),
         }
     }
 
     /// The URL of this target in namespace `ns`, through `via` if given;
-    /// on the private server at `private` (its base URL) if given.
+    /// on the private server at `private` (its base URL) if given. `ttl` is
+    /// the runs' lock TTL: ZooKeeper clients ask for a session that long.
     pub(crate) fn url(
         self,
         ns: &str,
         via: Option<SocketAddr>,
         dir: &std::path::Path,
         private: Option<&str>,
+        ttl: Duration,
     ) -> Result<String, String> {
         let base = match (self.server(), private) {
             (None, _) => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
@@ -64,6 +72,20 @@ impl Target {
                     .trim_start_matches("etcd://")
                     .trim_end_matches('/');
                 format!("etcd://{hp}/fenced-faults-{ns}")
+            }
+            Target::ZooKeeper => {
+                // A session as long as the TTL: the session is what frees
+                // the key of a holder that cannot delete its node (dead,
+                // frozen, cut off), so a session timeout equal to the TTL
+                // keeps those takeovers as quick as the store allows while
+                // never shorter than a lock (a lock may not outlive its
+                // session).
+                let rest = base.split_once("://").map_or(base.as_str(), |(_, r)| r);
+                let hosts = rest.split(['/', '?']).next().unwrap_or(rest);
+                format!(
+                    "zk://{hosts}/fenced-faults-{ns}?session_timeout={}ms",
+                    ttl.as_millis()
+                )
             }
         })
     }
@@ -95,7 +117,7 @@ impl Prepared {
     pub(crate) fn url(&self, cfg: &RunConfig, via: Option<SocketAddr>) -> Result<String, String> {
         let base = self.private.as_ref().map(|p| p.base_url());
         cfg.target
-            .url(&self.ns, via, self.dir.path(), base.as_deref())
+            .url(&self.ns, via, self.dir.path(), base.as_deref(), cfg.ttl)
     }
 
     /// Where mutants share what they share.
@@ -115,7 +137,9 @@ pub(crate) async fn prepare(cfg: &RunConfig) -> Result<Prepared, String> {
         .await?
         .map(Arc::new);
     let base = private.as_ref().map(|p| p.base_url());
-    let admin_url = cfg.target.url(&ns, None, dir.path(), base.as_deref())?;
+    let admin_url = cfg
+        .target
+        .url(&ns, None, dir.path(), base.as_deref(), cfg.ttl)?;
     let setup = async {
         fenced::migrate(&admin_url).await?;
         fenced::connect(&admin_url).await.map(drop)
@@ -131,7 +155,7 @@ pub(crate) async fn prepare(cfg: &RunConfig) -> Result<Prepared, String> {
         ns,
         admin_url,
         private,
-        key: format!("faults/{}", cfg.fault.name()),
+        key: format!("faults/{}", cfg.fault.name(cfg.target)),
     })
 }
 
@@ -143,8 +167,9 @@ pub(crate) async fn start_recorder(
     history: &History,
 ) -> Result<Recorder, String> {
     if cfg.fault.kind() == FaultKind::Server {
-        // Restarts and kills break a MONITOR stream or a watch, and the
-        // private servers of these faults keep no binary log.
+        // Restarts and kills break a MONITOR stream or a watch; the
+        // private servers of these faults keep no binary log, and a leader
+        // kill leaves a ZooKeeper transaction log spread over the members.
         return Ok(Recorder::None(SERVER_FAULT_REASON));
     }
     Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
@@ -152,7 +177,7 @@ pub(crate) async fn start_recorder(
 
 /// Why server faults have no server truth.
 pub const SERVER_FAULT_REASON: &str =
-    "server faults run on a private server that the fault restarts or kills (which breaks a MONITOR stream or a watch) and that keeps no binary log";
+    "server faults run on a private server that the fault restarts or kills (which breaks a MONITOR stream or a watch), and neither the binary log of a MariaDB nor the transaction logs of a ZooKeeper is kept or read there";
 
 /// What the clients of a run collected, however they ran.
 pub(crate) struct Collected {
@@ -286,10 +311,13 @@ async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
     Ok(ms)
 }
 
-/// Drops the run's MySQL tables (Redis keys and etcd leases expire by
-/// themselves; SQLite lives in a temporary directory).
+/// Drops the run's MySQL tables and ZooKeeper namespace (Redis keys and
+/// etcd leases expire by themselves; SQLite lives in a temporary directory).
 async fn cleanup(url: &str) {
     use sqlx::Connection as _;
+    if url.starts_with("zk://") {
+        return crate::truth::zookeeper::remove_namespace(url).await;
+    }
     let Some(table) = url.split("table=").nth(1) else {
         return;
     };

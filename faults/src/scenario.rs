@@ -23,7 +23,9 @@ use std::{
 use fenced_api::{Error, LockClient, WaitPolicy};
 use tokio::time::Instant;
 
-pub use crate::model::{Fault, FaultKind, RunConfig, RunResult, Target, STORM_BUDGET};
+pub use crate::model::{
+    Fault, FaultKind, RunConfig, RunResult, Target, STORM_BUDGET, ZOOKEEPER_TICK_MS,
+};
 pub use crate::run::{non_owner_releases, SERVER_FAULT_REASON};
 use crate::{
     history::{History, Op, Phase},
@@ -305,7 +307,13 @@ async fn client(p: usize, ctx: Ctx) {
         let on_acquire = inject && !hits_holder;
         if on_acquire {
             left -= 1;
-            ctx.push(p, Op::Fault, Phase::Invoke, None, cfg.fault.name());
+            ctx.push(
+                p,
+                Op::Fault,
+                Phase::Invoke,
+                None,
+                cfg.fault.name(cfg.target),
+            );
             before_acquire(p, &ctx, &client, &mut rng).await;
         }
         ctx.push(p, Op::Acquire, Phase::Invoke, None, "");
@@ -376,7 +384,13 @@ async fn client(p: usize, ctx: Ctx) {
         let hit = inject && hits_holder;
         if hit {
             left -= 1;
-            ctx.push(p, Op::Fault, Phase::Invoke, Some(token), cfg.fault.name());
+            ctx.push(
+                p,
+                Op::Fault,
+                Phase::Invoke,
+                Some(token),
+                cfg.fault.name(cfg.target),
+            );
         }
         if hit && while_holding(p, &ctx, &mut rng).await == Holding::Died {
             // The dead holder never writes, never releases, never renews;
@@ -529,7 +543,7 @@ async fn server_fault(ctx: &Ctx) {
             ctx.confirmed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        Err(e) => ctx.error(format!("{}: {e}", ctx.cfg.fault.name())),
+        Err(e) => ctx.error(format!("{}: {e}", ctx.cfg.fault.name(ctx.cfg.target))),
     }
     tokio::time::sleep(ctx.cfg.ttl).await;
 }

@@ -3,8 +3,9 @@
 //! the shared services or other tests.
 //!
 //! * restart while held — MariaDB (InnoDB, durable), Redis without
-//!   persistence and with AOF `appendfsync always`, etcd;
-//! * the etcd leader killed in a 3-member cluster;
+//!   persistence and with AOF `appendfsync always`, etcd, a standalone
+//!   ZooKeeper (same data directory: its sessions, nodes and zxids survive);
+//! * the leader killed in a 3-member etcd cluster or ZooKeeper ensemble;
 //! * `KILL <id>` of the connection holding a `row_lock` transaction;
 //! * a lock-conflict storm on a MariaDB with `innodb_lock_wait_timeout = 1`,
 //!   with a conflict injector that makes fenced's statements deadlock
@@ -24,8 +25,8 @@ use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row
 use crate::{
     model::{Fault, Target},
     private::{
-        EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, RedisOptions,
-        RedisPersistence,
+        EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, PrivateZooKeeper,
+        RedisOptions, RedisPersistence, ZooKeeperOptions,
     },
 };
 
@@ -38,6 +39,9 @@ pub enum PrivateStore {
     Redis(PrivateRedis),
     /// A private etcd: one member, or three for the leader kill.
     Etcd(PrivateEtcd),
+    /// A private ZooKeeper: standalone, or an ensemble of three for the
+    /// leader kill.
+    ZooKeeper(PrivateZooKeeper),
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
@@ -94,6 +98,18 @@ impl PrivateStore {
                     .map_err(|e| err("private etcd", e))?,
                 )
             }
+            Target::ZooKeeper => {
+                let members = if fault == Fault::LeaderKill { 3 } else { 1 };
+                PrivateStore::ZooKeeper(
+                    PrivateZooKeeper::start(ZooKeeperOptions {
+                        members,
+                        tick_ms: crate::model::ZOOKEEPER_TICK_MS,
+                        ..ZooKeeperOptions::default()
+                    })
+                    .await
+                    .map_err(|e| err("private ZooKeeper", e))?,
+                )
+            }
             Target::Sqlite => return Ok(None),
         };
         Ok(Some(store))
@@ -105,6 +121,7 @@ impl PrivateStore {
             PrivateStore::MariaDb(db) => db.url(),
             PrivateStore::Redis(r) => r.url(),
             PrivateStore::Etcd(e) => format!("http://{}", e.hostports()),
+            PrivateStore::ZooKeeper(z) => format!("zk://{}", z.hostports()),
         }
     }
 
@@ -131,6 +148,11 @@ impl PrivateStore {
                 e.restart().await.map_err(|e| e.to_string())?;
                 (before, e.member_pid(0))
             }
+            PrivateStore::ZooKeeper(z) => {
+                let before = z.pid(0);
+                z.restart(0).await.map_err(|e| e.to_string())?;
+                (before, z.pid(0))
+            }
         };
         match (before, after) {
             (Some(b), Some(a)) if a != b => Ok(format!("server restarted: pid {b} -> {a}")),
@@ -140,15 +162,20 @@ impl PrivateStore {
         }
     }
 
-    /// Kills the etcd leader (SIGKILL) and waits until the survivors have
-    /// elected another. Evidence: the old and the new leader.
+    /// Kills the leader of the etcd cluster or ZooKeeper ensemble (SIGKILL)
+    /// and waits until the survivors have elected another. Evidence: the
+    /// old and the new leader.
     ///
     /// # Errors
     ///
     /// When this is not a cluster, or no new leader shows up within 30 s.
     pub async fn kill_leader(&self) -> Result<String, String> {
-        let PrivateStore::Etcd(e) = self else {
-            return Err("the leader kill needs an etcd cluster".into());
+        let e = match self {
+            PrivateStore::Etcd(e) => e,
+            PrivateStore::ZooKeeper(z) => return kill_zookeeper_leader(z).await,
+            _ => {
+                return Err("the leader kill needs an etcd cluster or a ZooKeeper ensemble".into())
+            }
         };
         let (leader, index) = etcd_leader(e, None).await?;
         e.kill(index);
@@ -452,6 +479,34 @@ async fn admin(db: &PrivateMariaDb) -> Result<sqlx::MySqlConnection, String> {
     sqlx::MySqlConnection::connect_with(&opts)
         .await
         .map_err(|e| format!("admin connection to the private MariaDB: {e}"))
+}
+
+/// Kills the ensemble's leader (SIGKILL) and waits until one of the two
+/// others says it leads (`srvr`).
+async fn kill_zookeeper_leader(z: &PrivateZooKeeper) -> Result<String, String> {
+    let index = z
+        .leader()
+        .await
+        .ok_or("finding the ZooKeeper leader: no member says it leads")?;
+    let pid = z.pid(index);
+    z.kill(index);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for j in (0..z.members().len()).filter(|j| *j != index) {
+            if z.mode(j).await.is_ok_and(|m| m == "leader") {
+                return Ok(format!(
+                    "leader m{} (pid {}) killed; new leader m{}",
+                    index + 1,
+                    pid.map_or_else(|| "?".to_owned(), |p| p.to_string()),
+                    j + 1
+                ));
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("no new leader 30 s after killing m{}", index + 1));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The leader's member id and index, asking every member but `skip`.

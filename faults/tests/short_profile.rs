@@ -21,7 +21,7 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
     let r = run(config(target, fault, seed))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let name = format!("{} × {} (seed {seed})", target.name(), fault.name());
+    let name = format!("{} × {} (seed {seed})", target.name(), fault.name(target));
     assert!(
         r.is_safe(),
         "{name} broke safety: {:?}, server truth {:?}, non-owner releases {}\n{}",
@@ -66,8 +66,9 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
         assert!(r.server_truth.is_none(), "{name}: unexpected server record");
         return r;
     }
-    // Server truth: every store keeps a record (MySQL through the private
-    // binlog server the caller holds, see `binlog`); every client grant is in it.
+    // Server truth: every store keeps a record (MySQL and ZooKeeper through
+    // the private server the caller holds, see `truth_server`); every client
+    // grant is in it.
     let t = r
         .server_truth
         .unwrap_or_else(|| panic!("{name}: no server truth was recorded"));
@@ -94,21 +95,27 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
     r
 }
 
-/// The MySQL cells run on a private MariaDB with a binary log (server
-/// truth) while the returned guard lives.
-async fn binlog(target: Target) -> Option<impl Drop> {
+/// While the returned guard lives, the MySQL cells run on a private
+/// MariaDB with a binary log, and the ZooKeeper cells on a private
+/// ZooKeeper whose transaction log the recorder reads (server truth).
+async fn truth_server(target: Target) -> Option<Box<dyn std::any::Any + Send + Sync>> {
     match target {
-        Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => Some(
+        Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic => Some(Box::new(
             fenced_faults::truth::binlog::private_server()
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
-        ),
+        )),
+        Target::ZooKeeper => Some(Box::new(
+            fenced_faults::truth::zookeeper::private_server()
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        )),
         _ => None,
     }
 }
 
 async fn every_fault_on(target: Target) {
-    let _binlog = binlog(target).await;
+    let _truth = truth_server(target).await;
     for fault in Fault::ALL {
         // The process and server faults have tests of their own below.
         if fault.applies_to(target) && fault.kind() == FaultKind::InProcess {
@@ -147,11 +154,18 @@ async fn etcd_keeps_safety_under_every_fault() {
     every_fault_on(Target::Etcd).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_keeps_safety_under_every_fault() {
+    every_fault_on(Target::ZooKeeper).await;
+}
+
 /// The checker can fail: without fencing, a holder paused past its TTL
-/// writes over its successor's update, and the effects check sees it.
+/// writes over its successor's update, and the effects check sees it. On
+/// ZooKeeper the successor gets in once the paused holder's session expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fencing_a_paused_holder_corrupts_the_resource() {
-    for target in [Target::Sqlite, Target::Redis] {
+    for target in [Target::Sqlite, Target::Redis, Target::ZooKeeper] {
+        let _truth = truth_server(target).await;
         let mut cfg = RunConfig::new(target, Fault::PausePastTtl, 7);
         cfg.fencing = false;
         let r = run(cfg).await.unwrap_or_else(|e| panic!("{e}"));
@@ -176,7 +190,7 @@ async fn without_fencing_a_paused_holder_corrupts_the_resource() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstopped_client_processes_are_fenced_off() {
     for target in Target::ALL {
-        let _binlog = binlog(target).await;
+        let _truth = truth_server(target).await;
         let r = cell(target, Fault::ProcessStop, 1).await;
         let name = format!("{} × process-sigstop", target.name());
         assert!(
@@ -204,7 +218,7 @@ async fn sigstopped_client_processes_are_fenced_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_holders_free_the_key_by_the_ttl() {
     for target in Target::ALL {
-        let _binlog = binlog(target).await;
+        let _truth = truth_server(target).await;
         let r = cell(target, Fault::ProcessKill, 1).await;
         let bound = (r.config.ttl * 4).as_secs_f64() * 1e3 + 2_000.0;
         assert!(
@@ -226,7 +240,7 @@ async fn a_skewed_client_clock_changes_no_expiry() {
         if !Fault::ClockSkew.applies_to(target) {
             continue;
         }
-        let _binlog = binlog(target).await;
+        let _truth = truth_server(target).await;
         let r = cell(target, Fault::ClockSkew, 1).await;
         let name = format!("{} × client-clock-skew", target.name());
         for skew in ["-3600 s off", "+3600 s off"] {
@@ -289,7 +303,7 @@ async fn mutant_locks_are_caught_by_the_fault_suite() {
         assert!(
             !r.is_safe(),
             "redis × {} with the {} mutant passed: the suite cannot see that bug\n{:?} non-owner releases {} forbidden overlaps {}",
-            fault.name(),
+            fault.name(Target::Redis),
             mutant.name(),
             r.resource,
             r.non_owner_releases,
@@ -310,6 +324,7 @@ async fn server_restarts_while_held() {
         (Target::Etcd, Fault::ServerRestart),
         (Target::MySqlRowLock, Fault::ServerRestart),
         (Target::MySqlUniqueKey, Fault::ServerRestart),
+        (Target::ZooKeeper, Fault::ServerRestart),
     ] {
         let r = cell(target, fault, 1).await;
         assert!(
@@ -318,7 +333,7 @@ async fn server_restarts_while_held() {
                 .any(|e| e.starts_with("server restarted: pid")),
             "{} × {}: no restart seen: {:?}",
             target.name(),
-            fault.name(),
+            fault.name(target),
             r.evidence
         );
         if (target, fault) == (Target::Redis, Fault::ServerRestart)
@@ -329,7 +344,7 @@ async fn server_restarts_while_held() {
                 Some(true),
                 "{} × {}: the store forgot the lock but the holder never noticed\n{}",
                 target.name(),
-                fault.name(),
+                fault.name(target),
                 r.history
             );
         }
@@ -341,6 +356,19 @@ async fn server_restarts_while_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_killed_while_held() {
     let r = cell(Target::Etcd, Fault::LeaderKill, 1).await;
+    assert!(
+        r.evidence.iter().any(|e| e.contains("new leader")),
+        "no new leader: {:?}",
+        r.evidence
+    );
+}
+
+/// The same on a 3-member ZooKeeper ensemble: the survivors elect a new
+/// leader, the sessions (and with them the locks) move over, zxids — the
+/// tokens — keep rising across the new epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_leader_killed_while_held() {
+    let r = cell(Target::ZooKeeper, Fault::LeaderKill, 1).await;
     assert!(
         r.evidence.iter().any(|e| e.contains("new leader")),
         "no new leader: {:?}",

@@ -10,12 +10,13 @@ use fenced::{
     etcd::etcd_client,
     mysql::sqlx::{self, Connection as _},
     redis::redis,
+    zookeeper::zookeeper_client::{self, Acls, CreateMode},
 };
 use fenced_conformance::services;
 use fenced_faults::{
     history::{check_server_grants, History, Op, Phase},
     scenario::Target,
-    truth::{binlog, etcd, redis as redis_truth, unmatched_tokens},
+    truth::{binlog, etcd, redis as redis_truth, unmatched_tokens, zookeeper},
 };
 
 fn ns() -> String {
@@ -169,4 +170,98 @@ async fn mysql_binlog_catches_a_current_row_deleted_as_expired() {
     history.push(0, Op::Acquire, Phase::Ok, "k", Some(tokens[0]), "");
     history.push(1, Op::Acquire, Phase::Ok, "k", Some(tokens[3] + 100), "");
     assert_eq!(unmatched_tokens(&history.events(), &grants), 1);
+}
+
+/// On the private ZooKeeper whose transaction log is read: a child created
+/// (by hand, not sequentially) with a sequence below the live holder's
+/// jumps the queue — the log shows two holders at once and the token going
+/// back; and clients report grants the log does not vouch for: a waiter's
+/// child that never held, and a holder's child created before the client
+/// asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_txn_log_catches_a_child_jumping_the_queue_and_unvouched_grants() {
+    let zk = zookeeper::private_server()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let namespace = format!("/fenced-faults-truth-{}", ns());
+    let history = History::new();
+    let log = zookeeper::TxnLog::start(&format!("zk://{}{namespace}", zk.hostports()), &history)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("the private server's log is read");
+    let c = zookeeper_client::Client::connect(&zk.hostports())
+        .await
+        .expect("connect");
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    let entry = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let queue = format!("{namespace}/kk");
+    c.create(&namespace, b"", &persistent)
+        .await
+        .expect("namespace");
+    c.create(&queue, b"", &container).await.expect("queue");
+    // A first holder, gone: the next child's sequence is above 0.
+    let (_, x) = c
+        .create(&format!("{queue}/x-"), b"", &entry)
+        .await
+        .expect("x");
+    c.delete(&format!("{queue}/x-{x}"), None)
+        .await
+        .expect("delete x");
+    history.push(0, Op::Acquire, Phase::Invoke, "k", None, "");
+    let (held, a) = c
+        .create(&format!("{queue}/a-"), b"", &entry)
+        .await
+        .expect("a");
+    let holder = held.czxid as u64;
+    history.push(0, Op::Acquire, Phase::Ok, "k", Some(holder), "");
+    history.push(1, Op::Acquire, Phase::Invoke, "k", None, "");
+    let (waited, b) = c
+        .create(&format!("{queue}/b-"), b"", &entry)
+        .await
+        .expect("b");
+    c.delete(&format!("{queue}/b-{b}"), None)
+        .await
+        .expect("delete b");
+    history.push(
+        1,
+        Op::Acquire,
+        Phase::Ok,
+        "k",
+        Some(waited.czxid as u64),
+        "",
+    );
+    // The bug: a child named as if it came first.
+    c.create(&format!("{queue}/c-0000000000"), b"", &ephemeral)
+        .await
+        .expect("c");
+    c.delete(&format!("{queue}/c-0000000000"), None)
+        .await
+        .expect("delete c");
+    // A client that asks well after the holder's child was created, and
+    // still reports its token.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    history.push(2, Op::Acquire, Phase::Invoke, "k", None, "");
+    history.push(2, Op::Acquire, Phase::Ok, "k", Some(holder), "");
+    c.delete(&format!("{queue}/a-{a}"), None)
+        .await
+        .expect("delete a");
+    let record = log.finish().await.unwrap_or_else(|e| panic!("{e}"));
+    zookeeper::remove_namespace(&format!("zk://{}{namespace}", zk.hostports())).await;
+    let holds = zookeeper::holds(&record);
+    let t = check_server_grants(&zookeeper::server_grants(&holds));
+    // x, a and the queue-jumping c held; b never did.
+    assert_eq!(
+        (t.grants, t.overlaps, t.token_regressions),
+        (3, 1, 0),
+        "{holds:?}\n{record:?}"
+    );
+    assert!(holds.iter().any(|h| h.token == holder));
+    // Client 1 (its child never held) and client 2 (asked after the
+    // holder's child was created; and it is client 0's); client 0 is vouched for.
+    assert_eq!(
+        zookeeper::unmatched(&history.events(), &holds, &record.clock),
+        2,
+        "{holds:?}\n{record:?}"
+    );
 }

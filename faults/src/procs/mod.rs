@@ -590,7 +590,7 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
         Fault::ProcessStop => (0, Action::Stop(ttl * 2), ttl * 5),
         Fault::ProcessKill => (0, Action::Kill, ttl * 4),
         Fault::ClockSkew => (1, Action::Kill, ttl * 4),
-        other => return Err(format!("{} is not a process fault", other.name())),
+        other => return Err(format!("{} is not a process fault", other.name(cfg.target))),
     };
     lock(&hub.hooks).insert(victim, action);
     // Generous: a polling store does not queue, and a loaded machine can
@@ -601,7 +601,7 @@ async fn drive(cfg: &RunConfig, hub: &Arc<Hub>, roles: &[Role]) -> Result<(), St
             lock(&hub.hooks).clear();
             return Err(format!(
                 "client {victim} never held the lock to suffer {}",
-                cfg.fault.name()
+                cfg.fault.name(cfg.target)
             ));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

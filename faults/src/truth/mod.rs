@@ -12,7 +12,10 @@
 //!   start revision (with `prev_kv`), lease-expiry deletions included;
 //! * **MySQL/MariaDB** ([`binlog`]): the row events of the run's tables in
 //!   the binary log of a private MariaDB started with `--log-bin
-//!   --binlog-format=ROW` (full profile; see [`binlog`]).
+//!   --binlog-format=ROW` (full profile; see [`binlog`]);
+//! * **ZooKeeper** ([`zookeeper`]): the transaction log of a private
+//!   ZooKeeper — every create, delete and session end under the run's
+//!   namespace, with its zxid and the server's time.
 //!
 //! The grants rebuilt from each record are checked by
 //! [`check_server_grants`]: per key no two intersect and tokens strictly
@@ -28,6 +31,7 @@
 pub mod binlog;
 pub mod etcd;
 pub mod redis;
+pub mod zookeeper;
 
 use std::collections::BTreeMap;
 
@@ -176,6 +180,18 @@ row_lock grant ended, and a release writes nothing. Its grants are the rows its 
 acquire `REPLACE`s into the `MEMORY` table `<t>_live` (logged as the old row's delete and the new \
 row's insert, whose AUTO_INCREMENT id is the token): tokens are checked for regressions in commit \
 order and matched against the clients.\n\
+- **ZooKeeper**: the cells run against a private standalone ZooKeeper (tickTime 500 ms) whose data \
+directory the runner owns; after each run its transaction log — every change the \
+server committed, fsynced before the client heard back, with its zxid, session and the server's time \
+— is read up to an end marker the recorder creates. fenced-zookeeper's queue of a key is the \
+ephemeral sequential children of one container node; the live child with the lowest sequence holds \
+and its creation zxid is the token. A grant is a child from the zxid at which it became the lowest \
+live child (its create, or the delete or session end — close or expiry — that removed the one before \
+it) to the zxid that removed it. Overlaps and regressions would need a child to jump the queue (a \
+sequence below a live holder's). The match is sharper than etcd's, on the server's clock (the log's \
+milliseconds, the run's clock mapped onto the same machine's wall clock, 10 ms of slack): each \
+client grant's token must be the creation zxid of a child that held, created after the client asked \
+(every attempt creates its own child) and made the holder before the client was told it holds.\n\
 - **Unvouched client grants** (every store): a client's reported token must be one the record \
 shows granted, and no two clients may report the same token.\n\
 - The checkers can fail: each has unit tests feeding it a crafted overlapping or regressing record \
@@ -193,6 +209,8 @@ pub enum Recorder {
     Etcd(Box<etcd::WatchLog>),
     /// MariaDB binary log (full profile).
     Binlog(binlog::BinlogLog),
+    /// ZooKeeper transaction log (private server).
+    ZooKeeper(Box<zookeeper::TxnLog>),
     /// No record for this run, and why.
     None(&'static str),
 }
@@ -251,6 +269,10 @@ impl Recorder {
                     None => Ok(Recorder::None(MYSQL_SHARED_REASON)),
                 }
             }
+            Target::ZooKeeper => match zookeeper::TxnLog::start(url, history)? {
+                Some(log) => Ok(Recorder::ZooKeeper(Box::new(log))),
+                None => Ok(Recorder::None(zookeeper::SHARED_REASON)),
+            },
         }
     }
 
@@ -291,6 +313,12 @@ impl Recorder {
                 let h = etcd::holds(&w.finish().await?);
                 let u = etcd::unmatched(events, &h);
                 (etcd::server_grants(&h), u)
+            }
+            Recorder::ZooKeeper(log) => {
+                let record = log.finish().await?;
+                let h = zookeeper::holds(&record);
+                let u = zookeeper::unmatched(events, &h, &record.clock);
+                (zookeeper::server_grants(&h), u)
             }
             Recorder::Binlog(_) => return Ok(None),
         };
