@@ -12,7 +12,8 @@ pub(crate) const BACKEND: &str = "zookeeper";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// The request may or may not have been applied; the session may live
-    /// (connection loss, timeout, a moved session, throttling).
+    /// (connection loss, the client's dropped-connection errors, timeout, a
+    /// moved session, throttling).
     Retryable,
     /// A node the recipe expected is absent: a mechanism signal.
     NoNode,

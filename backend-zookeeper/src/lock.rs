@@ -178,13 +178,21 @@ impl ZkLock {
         }
     }
 
+    /// The tracked node of `lease`: the one with its token as creation
+    /// zxid, in its key's queue.
+    fn tracked(&self, lease: &Lease) -> Option<(String, i64)> {
+        let queue = format!("{}/", self.inner.keys.queue(&lease.key));
+        track::node_of(&self.inner.tracker, lease.token.get() as i64)
+            .filter(|(path, _)| path.starts_with(&queue))
+    }
+
     /// The node of `lease` if it is still current (`None` when it is gone
     /// or belongs to another grant), read through the base session.
     async fn current(&self, lease: &Lease) -> Result<Option<Holder>> {
         let inner = &self.inner;
         let s = inner.sessions.get().await?;
         let token = lease.token.get() as i64;
-        let read = match track::node_of(&inner.tracker, token) {
+        let read = match self.tracked(lease) {
             Some(node) => match s.run("get", s.client().get_data(&node.0)).await? {
                 Ok((data, stat)) => Some(Holder {
                     path: node.0,
@@ -280,7 +288,7 @@ impl DistributedLock for ZkLock {
                     Some(_) => attempt.data_of(&holder).await?,
                     None => None,
                 };
-                attempt.leave().await;
+                attempt.leave();
                 entry::check_reentry(key, opts, holder.as_deref())?;
                 Ok(None)
             }
@@ -313,16 +321,14 @@ impl DistributedLock for ZkLock {
         LockOptions::validate_ttl(ttl)?;
         let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
         let tracker = &self.inner.tracker;
-        let token = lease.token.get() as i64;
-        let node = track::node_of(tracker, token);
-        let held = match node.as_ref().map(|n| tracker.begin_extend(n)) {
-            Some(Tracked::Expired) => return Err(lost("its TTL passed without an extend")),
-            Some(Tracked::Lost) => return Err(lost("its session ended or its node was deleted")),
-            Some(Tracked::Yes(held)) => held,
-            Some(Tracked::No) | None => return self.extend_untracked(lease, ttl).await,
-        };
-        let Some(node) = node else {
+        let Some(node) = self.tracked(lease) else {
             return self.extend_untracked(lease, ttl).await;
+        };
+        let held = match tracker.begin_extend(&node) {
+            Tracked::Expired => return Err(lost("its TTL passed without an extend")),
+            Tracked::Lost => return Err(lost("its session ended or its node was deleted")),
+            Tracked::Yes(held) => held,
+            Tracked::No => return self.extend_untracked(lease, ttl).await,
         };
         let mut ending = tracker.extending(Some(node.clone()));
         if held.owner != lease.owner {
@@ -359,7 +365,8 @@ impl DistributedLock for ZkLock {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let tracker = &self.inner.tracker;
         let token = lease.token.get() as i64;
-        let tracked = track::node_of(tracker, token)
+        let tracked = self
+            .tracked(lease)
             .and_then(|node| tracker.data(&node).map(|held| (node.0, held)));
         let path = match tracked {
             Some((path, held)) if held.owner == lease.owner => Some(path),
@@ -422,8 +429,8 @@ impl DistributedLock for ZkLock {
     ///
     /// A lock's own TTL is enforced by this client's reaper while the
     /// client runs, with the session as the backstop when it dies: a lock
-    /// whose holder stopped extending can outlive its deadline by up to one
-    /// negotiated session timeout if the whole client dies first.
+    /// whose holder stopped extending can outlive its deadline by up to its
+    /// session's timeout if the whole client dies first.
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .backend("zookeeper")

@@ -122,6 +122,11 @@ async fn remove_once(
     let name = match name {
         Some(n) => n.to_owned(),
         None => {
+            // A create whose reply was lost may have been committed after a
+            // lagging server answered: sync first, so the read sees it.
+            if let Err(e) = session.run("sync", session.client().sync(queue)).await? {
+                return Err(error::map(e));
+            }
             let children = match session
                 .run("get children", session.client().list_children(queue))
                 .await?
@@ -210,9 +215,13 @@ impl Attempt {
         ))
     }
 
-    /// Looks for this attempt's node among the queue's children.
+    /// Looks for this attempt's node among the queue's children (after a
+    /// sync, so a lagging server cannot hide a committed create).
     async fn find(&mut self) -> Result<bool> {
         let s = Arc::clone(&self.session);
+        if let Err(e) = s.run("sync", s.client().sync(&self.queue)).await? {
+            return Err(error::map(e));
+        }
         let children = match s
             .run("get children", s.client().list_children(&self.queue))
             .await?
@@ -277,21 +286,17 @@ impl Attempt {
         }
     }
 
-    /// Leaves the queue now.
-    pub(crate) async fn leave(mut self) {
-        self.armed = false;
-        remove(
-            &self.session,
-            &self.queue,
-            &self.nonce,
-            self.name.as_deref(),
-        )
-        .await;
+    /// Leaves the queue: the entry is deleted by a spawned task (as when
+    /// the attempt is dropped), so the caller neither waits for the delete
+    /// nor leaves the node behind if it is itself dropped. The entry
+    /// cannot hold the lock meanwhile: it is behind the holder.
+    pub(crate) fn leave(self) {
+        drop(self);
     }
 
     /// The entry holds the lock: it becomes a tracked lease with a
-    /// deadline its TTL after `sent` (the send time of the read that showed
-    /// it first, a request on the entry's own session). The token is the node's creation zxid, from the create's
+    /// deadline its TTL after `sent`, the send time of a request on the
+    /// entry's own session at or before the read that showed it first. The token is the node's creation zxid, from the create's
     /// reply or a follow-up read when that reply carried none.
     pub(crate) async fn grant(
         mut self,

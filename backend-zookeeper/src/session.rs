@@ -205,6 +205,9 @@ impl Sessions {
         if ttl <= base.negotiated() {
             return Ok(base);
         }
+        if let Some(open) = self.covering(ttl) {
+            return Ok(open);
+        }
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let slot = {
             let mut classes = self.classes.lock().unwrap_or_else(|p| p.into_inner());
@@ -215,6 +218,34 @@ impl Sessions {
             )
         };
         slot.get(&self.config, &self.tracker).await
+    }
+
+    /// An open longer-TTL session a lock with `ttl` can live on instead of
+    /// opening another: the shortest whose negotiated timeout covers `ttl`,
+    /// or — once the server granted a session shorter than asked, i.e. at
+    /// its `maxSessionTimeout` — that one (a new session would be cut to the
+    /// same length). Keeps the sessions of a client few.
+    fn covering(&self, ttl: Duration) -> Option<Arc<Session>> {
+        let slots: Vec<Arc<Slot>> = self
+            .classes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let open: Vec<(Duration, Arc<Session>)> = slots
+            .iter()
+            .filter_map(|slot| slot.peek().map(|s| (slot.timeout, s)))
+            .collect();
+        let covers = open
+            .iter()
+            .filter(|(_, s)| s.negotiated() >= ttl)
+            .min_by_key(|(_, s)| s.negotiated());
+        let capped = open
+            .iter()
+            .filter(|(asked, s)| s.negotiated() < *asked)
+            .max_by_key(|(_, s)| s.negotiated());
+        covers.or(capped).map(|(_, s)| Arc::clone(s))
     }
 
     /// This client's current session with id `id`, if it is one.

@@ -71,6 +71,15 @@ async fn a_cut_off_holder_keeps_the_key_until_its_deadline_when_its_ttl_exceeds_
     other.release(&next).await.expect("release");
 }
 
+/// The server's open client connections (`mntr`), this probe's included.
+async fn connections(hostport: &str) -> u32 {
+    let mntr = common::four_letter(hostport, "mntr").await;
+    mntr.lines()
+        .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connection count in {mntr}"))
+}
+
 /// A private server whose longest session is 4 s.
 async fn short_sessions_server() -> PrivateZooKeeper {
     PrivateZooKeeper::start(ZooKeeperOptions {
@@ -119,8 +128,21 @@ async fn a_ttl_longer_than_the_longest_session_is_granted_shorter_and_says_so() 
         .await
         .expect("extended");
     assert_eq!(longer.ttl, Duration::from_secs(2));
-    store.release(&extended).await.expect("release");
-    store.release(&longer).await.expect("release");
+    // Another TTL past the server's longest session reuses the capped
+    // session rather than opening one more that would be capped alike: the
+    // server's connection count (its own `mntr` connection included) does
+    // not change.
+    let hostport = zk.members()[0].hostport();
+    let before = connections(&hostport).await;
+    let other = store
+        .acquire(&key("longer"), &opts(Duration::from_secs(30), WAIT))
+        .await
+        .expect("granted");
+    assert_eq!(other.ttl, Duration::from_secs(4));
+    assert_eq!(connections(&hostport).await, before);
+    for lease in [extended, longer, other] {
+        store.release(&lease).await.expect("release");
+    }
 }
 
 /// `LockClient` asks for 12 s, the server grants 4 s: renewed every third

@@ -704,3 +704,33 @@ fn help_has_examples_and_hides_env_values() {
         );
     }
 }
+
+/// ZooKeeper grants a lease no longer than the server's longest session
+/// (60 s on the test server): `fenced run` fits its grace to the lease it
+/// got, shortening the default grace and refusing an explicit one that no
+/// longer fits (78, the lock released) rather than stopping the command
+/// while the lock is being renewed.
+#[cfg(feature = "zookeeper")]
+#[tokio::test]
+async fn run_fits_the_grace_to_a_lease_granted_shorter_than_asked() {
+    let base = fenced_conformance::services::zookeeper_url();
+    fenced_conformance::services::probe_zookeeper(&base)
+        .await
+        .unwrap_or_else(|m| panic!("{m}"));
+    let hp = fenced_conformance::services::host_port(&base, 2181).unwrap();
+    let url = format!(
+        "zk://{hp}/fenced-cli-granted-{}",
+        uuid::Uuid::new_v4().simple()
+    );
+    let out = fenced(&[
+        "--url", &url, "run", "--key", "long", "--ttl", "120s", "--grace", "50s", "--", "true",
+    ]);
+    assert_exit(&out, 78);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("granted `long` for 1m only"), "{stderr}");
+    // Refused after the grant: the lock was released, the key is free.
+    let out = fenced(&[
+        "--url", &url, "run", "--key", "long", "--ttl", "120s", "--wait", "0s", "--", "true",
+    ]);
+    assert_success(&out, "the default grace fits the granted lease");
+}

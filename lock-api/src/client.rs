@@ -199,7 +199,8 @@ impl LockClient {
 
     /// How long before the lease's deadline a guard of this client gives a
     /// lock up at the client's TTL: [`safety_margin`](Self::safety_margin)
-    /// applied to [`ttl`](Self::ttl).
+    /// applied to [`ttl`](Self::ttl) (a lease granted shorter than asked
+    /// gets the margin of its granted TTL).
     pub fn margin(&self) -> Duration {
         self.inner.config.margin.for_ttl(self.inner.config.ttl)
     }

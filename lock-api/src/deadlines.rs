@@ -194,9 +194,19 @@ where
     }
 
     /// Starts tracking `key` (a lock just granted, or extended through a
-    /// client that did not track it) until `deadline`.
+    /// client that did not track it) until `deadline`. A key tracked
+    /// already gets the new data and keeps the later deadline.
     pub fn track(&self, key: K, data: D, deadline: Instant) {
         let mut st = self.state();
+        if let Some(h) = st.held.get_mut(&key) {
+            // Tracked already (two extends of one lease racing): the data is
+            // the latest, the deadline never moves back.
+            h.data = data;
+            h.deadline = h.deadline.max(deadline);
+            let at = h.deadline;
+            self.schedule(&mut st, at, key);
+            return;
+        }
         let held = Held {
             data,
             deadline,

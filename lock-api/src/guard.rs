@@ -176,12 +176,15 @@ impl Held {
         // renewal past the deadline; and by the TTL the store granted — a
         // store that grants less than asked (ZooKeeper: no longer than the
         // lock's session) is renewed at the same fraction of what it gave.
-        let next_after = |lease: &Lease| {
-            let every = if lease.ttl < cfg.ttl {
+        let every_for = |lease: &Lease| {
+            if lease.ttl < cfg.ttl {
                 interval.mul_f64(lease.ttl.as_secs_f64() / cfg.ttl.as_secs_f64())
             } else {
                 interval
-            };
+            }
+        };
+        let next_after = |lease: &Lease| {
+            let every = every_for(lease);
             lease
                 .deadline
                 .checked_sub(lease.ttl)
@@ -230,7 +233,7 @@ impl Held {
                     crate::telemetry::renewal_failed(self.client.backend);
                     // The lease may still be current: retry soon, but never
                     // past the deadline (the select above catches that).
-                    let retry = (interval / 4).max(Duration::from_millis(5));
+                    let retry = (every_for(&lease) / 4).max(Duration::from_millis(5));
                     tracing::warn!(key = %self.key, error = %e, retry_ms = retry.as_millis() as u64, "lock renewal failed; retrying");
                     next = Instant::now() + retry;
                 }
@@ -325,7 +328,8 @@ impl LeaseHandle {
     /// and this never resolves, as long as `lead` is shorter than the TTL
     /// less the margin, one renewal interval and that renewal's round trip
     /// (`fenced run` allows a quarter of the interval for it: `lead ≤ ttl −
-    /// margin − interval × 5/4`). The longer `lead` is within that bound,
+    /// margin − interval × 5/4`, with the TTL the store granted and the
+    /// interval scaled to it). The longer `lead` is within that bound,
     /// the fewer failed renewals it takes to resolve: at the bound, one.
     /// Never resolves once the lock was released normally.
     ///

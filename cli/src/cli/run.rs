@@ -159,7 +159,7 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
     // fenced's policy (ttl/3 renewals, the default margin), checked again
     // below with the client's own figures.
     let (margin, interval) = (SafetyMargin::DEFAULT.for_ttl(args.ttl), args.ttl / 3);
-    let grace = args
+    let mut grace = args
         .grace
         .unwrap_or(DEFAULT_GRACE.min(max_grace(args.ttl, margin, interval)));
     if let Err(msg) = check_grace(args.ttl, grace, margin, interval) {
@@ -200,6 +200,26 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         }
         Err(e) => return fail(&e),
     };
+    // A store may grant a shorter lease than asked (ZooKeeper: no longer
+    // than the lock's session); the grace must fit what was granted, with
+    // renewals at the same fraction of it.
+    let granted = guard.handle().lease().ttl;
+    if granted < args.ttl {
+        let margin = SafetyMargin::DEFAULT.for_ttl(granted);
+        let every = interval.mul_f64(granted.as_secs_f64() / args.ttl.as_secs_f64());
+        if args.grace.is_none() {
+            grace = grace.min(max_grace(granted, margin, every));
+        } else if let Err(msg) = check_grace(granted, grace, margin, every) {
+            say(&format!(
+                "the store granted `{}` for {} only (asked {}): {msg}",
+                args.key,
+                fmt_duration(granted),
+                fmt_duration(args.ttl)
+            ));
+            release(guard, RELEASE_AFTER_EXIT).await;
+            return EXIT_CONFIG;
+        }
+    }
     let max_hold_at = args.max_hold.and_then(|m| Instant::now().checked_add(m));
     // Before the command starts: from here on a SIGHUP or SIGQUIT must not
     // kill fenced and leave the command running without the lock.
