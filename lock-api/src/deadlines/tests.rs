@@ -198,3 +198,18 @@ fn the_extending_guard_ends_the_extend() {
     let later = past + Duration::from_secs(2);
     assert_eq!(t.take_due(later), [(key("/a", 7), 2)], "extend ended");
 }
+
+/// Tracking a lock tracked already (two extends of one lease finishing out
+/// of order) keeps the later deadline and takes the newer data.
+#[test]
+fn tracking_again_never_moves_a_deadline_back() {
+    let t = tracker();
+    let k = key("/a", 7);
+    let later = Instant::now() + Duration::from_secs(60);
+    t.track(k.clone(), 1, later);
+    t.track(k.clone(), 2, later - Duration::from_secs(30));
+    assert_eq!(t.deadline(&k), Some(later));
+    assert_eq!(t.data(&k), Some(2));
+    t.track(k.clone(), 3, later + Duration::from_secs(1));
+    assert_eq!(t.deadline(&k), Some(later + Duration::from_secs(1)));
+}
