@@ -220,20 +220,24 @@ impl Sessions {
         slot.get(&self.config, &self.tracker).await
     }
 
+    /// The longer-TTL slots, copied out of their lock.
+    fn class_slots(&self) -> Vec<Arc<Slot>> {
+        self.classes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// An open longer-TTL session a lock with `ttl` can live on instead of
     /// opening another: the shortest whose negotiated timeout covers `ttl`,
     /// or — once the server granted a session shorter than asked, i.e. at
     /// its `maxSessionTimeout` — that one (a new session would be cut to the
     /// same length). Keeps the sessions of a client few.
     fn covering(&self, ttl: Duration) -> Option<Arc<Session>> {
-        let slots: Vec<Arc<Slot>> = self
-            .classes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        let open: Vec<(Duration, Arc<Session>)> = slots
+        let open: Vec<(Duration, Arc<Session>)> = self
+            .class_slots()
             .iter()
             .filter_map(|slot| slot.peek().map(|s| (slot.timeout, s)))
             .collect();
@@ -250,13 +254,7 @@ impl Sessions {
 
     /// This client's current session with id `id`, if it is one.
     pub(crate) fn by_id(&self, id: i64) -> Option<Arc<Session>> {
-        let classes: Vec<Arc<Slot>> = self
-            .classes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let classes = self.class_slots();
         std::iter::once(self.base.peek())
             .chain(classes.iter().map(|slot| slot.peek()))
             .flatten()

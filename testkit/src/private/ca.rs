@@ -95,17 +95,7 @@ impl TestCa {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        params.not_before = date_time_ymd(2020, 1, 1);
-        params.not_after = date_time_ymd(2099, 12, 31);
-        let key = KeyPair::generate().map_err(tls_err)?;
-        let cert = params.signed_by(&key, &self.issuer).map_err(tls_err)?;
-        let files = TlsFiles {
-            ca: dir.join("ca.pem"),
-            cert: dir.join("server.pem"),
-            key: dir.join("server.key"),
-        };
-        self.write(&files, &cert.pem(), &key.serialize_pem())?;
-        Ok(files)
+        self.sign(params, dir, "server")
     }
 
     /// Issues a client certificate with common name `name` (client
@@ -121,6 +111,12 @@ impl TestCa {
         params.use_authority_key_identifier_extension = true;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params, dir, name)
+    }
+
+    /// Signs `params` (valid 2020–2099) with a fresh key and writes
+    /// `ca.pem`, `<name>.pem` and `<name>.key` into `dir`.
+    fn sign(&self, mut params: CertificateParams, dir: &Path, name: &str) -> Result<TlsFiles> {
         params.not_before = date_time_ymd(2020, 1, 1);
         params.not_after = date_time_ymd(2099, 12, 31);
         let key = KeyPair::generate().map_err(tls_err)?;
