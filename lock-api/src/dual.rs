@@ -9,6 +9,7 @@ use std::{
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     wait::wait_deadline, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
@@ -368,6 +369,16 @@ impl DistributedLock for DualLock {
         let new = self.new.force_release(key).await?;
         let old = self.old.force_release(key).await?;
         Ok(new || old)
+    }
+
+    /// One store's signal: the old store's when it has one, else the new
+    /// one's. A loss in the other store shows at the next renewal (joining
+    /// two signals would need a task per hold that outlives neither).
+    fn loss_signal(&self, lease: &Lease) -> Option<CancellationToken> {
+        let (old, new) = self.lookup(lease)?;
+        self.old
+            .loss_signal(&old)
+            .or_else(|| self.new.loss_signal(&new))
     }
 
     fn capabilities(&self) -> Capabilities {

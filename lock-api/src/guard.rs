@@ -29,6 +29,9 @@ pub enum LossReason {
     RenewalRefused,
     /// The hold exceeded the client's `max_hold`; renewal stopped on purpose.
     MaxHoldExceeded,
+    /// The store reported the lock gone before its deadline: the session or
+    /// connection holding it ended ([`DistributedLock::loss_signal`](crate::DistributedLock::loss_signal)).
+    StoreReported,
 }
 
 impl fmt::Display for LossReason {
@@ -41,6 +44,9 @@ impl fmt::Display for LossReason {
                 "the store refused the renewal (expired, force-released or taken over)"
             }
             LossReason::MaxHoldExceeded => "the hold exceeded max_hold and renewal was stopped",
+            LossReason::StoreReported => {
+                "the store reported the lock gone (the session or connection holding it ended)"
+            }
         })
     }
 }
@@ -192,11 +198,15 @@ impl Held {
                 .unwrap_or_else(Instant::now)
         };
         let mut next = next_after(&self.lease());
+        let store_lost = self.store_signal();
         loop {
             let deadline = self.safe_deadline();
             tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
+                _ = store_lost.cancelled() => {
+                    return self.mark_lost(LossReason::StoreReported);
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     return self.mark_lost(LossReason::DeadlinePassed);
                 }
@@ -214,6 +224,9 @@ impl Held {
             let renewal = tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
+                _ = store_lost.cancelled() => {
+                    return self.mark_lost(LossReason::StoreReported);
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     return self.mark_lost(LossReason::DeadlinePassed);
                 }
@@ -243,10 +256,20 @@ impl Held {
 
     async fn watch_deadline_only(&self) {
         let deadline = self.safe_deadline();
+        let store_lost = self.store_signal();
         tokio::select! {
             _ = self.stop.cancelled() => {}
+            _ = store_lost.cancelled() => self.mark_lost(LossReason::StoreReported),
             _ = tokio::time::sleep_until(deadline) => self.mark_lost(LossReason::DeadlinePassed),
         }
+    }
+
+    /// The store's loss signal for this hold, or a token nobody cancels.
+    fn store_signal(&self) -> CancellationToken {
+        self.client
+            .lock
+            .loss_signal(&self.lease())
+            .unwrap_or_default()
     }
 
     /// Ends the hold: stops the watchdog and forgets it in the client.

@@ -97,6 +97,9 @@ pub use lock::{DistributedLock, EXTEND_MANY_CONCURRENCY};
 pub use margin::SafetyMargin;
 pub use memory::MemoryLock;
 pub use options::{Label, LockOptions, LockOptionsBuilder, Owner, WaitPolicy};
+/// The signal type of [`DistributedLock::loss_signal`] and
+/// [`LeaseHandle::lost_token`] (tokio-util's).
+pub use tokio_util::sync::CancellationToken;
 pub use wrap::WrapLock;
 
 /// Compile-time checks that the public types can cross threads and tasks.

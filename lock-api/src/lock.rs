@@ -3,6 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use crate::{Capabilities, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, Result};
 
@@ -215,6 +216,24 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
         })
     }
 
+    /// A signal the store fires when it learns, before the lease's deadline,
+    /// that `lease` is gone: the session or connection that held it ended
+    /// (terminated by an operator, killed, expired on the server).
+    ///
+    /// `None`, the default, where the store has no such means: a holder
+    /// then learns of the loss at its next renewal or at its safe deadline.
+    /// [`LockClient`](crate::LockClient) watches the signal of every hold,
+    /// so [`LockGuard::lost`](crate::LockGuard::lost) resolves the moment
+    /// the store knows — e.g. a PostgreSQL advisory lock whose backend was
+    /// terminated, rather than up to a renewal interval later.
+    ///
+    /// A backend cancels the token only when the loss is certain; it may
+    /// return the same token for every lease of one session.
+    fn loss_signal(&self, lease: &Lease) -> Option<CancellationToken> {
+        let _ = lease;
+        None
+    }
+
     /// What this backend can promise.
     fn capabilities(&self) -> Capabilities;
 }
@@ -254,6 +273,9 @@ macro_rules! forward_impl {
             }
             async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
                 (**self).list(limit).await
+            }
+            fn loss_signal(&self, lease: &Lease) -> Option<CancellationToken> {
+                (**self).loss_signal(lease)
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()

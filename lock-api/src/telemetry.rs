@@ -61,6 +61,7 @@ pub(crate) fn lost(backend: &'static str, reason: LossReason) {
         LossReason::DeadlinePassed => "deadline_passed",
         LossReason::RenewalRefused => "renewal_refused",
         LossReason::MaxHoldExceeded => "max_hold_exceeded",
+        LossReason::StoreReported => "store_reported",
     };
     metrics::counter!(LOSSES, "backend" => backend, "reason" => reason).increment(1);
 }

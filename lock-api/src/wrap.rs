@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, Result,
@@ -92,6 +93,11 @@ pub trait WrapLock: Send + Sync + std::fmt::Debug {
         self.inner().list(limit).await
     }
 
+    /// [`DistributedLock::loss_signal`]; forwards by default.
+    fn loss_signal(&self, lease: &Lease) -> Option<CancellationToken> {
+        self.inner().loss_signal(lease)
+    }
+
     /// [`DistributedLock::capabilities`]; forwards by default.
     fn capabilities(&self) -> Capabilities {
         self.inner().capabilities()
@@ -148,6 +154,12 @@ macro_rules! wrap_lock {
             }
             async fn list(&self, limit: usize) -> $crate::Result<Vec<$crate::LockInfo>> {
                 $crate::WrapLock::list(self, limit).await
+            }
+            fn loss_signal(
+                &self,
+                lease: &$crate::Lease,
+            ) -> Option<$crate::CancellationToken> {
+                $crate::WrapLock::loss_signal(self, lease)
             }
             fn capabilities(&self) -> $crate::Capabilities {
                 $crate::WrapLock::capabilities(self)

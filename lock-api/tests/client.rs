@@ -864,3 +864,59 @@ async fn a_lease_granted_shorter_than_asked_is_renewed_by_its_granted_ttl() {
     assert!(!store_grants_k(&store).await);
     assert!(guard.handle().lease().ttl <= TTL / 3);
 }
+
+/// A store that can tell its holders their lock is gone, through a token
+/// the test cancels (as a PostgreSQL backend does when the holding
+/// connection's session ends).
+#[derive(Debug)]
+struct Telling {
+    inner: MemoryLock,
+    gone: fenced_api::CancellationToken,
+}
+
+impl fenced_api::WrapLock for Telling {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.inner
+    }
+    fn loss_signal(&self, _: &Lease) -> Option<fenced_api::CancellationToken> {
+        Some(self.gone.clone())
+    }
+}
+fenced_api::wrap_lock!(Telling);
+
+#[tokio::test(start_paused = true)]
+async fn a_loss_the_store_reports_is_the_guards_at_once() {
+    let gone = fenced_api::CancellationToken::new();
+    let store = Telling {
+        inner: MemoryLock::new(),
+        gone: gone.clone(),
+    };
+    let guard = builder(store).build().unwrap().acquire("k").await.unwrap();
+    sleep(TTL / 10).await;
+    assert!(!guard.is_lost(), "nothing reported yet");
+    let reported = Instant::now();
+    gone.cancel();
+    assert_eq!(guard.lost().await, LossReason::StoreReported);
+    // Not at the next renewal (TTL/3) nor at the deadline: at once.
+    assert_eq!(reported.elapsed(), Duration::ZERO);
+    assert!(guard.handle().lost_token().is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_without_a_loss_signal_keeps_its_holders() {
+    // The default `loss_signal` is `None`: a guard on such a store is lost
+    // only by renewal or deadline, never by a signal nobody sends.
+    let store = MemoryLock::new();
+    assert!(store
+        .loss_signal(&Lease::new(
+            key("k"),
+            fenced_api::Owner::new("o").unwrap(),
+            fenced_api::FencingToken::new(1),
+            TTL,
+            Instant::now(),
+        ))
+        .is_none());
+    let guard = builder(store).build().unwrap().acquire("k").await.unwrap();
+    sleep(TTL * 3).await;
+    assert!(!guard.is_lost());
+}
