@@ -5,6 +5,8 @@
 #   Redis    :6379
 #   etcd     :2379  (client) / :2380 (peer)
 #   ZooKeeper :2181 (standalone, its own data dir, a 256 MiB heap)
+#   PostgreSQL :5432 (role `postgres` over TCP without a password, database
+#                     `fenced_test`, max_connections >= 200)
 #
 # and make sure `protoc` exists (the etcd-client crate needs it at build time).
 #
@@ -24,6 +26,12 @@ REDIS_LOG=/var/log/redis/ci.log
 MARIADB_LOG=/var/log/mysql/fenced-ci.log   # mariadbd's stdout/stderr
 ZK_DIR=/var/lib/fenced-zookeeper      # our own config and data dir, separate from the package's
 ZK_LOG=/var/log/fenced-zookeeper.log
+PG_PORT=5432
+PG_DATABASE=fenced_test
+PG_MIN_CONNECTIONS=200                # below this the limit is raised ...
+PG_MAX_CONNECTIONS=300                # ... to this
+PG_DATA_DIR=/var/lib/fenced-postgres  # our own cluster, only where Debian's cluster is missing
+PG_LOG=/var/log/postgresql/fenced-postgres.log
 
 APT_UPDATED=0   # run `apt-get update` at most once, and only if we install something
 WAITED=0        # set by wait_for: seconds it took a service to answer
@@ -325,6 +333,244 @@ CFG
     report zookeeper "${did[@]}"
 }
 
+# --- PostgreSQL ------------------------------------------------------------
+
+# The newest server binaries Debian's packages installed
+# (/usr/lib/postgresql/<major>/bin), or nothing.
+pg_bindir() {
+    local dir
+    dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$dir" ] && [ -x "$dir/postgres" ] && printf '%s\n' "$dir"
+}
+
+# PostgreSQL accepts TCP connections while it is still starting up (and
+# refuses logins then), so once the client tools exist ask pg_isready, which
+# succeeds only when the server accepts connections.
+postgres_answers() {
+    if have pg_isready; then
+        pg_isready -q -h 127.0.0.1 -p "$PG_PORT" -t 3
+    else
+        port_open "$PG_PORT"
+    fi
+}
+
+# psql as role postgres over TCP, the way the tests connect; -w: never wait
+# for a password prompt.
+pg_tcp() {
+    PGCONNECT_TIMEOUT=5 psql -X -q -w -At -v ON_ERROR_STOP=1 \
+        -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"
+}
+
+# psql as the postgres OS user over the unix socket (peer authentication in
+# Debian's stock pg_hba.conf), for fixing access when TCP logins fail. From
+# / so that psql does not complain about a working directory it cannot read.
+pg_local() {
+    (cd / && runuser -u postgres -- psql -X -q -w -At -v ON_ERROR_STOP=1 -p "$PG_PORT" "$@")
+}
+
+postgres_tcp_ok() {
+    # Retried: a server that just started may refuse for a moment.
+    local try
+    for try in 1 2 3 4 5; do
+        if pg_tcp -d postgres -c 'SELECT 1' >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 1
+    done
+    return 1
+}
+
+# Put `host all all 127.0.0.1/32 trust` first in pg_hba.conf $1 (the first
+# matching line decides; Debian's stock file asks for scram-sha-256 on
+# 127.0.0.1). The file is rewritten in place so that its owner and mode stay.
+postgres_trust_loopback() {
+    local hba=$1 line='host    all    all    127.0.0.1/32    trust' tmp
+    tmp=$(mktemp)
+    {
+        printf '# The fenced test suite (scripts/services.sh): role postgres over TCP from\n'
+        printf '# 127.0.0.1 without a password; the server listens on 127.0.0.1 only.\n'
+        printf '%s\n' "$line"
+        cat "$hba"
+    } >"$tmp"
+    cat "$tmp" >"$hba"
+    rm -f "$tmp"
+}
+
+postgres_ensure_access() {
+    local hba exists
+    if ! have psql; then
+        apt_install postgresql-client
+        have psql || die "installed postgresql-client, but there is still no \`psql\` command on PATH"
+        did+=("installed postgresql-client for the access check")
+    fi
+    if ! postgres_tcp_ok; then
+        [ "$(id -u)" = 0 ] || die "postgres: role postgres cannot log in over TCP on 127.0.0.1:$PG_PORT, and fixing pg_hba.conf needs root"
+        hba=$(pg_local -d postgres -c 'SHOW hba_file') \
+            || die "postgres: role postgres cannot log in over TCP, and the postgres OS user cannot connect over the unix socket to fix pg_hba.conf"
+        postgres_trust_loopback "$hba"
+        pg_local -d postgres -c 'SELECT pg_reload_conf()' >/dev/null \
+            || die "postgres: could not reload the configuration after editing $hba"
+        postgres_tcp_ok || die "postgres: role postgres still cannot log in over TCP after trusting 127.0.0.1/32 in $hba"
+        did+=("trusted role postgres over 127.0.0.1/32 in $hba")
+    fi
+    exists=$(pg_tcp -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$PG_DATABASE'") \
+        || die "postgres: could not list the databases"
+    if [ "$exists" != 1 ]; then
+        # A concurrent run may create it first; only a database still
+        # missing afterwards is an error.
+        pg_tcp -d postgres -c "CREATE DATABASE $PG_DATABASE" >/dev/null 2>&1 || true
+        exists=$(pg_tcp -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$PG_DATABASE'")
+        [ "$exists" = 1 ] || die "postgres: could not create database $PG_DATABASE"
+        did+=("created database $PG_DATABASE")
+    fi
+    did+=("postgres@127.0.0.1 and database $PG_DATABASE OK")
+}
+
+# Restart the server that answers on $PG_PORT, the way it was started: a
+# Debian cluster with pg_ctlcluster, our own data dir with pg_ctl. Fails
+# (returns 1) for a server this script does not know how to restart.
+postgres_restart() {
+    local datadir ver name port status owner dir log
+    datadir=$(pg_tcp -d postgres -c 'SHOW data_directory') || return 1
+    if have pg_lsclusters; then
+        while read -r ver name port status owner dir log; do
+            if [ "$dir" = "$datadir" ]; then
+                pg_ctlcluster "$ver" "$name" restart >>"$PG_LOG" 2>&1 || return 1
+                return 0
+            fi
+        done < <(pg_lsclusters -h)
+    fi
+    if [ "$datadir" = "$PG_DATA_DIR" ]; then
+        (cd / && runuser -u postgres -- "$(pg_bindir)/pg_ctl" -D "$PG_DATA_DIR" -l "$PG_LOG" \
+            -s -w -t "$WAIT_SECS" -m fast restart) >>"$PG_LOG" 2>&1 || return 1
+        return 0
+    fi
+    return 1
+}
+
+# Every advisory lock holds a connection, and the suites run many pools at
+# once: the stock 100 is too few. A server this script started already has
+# the higher limit from its configuration; on one it found running the
+# limit is persisted with ALTER SYSTEM and needs a restart, done only when
+# no other client is connected (a restart would cut off a running test).
+postgres_raise_connection_limit() {
+    local now others
+    now=$(pg_tcp -d postgres -c 'SHOW max_connections') || die "postgres: could not read max_connections"
+    if [ "$now" -ge "$PG_MIN_CONNECTIONS" ]; then
+        did+=("max_connections $now")
+        return
+    fi
+    pg_tcp -d postgres -c "ALTER SYSTEM SET max_connections = $PG_MAX_CONNECTIONS" >/dev/null \
+        || die "postgres: ALTER SYSTEM SET max_connections failed"
+    others=$(pg_tcp -d postgres -c "SELECT count(*) FROM pg_stat_activity
+        WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+    if [ "$others" != 0 ]; then
+        did+=("max_connections $now; $PG_MAX_CONNECTIONS set for the next restart (not restarted: $others other clients connected)")
+        return
+    fi
+    if ! postgres_restart; then
+        did+=("max_connections $now; $PG_MAX_CONNECTIONS set for the next restart (not restarted: not a server this script knows how to restart)")
+        return
+    fi
+    wait_for postgres postgres_answers "$PG_LOG"
+    now=$(pg_tcp -d postgres -c 'SHOW max_connections')
+    did+=("restarted for max_connections $now")
+}
+
+# Our settings for a Debian cluster this script starts, in a conf.d file
+# read after the others (later settings win; ALTER SYSTEM's still override).
+postgres_configure_debian() {
+    local conf=/etc/postgresql/$1/main
+    if ! grep -Eq "^[[:space:]]*include_dir[[:space:]]*=?[[:space:]]*'conf\\.d'" "$conf/postgresql.conf"; then
+        printf "include_dir = 'conf.d'\n" >>"$conf/postgresql.conf"
+    fi
+    install -d -o postgres -g postgres -m 0755 "$conf/conf.d"
+    cat >"$conf/conf.d/95-fenced.conf" <<CONF
+# Written by fenced's scripts/services.sh: the test suite's server.
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+max_connections = $PG_MAX_CONNECTIONS
+CONF
+    chown postgres:postgres "$conf/conf.d/95-fenced.conf"
+}
+
+# Our own cluster in $PG_DATA_DIR (where Debian's packages made none):
+# trust for local and 127.0.0.1 connections, as the Debian cluster of the
+# test machines is set up.
+postgres_configure_own() {
+    local bindir=$1
+    if [ ! -s "$PG_DATA_DIR/PG_VERSION" ]; then
+        install -d -o postgres -g postgres -m 0700 "$PG_DATA_DIR"
+        (cd / && runuser -u postgres -- "$bindir/initdb" -D "$PG_DATA_DIR" -U postgres \
+            --auth=trust --encoding=UTF8) >>"$PG_LOG" 2>&1 \
+            || { show_log "$PG_LOG"; die "initdb $PG_DATA_DIR failed"; }
+        printf "include 'fenced.conf'\n" >>"$PG_DATA_DIR/postgresql.conf"
+        did+=("initialised $PG_DATA_DIR")
+    fi
+    cat >"$PG_DATA_DIR/fenced.conf" <<CONF
+# Written by fenced's scripts/services.sh: the test suite's server.
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+max_connections = $PG_MAX_CONNECTIONS
+CONF
+    chown postgres:postgres "$PG_DATA_DIR/fenced.conf"
+}
+
+postgres_start() {
+    local bindir=$1 major
+    major=$(basename "$(dirname "$bindir")")
+    [ "$(id -u)" = 0 ] || die "need root to start PostgreSQL"
+    mkdir -p "$(dirname "$PG_LOG")"
+    touch "$PG_LOG"
+    chown postgres:postgres "$PG_LOG"
+    # The default unix socket directory of Debian's builds; /run is a tmpfs.
+    install -d -o postgres -g postgres -m 2775 /var/run/postgresql
+    if have pg_ctlcluster && [ -r "/etc/postgresql/$major/main/postgresql.conf" ]; then
+        postgres_configure_debian "$major"
+        pg_ctlcluster "$major" main start >>"$PG_LOG" 2>&1 || {
+            show_log "$PG_LOG"
+            show_log "/var/log/postgresql/postgresql-$major-main.log"
+            die "pg_ctlcluster $major main start failed"
+        }
+        wait_for postgres postgres_answers "/var/log/postgresql/postgresql-$major-main.log"
+        did+=("started cluster $major/main (pg_ctlcluster), answering after ${WAITED}s")
+    else
+        postgres_configure_own "$bindir"
+        # pg_ctl detaches the server (its own session) and returns once it
+        # is started or has failed; wait_for then checks TCP logins.
+        (cd / && runuser -u postgres -- "$bindir/pg_ctl" -D "$PG_DATA_DIR" -l "$PG_LOG" \
+            -s -w -t "$WAIT_SECS" start) >>"$PG_LOG" 2>&1 \
+            || { show_log "$PG_LOG"; die "pg_ctl start on $PG_DATA_DIR failed"; }
+        wait_for postgres postgres_answers "$PG_LOG"
+        did+=("started $PG_DATA_DIR (pg_ctl), answering after ${WAITED}s")
+    fi
+}
+
+setup_postgres() {
+    local did=() bindir
+    if postgres_answers; then
+        did+=("already running")
+    else
+        bindir=$(pg_bindir) || true
+        if [ -z "$bindir" ] || ! have psql || ! have pg_isready; then
+            # Brings postgresql-client and, through postgresql-common's
+            # postinst, a cluster <major>/main (not started where policy-rc.d
+            # forbids it).
+            apt_install postgresql
+            did+=("installed postgresql")
+            bindir=$(pg_bindir) || die "installed postgresql, but found no server binaries under /usr/lib/postgresql"
+        fi
+        if postgres_answers; then
+            did+=("started by the package")
+        else
+            postgres_start "$bindir"
+        fi
+    fi
+    postgres_ensure_access
+    postgres_raise_connection_limit
+    report postgres "${did[@]}"
+}
+
 # --- protoc ----------------------------------------------------------------
 
 setup_protoc() {
@@ -351,5 +597,6 @@ setup_mariadb
 setup_redis
 setup_etcd
 setup_zookeeper
+setup_postgres
 setup_protoc
 setup_faketime

@@ -5,7 +5,12 @@
 //! a message naming `scripts/services.sh`. Addresses default to the local
 //! services that script starts and can be overridden with environment
 //! variables (`FENCED_TEST_MYSQL_URL`, `FENCED_TEST_REDIS_URL`,
-//! `FENCED_TEST_ETCD_URL`, `FENCED_TEST_ZOOKEEPER_URL`).
+//! `FENCED_TEST_ETCD_URL`, `FENCED_TEST_ZOOKEEPER_URL`,
+//! `FENCED_TEST_POSTGRES_URL`).
+//!
+//! The PostgreSQL probe logs in through sqlx and is behind this crate's
+//! `postgres` feature; the others speak the store's protocol over a plain
+//! TCP connection.
 
 use std::time::Duration;
 
@@ -44,6 +49,15 @@ pub fn etcd_url() -> String {
 /// The ZooKeeper test URL (`FENCED_TEST_ZOOKEEPER_URL`).
 pub fn zookeeper_url() -> String {
     env_or("FENCED_TEST_ZOOKEEPER_URL", "zk://127.0.0.1:2181")
+}
+
+/// The PostgreSQL test URL (`FENCED_TEST_POSTGRES_URL`): role `postgres`
+/// without a password over TCP, database `fenced_test`.
+pub fn postgres_url() -> String {
+    env_or(
+        "FENCED_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/fenced_test",
+    )
 }
 
 /// `host:port` of a URL such as `mysql://user:pw@host:3306/db?x=y`, using
@@ -206,6 +220,40 @@ pub async fn probe_zookeeper_mode(url: &str) -> Result<String, String> {
     }
 }
 
+/// Checks that PostgreSQL lets the URL's role log in to the URL's database
+/// at `url` and answers `SELECT 1`, within [`PROBE_TIMEOUT`]. A login is
+/// the check because a server that is starting up, refuses the role or
+/// lacks the database accepts TCP connections all the same.
+///
+/// # Errors
+///
+/// [`unreachable_message`] when it does not.
+#[cfg(feature = "postgres")]
+pub async fn probe_postgres(url: &str) -> Result<(), String> {
+    use sqlx::{Connection, PgConnection};
+
+    let check = async {
+        let mut conn = PgConnection::connect(url).await?;
+        let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut conn).await?;
+        let _ = conn.close().await;
+        Ok::<_, sqlx::Error>(one)
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, check).await {
+        Ok(Ok(1)) => Ok(()),
+        Ok(Ok(other)) => Err(unreachable_message(
+            "PostgreSQL",
+            url,
+            &format!("SELECT 1 answered {other}"),
+        )),
+        Ok(Err(e)) => Err(unreachable_message("PostgreSQL", url, &e.to_string())),
+        Err(_) => Err(unreachable_message(
+            "PostgreSQL",
+            url,
+            &format!("no answer within {PROBE_TIMEOUT:?}"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +289,18 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("ZooKeeper"), "{e}");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_closed_postgres_port_names_the_services_script() {
+        let e = probe_postgres("postgres://app:hunter2@127.0.0.1:1/fenced_test")
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains("scripts/services.sh") && e.contains("PostgreSQL") && !e.contains("hunter2"),
+            "{e}"
+        );
     }
 
     #[test]

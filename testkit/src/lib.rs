@@ -5,14 +5,16 @@
 //!   reachability probes;
 //! * [`shared`]: a shared service's address once its probe passed, or the
 //!   message (naming `scripts/services.sh`) a test fails with;
-//! * [`private`]: private server instances (MariaDB, redis-server, etcd, and
-//!   a throw-away certificate authority for TLS) on their own ports and data
-//!   directories, for tests that restart, kill or reconfigure a server;
+//! * [`private`]: private server instances (MariaDB, redis-server, etcd,
+//!   ZooKeeper, PostgreSQL, and a throw-away certificate authority for TLS)
+//!   on their own ports and data directories, for tests that restart, kill
+//!   or reconfigure a server;
 //! * [`run_name`] and [`namespace_suffix`]: names that keep one test
 //!   process's data apart from every other's on a shared server.
 //!
-//! The server kinds are features (`mysql`, `redis`, `etcd`, `tls`), so a
-//! backend's tests compile the client crate of their own store only.
+//! The server kinds are features (`mysql`, `redis`, `etcd`, `zookeeper`,
+//! `postgres`, `tls`), so a backend's tests compile the client crate of
+//! their own store only.
 
 pub mod private;
 pub mod shared;

@@ -51,6 +51,29 @@ pub async fn zookeeper() -> Result<String, String> {
     services::probe_zookeeper(&url).await.map(|()| url)
 }
 
+/// The shared PostgreSQL URL (`FENCED_TEST_POSTGRES_URL`,
+/// `postgres://…/fenced_test`) once role and database let a client in and
+/// `SELECT 1` answers.
+///
+/// # Errors
+///
+/// The probe's message (naming `scripts/services.sh`) when they do not.
+#[cfg(feature = "postgres")]
+pub async fn postgres() -> Result<String, String> {
+    let url = services::postgres_url();
+    services::probe_postgres(&url).await.map(|()| url)
+}
+
+/// [`postgres()`], for a test.
+///
+/// # Panics
+///
+/// With the probe's message when the server does not answer.
+#[cfg(feature = "postgres")]
+pub async fn require_postgres() -> String {
+    required(postgres().await)
+}
+
 /// [`zookeeper()`], for a test.
 ///
 /// # Panics

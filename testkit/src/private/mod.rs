@@ -11,6 +11,9 @@
 //!   client port, authentication, member kill and restart);
 //! * `PrivateZooKeeper` (feature `zookeeper`): ZooKeeper standalone or an
 //!   ensemble of three (member kill, restart, SIGSTOP/SIGCONT, leader);
+//! * `PrivatePostgres` (feature `postgres`): `postgres` from a fresh
+//!   `initdb` (crash, restart, clean stop, SIGSTOP/SIGCONT) and hot
+//!   standbys of it (`pg_basebackup`, promotion);
 //! * [`TestCa`] (feature `tls`): a throw-away certificate authority that
 //!   issues the servers' certificates, so TLS tests verify a real chain.
 //!
@@ -63,11 +66,14 @@ mod ca;
 mod etcd;
 #[cfg(feature = "mysql")]
 mod mariadb;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(any(
     feature = "mysql",
     feature = "redis",
     feature = "etcd",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "postgres"
 ))]
 mod proc;
 #[cfg(feature = "redis")]
@@ -86,6 +92,8 @@ pub use ca::TestCa;
 pub use etcd::{EtcdMember, EtcdOptions, PrivateEtcd};
 #[cfg(feature = "mysql")]
 pub use mariadb::{MariaDbOptions, PrivateMariaDb};
+#[cfg(feature = "postgres")]
+pub use postgres::{bin_dir as postgres_bin_dir, PostgresOptions, PrivatePostgres};
 #[cfg(feature = "redis")]
 pub use redis::{admin_connection, PrivateRedis, RedisOptions, RedisPersistence};
 pub use tempfile::TempDir;

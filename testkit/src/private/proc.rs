@@ -15,11 +15,41 @@ use super::{fail, send_signal, START_TIMEOUT};
 pub(crate) struct Proc(Mutex<Option<Child>>);
 
 impl Proc {
+    #[cfg(any(
+        feature = "mysql",
+        feature = "redis",
+        feature = "etcd",
+        feature = "zookeeper"
+    ))]
     pub(crate) fn spawn(&self, mut cmd: Command, what: &str) -> Result<()> {
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        self.spawn_with_output(cmd, what)
+    }
+
+    /// Like [`Proc::spawn`], with the process's stdout and stderr appended
+    /// to `log` (a server that logs to stderr).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn spawn_logging(
+        &self,
+        mut cmd: Command,
+        what: &str,
+        log: &std::path::Path,
+    ) -> Result<()> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .map_err(|e| fail(format!("opening {}: {e}", log.display())))
+        };
+        cmd.stdout(open()?).stderr(open()?);
+        self.spawn_with_output(cmd, what)
+    }
+
+    fn spawn_with_output(&self, mut cmd: Command, what: &str) -> Result<()> {
         let child = cmd
             .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
             .spawn()
             .map_err(|e| fail(format!("starting {what}: {e}")))?;
         let old = self.lock().replace(child);
@@ -34,6 +64,25 @@ impl Proc {
         let child = self.lock().take();
         if let Some(child) = child {
             reap(child);
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit on its own (after a
+    /// signal that asked it to) and reaps it; SIGKILLs it when it has not.
+    /// Whether it exited on its own.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn wait_exit(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if self.exited() {
+                self.kill();
+                return true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                self.kill();
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
