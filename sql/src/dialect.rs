@@ -6,23 +6,31 @@ use std::future::Future;
 use fenced_api::Error;
 
 /// The SQL dialect of a store, implemented for the sqlx databases fenced
-/// supports ([`sqlx::MySql`], [`sqlx::Sqlite`]; PostgreSQL would quote like
-/// SQLite and number its placeholders `$1`). Sealed: the statements each
-/// dialect needs are written in this crate.
+/// supports ([`sqlx::MySql`], [`sqlx::Sqlite`], [`sqlx::Postgres`]). Sealed:
+/// the statements each dialect needs are written in this crate.
 ///
 /// The store's name in messages is sqlx's [`Database::NAME`](sqlx::Database::NAME)
-/// (`MySQL`, `SQLite`).
+/// (`MySQL`, `SQLite`, `PostgreSQL`).
 pub trait Dialect: engine::Engine {
     /// The character that quotes identifiers.
     const QUOTE: char;
     /// Whether table names may hold uppercase letters. Not where the store
-    /// compares table names case-insensitively: `Locks` and `locks` would
-    /// silently be one namespace.
+    /// compares table names case-insensitively (SQLite: `Locks` and `locks`
+    /// would silently be one namespace), nor where it folds unquoted names
+    /// to lowercase (PostgreSQL: `Locks` could only ever be named quoted,
+    /// and any tool or statement naming it unquoted would reach `locks`).
     const MIXED_CASE: bool;
+    /// Why names are lowercase only, said in the error that refuses an
+    /// uppercase letter; empty where [`MIXED_CASE`](Self::MIXED_CASE).
+    const LOWERCASE_BECAUSE: &'static str;
     /// A prefix of table names the store reserves for itself.
     const RESERVED_PREFIX: Option<&'static str>;
     /// The largest fencing token a fence table keeps (the store's integer type).
     const MAX_TOKEN: u64;
+    /// The longest identifier the store keeps, in bytes (`usize::MAX`: no
+    /// limit). Every derived name `<table><suffix>` must fit: see
+    /// [`TableName::MAX_SUFFIX_LEN`](crate::TableName::MAX_SUFFIX_LEN).
+    const MAX_IDENTIFIER_LEN: usize;
 
     /// Bound parameter number `n` (from 1) as written in a statement.
     fn placeholder(n: usize) -> String;
@@ -41,7 +49,7 @@ pub trait Dialect: engine::Engine {
 pub trait SqlBackend: Send + Sync + 'static {
     /// The store's dialect.
     type Db: Dialect;
-    /// The backend's name in errors (`mysql`, `sqlite`).
+    /// The backend's name in errors (`mysql`, `sqlite`, `postgres`).
     const BACKEND: &'static str;
     /// The backend's mapping of any store error.
     fn map(e: sqlx::Error) -> Error;
@@ -72,7 +80,8 @@ impl<D: Dialect> SqlBackend for Plain<D> {
 }
 
 /// The statements that cannot be written the same way in every dialect, and
-/// their execution, one implementation per store (`mysql.rs`, `sqlite.rs`).
+/// their execution, one implementation per store (`mysql.rs`, `sqlite.rs`,
+/// `postgres.rs`).
 pub(crate) mod engine {
     use super::Future;
 
@@ -86,7 +95,8 @@ pub(crate) mod engine {
         /// Reads the stored token (a plain read).
         pub read: std::sync::Arc<str>,
         /// Reads the stored token as a writer sees it, whatever the
-        /// transaction's snapshot.
+        /// transaction's snapshot (or fails where the store refuses to read
+        /// past it). Where `raise` returns the token itself, unused.
         pub read_current: std::sync::Arc<str>,
     }
 
@@ -123,6 +133,9 @@ pub(crate) mod engine {
 
     /// Sealed: implemented in this crate for each supported sqlx database.
     pub trait Engine: sqlx::Database {
+        /// Whether `$tag$ … $tag$` quotes a string (a function body), whose
+        /// `;` then ends no statement when a migration is split.
+        const DOLLAR_QUOTING: bool = false;
         /// The fence table `t` (quoted).
         fn fence_sql(t: &str) -> FenceSql;
         /// Records `entry` and reads the stored token back.

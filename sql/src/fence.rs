@@ -4,6 +4,21 @@
 //! One implementation for every SQL store; each backend names it for its
 //! store (`fenced_mysql::fence::Fence`, `fenced_sqlite::fence::Fence`) and
 //! documents there how the check runs on that store and how to use it.
+//!
+//! A check never answers [`FenceOutcome::Accepted`] for a token below the
+//! highest committed one, whatever the snapshot of the caller's transaction.
+//! How each store keeps an old snapshot from hiding a newer token:
+//!
+//! * MySQL/MariaDB: the token is read back with a locking read (`FOR
+//!   UPDATE`), which reads the latest committed row under REPEATABLE READ
+//!   too; an old snapshot gets `Stale`.
+//! * SQLite: one writer at a time; a deferred transaction that read before
+//!   another connection wrote cannot write (busy, retryable).
+//! * PostgreSQL: the upsert works on the latest committed row under READ
+//!   COMMITTED (an old snapshot gets `Stale`); under REPEATABLE READ and
+//!   SERIALIZABLE it fails with a serialization failure (SQLSTATE `40001`,
+//!   retryable where the backend says so) when the row changed after the
+//!   transaction's snapshot.
 
 use std::{fmt, marker::PhantomData};
 
@@ -275,8 +290,9 @@ mod tests {
     fn bad_input_is_refused_before_io() {
         type My = Plain<sqlx::MySql>;
         type Lite = Plain<sqlx::Sqlite>;
+        type Pg = Plain<sqlx::Postgres>;
         let ok = FencingToken::new(1);
-        for check in [validate::<My>, validate::<Lite>] {
+        for check in [validate::<My>, validate::<Lite>, validate::<Pg>] {
             assert!(matches!(check("", ok), Err(Error::InvalidKey { .. })));
             assert!(matches!(
                 check(&"x".repeat(256), ok),
@@ -289,10 +305,14 @@ mod tests {
             assert!(check(&"x".repeat(255), FencingToken::new(i64::MAX as u64)).is_ok());
         }
         assert!(validate::<My>("r", FencingToken::new(u64::MAX)).is_ok());
-        assert!(matches!(
-            validate::<Lite>("r", FencingToken::new(i64::MAX as u64 + 1)),
-            Err(Error::Unsupported { .. })
-        ));
+        for check in [validate::<Lite>, validate::<Pg>] {
+            match check("r", FencingToken::new(i64::MAX as u64 + 1)) {
+                Err(e @ Error::Unsupported { .. }) => {
+                    assert!(e.to_string().contains("signed 64-bit"), "{e}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
@@ -305,7 +325,20 @@ mod tests {
             Fence::<Plain<sqlx::Sqlite>>::default().table().as_str(),
             DEFAULT_FENCE_TABLE
         );
-        for suffix in ["_fence", "_rows", "_live", "_optimistic", "_migrations"] {
+        assert_eq!(
+            Fence::<Plain<sqlx::Postgres>>::default().table().as_str(),
+            DEFAULT_FENCE_TABLE
+        );
+        for suffix in [
+            "_fence",
+            "_rows",
+            "_live",
+            "_optimistic",
+            "_migrations",
+            "_token",
+            "_keys",
+            "_holders",
+        ] {
             assert!(!DEFAULT_FENCE_TABLE.ends_with(suffix), "{suffix}");
         }
     }

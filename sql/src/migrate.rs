@@ -6,7 +6,9 @@
 //! `migrate`, under a named lock; SQLite: on connect, in one `BEGIN
 //! IMMEDIATE` transaction) and calls [`apply`] on its connection. What only
 //! one store needs — finishing a step that stopped halfway, where DDL
-//! commits on its own — comes in through [`Hooks`].
+//! commits on its own (MySQL) — comes in through [`Hooks`]. On SQLite and
+//! PostgreSQL DDL is transactional: [`apply`] in a transaction applies all
+//! of its steps or, rolled back, none.
 
 use std::future::Future;
 
@@ -32,18 +34,67 @@ pub struct Migration {
     pub compatible: bool,
 }
 
-/// The statements of `template` for the tables of `base`.
+/// The statements of `template` for the tables of `base`: split at `;`,
+/// except inside a dollar-quoted string (`$$ … $$`, `$body$ … $body$`: a
+/// PostgreSQL function or `DO` body) on a store that has them.
 pub fn statements<D: Dialect>(template: &str, base: &TableName<D>) -> Vec<String> {
     let sql: String = template
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n");
-    sql.split(';')
+    split(&sql, D::DOLLAR_QUOTING)
+        .into_iter()
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| s.replace("{base}", base.as_str()))
         .collect()
+}
+
+/// `sql` cut at every `;` outside dollar-quoted strings (when `dollar`).
+fn split(sql: &str, dollar: bool) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while let Some(c) = sql.as_bytes().get(i) {
+        match c {
+            b';' => {
+                parts.push(&sql[start..i]);
+                start = i + 1;
+                i += 1;
+            }
+            // `$` inside an identifier (`a$b`) opens nothing.
+            b'$' if dollar && !after_identifier(sql, i) => match dollar_tag(&sql[i..]) {
+                Some(tag) => {
+                    let body = i + tag.len();
+                    // An unterminated string runs to the end, as the server reads it.
+                    i = sql[body..]
+                        .find(tag)
+                        .map_or(sql.len(), |end| body + end + tag.len());
+                }
+                None => i += 1,
+            },
+            _ => i += 1,
+        }
+    }
+    parts.push(&sql[start..]);
+    parts
+}
+
+/// Whether byte `i` of `sql` follows a character of an identifier.
+fn after_identifier(sql: &str, i: usize) -> bool {
+    i.checked_sub(1)
+        .and_then(|p| sql.as_bytes().get(p))
+        .is_some_and(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || !b.is_ascii())
+}
+
+/// The opening tag (`$$`, `$name$`) at the start of `s`, if one is there.
+/// A tag is an identifier, so a placeholder (`$1`) opens none.
+fn dollar_tag(s: &str) -> Option<&str> {
+    let end = s.get(1..)?.find('$')? + 1;
+    let name = &s[1..end];
+    let identifier = !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    identifier.then(|| &s[..=end])
 }
 
 /// Whether `migrations` are versions 1, 2, … up to `schema_version`.
@@ -175,6 +226,39 @@ mod tests {
         assert_eq!(
             statements(STEPS[1].sql, &base),
             ["ALTER TABLE \"jobs\" ADD COLUMN label TEXT"]
+        );
+    }
+
+    #[test]
+    fn dollar_quoted_bodies_stay_whole_on_postgresql_only() {
+        let template = "CREATE TABLE \"{base}\" (id BIGINT);\n\
+             CREATE FUNCTION \"{base}_f\"() RETURNS trigger AS $body$\n\
+             BEGIN PERFORM pg_notify('{base}', 'x'); RETURN NULL; END;\n\
+             $body$ LANGUAGE plpgsql;\n\
+             DO $$ BEGIN RAISE NOTICE 'a;b'; END $$;\n\
+             SELECT $1, $2::text; SELECT '$'";
+        let pg = TableName::<sqlx::Postgres>::new("jobs").unwrap();
+        assert_eq!(
+            statements(template, &pg),
+            [
+                "CREATE TABLE \"jobs\" (id BIGINT)",
+                "CREATE FUNCTION \"jobs_f\"() RETURNS trigger AS $body$\n\
+                 BEGIN PERFORM pg_notify('jobs', 'x'); RETURN NULL; END;\n\
+                 $body$ LANGUAGE plpgsql",
+                "DO $$ BEGIN RAISE NOTICE 'a;b'; END $$",
+                "SELECT $1, $2::text",
+                "SELECT '$'",
+            ]
+        );
+        // Elsewhere `$` is an ordinary character.
+        let lite = TableName::<sqlx::Sqlite>::new("jobs").unwrap();
+        assert_eq!(statements("SELECT '$$;$$'", &lite), ["SELECT '$$", "$$'"]);
+        // An unterminated body runs to the end.
+        assert_eq!(statements("DO $x$ a; b", &pg), ["DO $x$ a; b"]);
+        assert_eq!(split("a$", true), ["a$"]);
+        assert_eq!(
+            split("SELECT a$b$c; $x$;$x$", true),
+            ["SELECT a$b$c", " $x$;$x$"]
         );
     }
 

@@ -16,8 +16,10 @@ use crate::dialect::{
 impl Dialect for MySql {
     const QUOTE: char = '`';
     const MIXED_CASE: bool = true;
+    const LOWERCASE_BECAUSE: &'static str = "";
     const RESERVED_PREFIX: Option<&'static str> = None;
     const MAX_TOKEN: u64 = u64::MAX;
+    const MAX_IDENTIFIER_LEN: usize = 64;
 
     fn placeholder(_: usize) -> String {
         "?".to_owned()

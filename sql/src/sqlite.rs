@@ -19,8 +19,10 @@ pub const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 
 impl Dialect for Sqlite {
     const QUOTE: char = '"';
     const MIXED_CASE: bool = false;
+    const LOWERCASE_BECAUSE: &'static str = "SQLite table names are case-insensitive";
     const RESERVED_PREFIX: Option<&'static str> = Some("sqlite_");
     const MAX_TOKEN: u64 = i64::MAX as u64;
+    const MAX_IDENTIFIER_LEN: usize = usize::MAX;
 
     fn placeholder(n: usize) -> String {
         format!("?{n}")

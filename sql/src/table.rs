@@ -8,22 +8,30 @@ use crate::Dialect;
 
 /// A validated table name of dialect `D` — a lock namespace, or the fence
 /// table: ASCII letters (lowercase only where `D` compares names
-/// case-insensitively), digits and `_`, not starting with a digit, at most
+/// case-insensitively or folds unquoted ones, [`Dialect::MIXED_CASE`]),
+/// digits and `_`, not starting with a digit, at most
 /// [`TableName::MAX_LEN`] characters, and not in a prefix `D` reserves.
 /// Always used quoted, so reserved words are fine; names derived from it
 /// (`<name>_migrations`, …) are quoted the same way by [`quoted`](Self::quoted).
 ///
-/// The backends name it for their store: `fenced_mysql::TableName`,
-/// `fenced_sqlite::TableName`.
+/// The backends name it for their store (`fenced_mysql::TableName`,
+/// `fenced_sqlite::TableName`).
 pub struct TableName<D> {
     name: String,
     dialect: PhantomData<fn() -> D>,
 }
 
 impl<D: Dialect> TableName<D> {
-    /// Longest name accepted: derived names add up to 11 characters
-    /// (`_migrations`, `_optimistic`) and stay within MySQL's 64.
+    /// Longest name accepted. With a suffix of up to
+    /// [`MAX_SUFFIX_LEN`](Self::MAX_SUFFIX_LEN) a derived name stays within
+    /// every store's identifier limit ([`Dialect::MAX_IDENTIFIER_LEN`]).
     pub const MAX_LEN: usize = 48;
+
+    /// Longest suffix of a derived name (`_migrations`, `_optimistic` are
+    /// 11 today): [`MAX_LEN`](Self::MAX_LEN) + 15 is PostgreSQL's 63-byte
+    /// limit, the smallest. PostgreSQL truncates a longer identifier with
+    /// only a notice, so two derived names could silently become one.
+    pub const MAX_SUFFIX_LEN: usize = 15;
 
     /// Validates a table name.
     ///
@@ -44,13 +52,7 @@ impl<D: Dialect> TableName<D> {
             let (case, why) = if D::MIXED_CASE {
                 ("", String::new())
             } else {
-                (
-                    "lowercase ",
-                    format!(
-                        " ({} table names are case-insensitive)",
-                        <D as sqlx::Database>::NAME
-                    ),
-                )
+                ("lowercase ", format!(" ({})", D::LOWERCASE_BECAUSE))
             };
             return Err(Error::config(format!(
                 "invalid table name {name:?}: use {case}ASCII letters, digits and `_`, \
@@ -82,8 +84,16 @@ impl<D: Dialect> TableName<D> {
     }
 
     /// The quoted physical table `<name><suffix>` (`suffix` is a constant
-    /// such as `_migrations`).
+    /// such as `_migrations`, at most [`MAX_SUFFIX_LEN`](Self::MAX_SUFFIX_LEN)
+    /// bytes).
     pub fn quoted(&self, suffix: &str) -> String {
+        // The suffix is a constant of the calling code: a longer one is a
+        // bug its tests should stop at.
+        debug_assert!(
+            suffix.len() <= Self::MAX_SUFFIX_LEN,
+            "suffix {suffix:?} is longer than {}",
+            Self::MAX_SUFFIX_LEN
+        );
         D::quote(&format!("{}{suffix}", self.name))
     }
 }
@@ -199,6 +209,65 @@ mod tests {
                 "a".repeat(49)
             )
         );
+    }
+
+    #[test]
+    fn postgres_names_are_lowercase_and_not_reserved() {
+        type T = TableName<sqlx::Postgres>;
+        for ok in [
+            "locks",
+            "_x",
+            "locks_2",
+            "select",
+            "user",
+            "sqlite_x",
+            "pgx",
+            &"a".repeat(48),
+        ] {
+            assert!(T::new(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "9x",
+            "a-b",
+            "a.b",
+            "a b",
+            "\"a\"",
+            "a\"; DROP TABLE t; --",
+            "a$b",
+            "Locks",
+            "LOCKS",
+            "é",
+            "pg_x",
+            "pg_",
+            &"a".repeat(49),
+        ] {
+            assert!(T::new(bad).is_err(), "{bad}");
+        }
+        assert_eq!(T::new("user").unwrap().quoted("_keys"), "\"user_keys\"");
+        assert_eq!(T::new("jobs").unwrap().quoted(""), "\"jobs\"");
+        assert_eq!(
+            message(T::new("Locks").unwrap_err()),
+            "invalid table name \"Locks\": use lowercase ASCII letters, digits and `_`, \
+             not starting with a digit (PostgreSQL folds unquoted names to lowercase)"
+        );
+        assert_eq!(
+            message(T::new("pg_x").unwrap_err()),
+            "table name \"pg_x\" starts with `pg_`, which PostgreSQL reserves for itself"
+        );
+    }
+
+    #[test]
+    fn derived_names_fit_every_store() {
+        fn fits<D: Dialect>() -> bool {
+            TableName::<D>::MAX_LEN + TableName::<D>::MAX_SUFFIX_LEN <= D::MAX_IDENTIFIER_LEN
+        }
+        assert!(fits::<sqlx::MySql>());
+        assert!(fits::<sqlx::Sqlite>());
+        assert!(fits::<sqlx::Postgres>());
+        // The longest name with the longest suffix is exactly PostgreSQL's limit.
+        let longest = TableName::<sqlx::Postgres>::new(&"a".repeat(48)).unwrap();
+        assert_eq!(longest.quoted("_keys_expire_at").len(), 63 + 2);
     }
 
     #[test]

@@ -38,7 +38,9 @@ pub trait FenceWorld: Sized + Send + Sync + 'static {
     /// store refuses.
     const BAD_TABLE_NAMES: &'static [&'static str];
     /// Whether a check in a transaction whose snapshot predates a newer
-    /// token fails (retryable) rather than answering `Stale`.
+    /// token fails (retryable) rather than answering `Stale`: SQLite's
+    /// deferred transactions, PostgreSQL's REPEATABLE READ and SERIALIZABLE
+    /// (not its default READ COMMITTED, which `pool.begin()` opens).
     const OLD_SNAPSHOT_FAILS: bool;
 
     /// A fence table (created) and a business table `(id, v)`.
@@ -346,9 +348,12 @@ pub async fn concurrent_writers_end_with_the_highest_tokens_write<W: FenceWorld>
 
 /// A transaction that read before a newer holder committed still sees the
 /// old token in its snapshot; the check must not be fooled by it: it reads
-/// the newest token (MySQL: a locking read), or the store refuses its write
-/// (SQLite: busy, retryable) instead of letting it check against the old
-/// snapshot.
+/// the newest token (MySQL: a locking read; PostgreSQL under READ
+/// COMMITTED: the upsert's latest row), or the store refuses its write
+/// (SQLite: busy; PostgreSQL under REPEATABLE READ: a serialization
+/// failure; both retryable) instead of letting it check against the old
+/// snapshot. The transaction is `pool.begin()`, at the store's default
+/// isolation level.
 pub async fn an_old_snapshot_does_not_hide_a_newer_token<W: FenceWorld>() {
     let w = W::new("snapshot").await;
     assert!(fenced_write(&w, w.pool(), "order:1", 5, "five")
