@@ -22,7 +22,8 @@ use sqlx::{
     Connection, PgConnection, PgPool, Postgres, Row, Transaction,
 };
 
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// The shared server's test database (`fenced_conformance::services::postgres_url`'s default).
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/fenced_test";
 
 /// A pool on the test server; fails the test, naming how to start the
 /// server, when it does not answer.
