@@ -20,9 +20,10 @@
 //!
 //! This facade re-exports [`fenced_api`] (the trait, [`LockClient`], the
 //! types) and chooses the backend by URL scheme through [`connect`]. Each
-//! backend is a cargo feature (`mysql`, `redis`, `etcd`, `sqlite`); the
-//! backend crates are re-exported under their names (`fenced::mysql`…) for
-//! backend-specific APIs such as MySQL's transaction-scoped row locks.
+//! backend is a cargo feature (`mysql`, `redis`, `etcd`, `sqlite`,
+//! `zookeeper`, `postgres`); the backend crates are re-exported under their
+//! names (`fenced::mysql`…) for backend-specific APIs such as MySQL's
+//! transaction-scoped row locks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
@@ -36,6 +37,8 @@ pub use registry::{connect, default_url, driver_for, drivers, migrate};
 pub use fenced_etcd as etcd;
 #[cfg(feature = "mysql")]
 pub use fenced_mysql as mysql;
+#[cfg(feature = "postgres")]
+pub use fenced_postgres as postgres;
 #[cfg(feature = "redis")]
 pub use fenced_redis as redis;
 #[cfg(feature = "sqlite")]

@@ -18,6 +18,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("zookeeper", "zookeeper"),
     ("zks", "zookeeper"),
     ("zookeeper+tls", "zookeeper"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
 ];
 
 /// The drivers compiled into this build (by cargo feature).
@@ -34,6 +36,8 @@ pub fn drivers() -> Vec<Driver> {
     list.push(fenced_etcd::driver());
     #[cfg(feature = "zookeeper")]
     list.push(fenced_zookeeper::driver());
+    #[cfg(feature = "postgres")]
+    list.push(fenced_postgres::driver());
     list
 }
 
@@ -208,6 +212,12 @@ mod tests {
             ("zk://h:2181", Err("`zookeeper` cargo feature")),
             #[cfg(not(feature = "zookeeper"))]
             ("zks://h:2281", Err("`zookeeper` cargo feature")),
+            #[cfg(feature = "postgres")]
+            ("postgres://app@db:5432/locks?strategy=advisory", Ok("postgres")),
+            #[cfg(feature = "postgres")]
+            ("postgresql://app@db/locks", Ok("postgres")),
+            #[cfg(not(feature = "postgres"))]
+            ("postgresql://db/locks", Err("`postgres` cargo feature")),
             ("consul://h", Err("unknown store scheme `consul`")),
             ("just-a-path", Err("has no scheme")),
             ("", Err("has no scheme")),
@@ -237,6 +247,8 @@ mod tests {
             ("zk://h:2181/p", "zookeeper"),
             ("zks://h:2281/p", "zookeeper"),
             ("zookeeper+tls://h:2281/p", "zookeeper"),
+            ("postgres://u:hunter2@h/db", "postgres"),
+            ("postgresql://h/db", "postgres"),
         ] {
             let e = driver_for_in(only_memory(), url).unwrap_err().to_string();
             assert!(
