@@ -409,7 +409,10 @@ mod tests {
                 "postgres://h/db?strategy=lease&strategy=advisory",
                 "`strategy`",
             ),
-            ("postgres://h/db?sslmode=require&ssl-mode=disable", "`sslmode`"),
+            (
+                "postgres://h/db?sslmode=require&ssl-mode=disable",
+                "`sslmode`",
+            ),
             ("postgres://h/db?ssl_mode=require", "`ssl_mode`"),
             ("postgres://h/db?options=-c%20x=1", "`options`"),
         ] {
@@ -424,12 +427,13 @@ mod tests {
 
     #[test]
     fn passwords_never_shown() {
-        let c = PostgresConfig::from_url("postgres://app:hunter2@h:5432/db?strategy=advisory")
-            .unwrap();
+        let c =
+            PostgresConfig::from_url("postgres://app:hunter2@h:5432/db?strategy=advisory").unwrap();
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("hunter2"), "{dbg}");
         assert!(dbg.contains("app:***@h:5432/db"), "{dbg}");
-        let err = PostgresConfig::from_url("postgres://app:hunter2@h/db?strategy=nope").unwrap_err();
+        let err =
+            PostgresConfig::from_url("postgres://app:hunter2@h/db?strategy=nope").unwrap_err();
         assert!(!err.to_string().contains("hunter2"));
         let err = PostgresConfig::from_url("pg://app:hunter2@h/db").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");

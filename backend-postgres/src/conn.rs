@@ -140,7 +140,8 @@ pub(crate) async fn check_first(config: &PostgresConfig) -> Result<()> {
         Ok(Ok(server)) => check_server(server, &at, config.strategy),
         Ok(Err(e)) => Err(error::connect_failed(&at, e)),
         Err(_) => Err(
-            fenced_api::no_answer(error::BACKEND, "connect", config.connect_timeout).connecting(&at),
+            fenced_api::no_answer(error::BACKEND, "connect", config.connect_timeout)
+                .connecting(&at),
         ),
     }
 }
@@ -201,7 +202,10 @@ mod tests {
         let e = check_server(standby, "db:5432", Strategy::Lease).unwrap_err();
         let text = e.to_string();
         assert!(matches!(e, Error::Config { .. }), "{e:?}");
-        assert!(text.contains("hot standby") && text.contains("primary"), "{text}");
+        assert!(
+            text.contains("hot standby") && text.contains("primary"),
+            "{text}"
+        );
         let old = Server {
             in_recovery: false,
             version: 110_022,
@@ -214,6 +218,9 @@ mod tests {
         };
         assert!(check_server(v13, "db", Strategy::Lease).is_ok());
         let e = check_server(v13, "db", Strategy::Advisory).unwrap_err();
-        assert!(e.to_string().contains("advisory strategy needs 14.0"), "{e}");
+        assert!(
+            e.to_string().contains("advisory strategy needs 14.0"),
+            "{e}"
+        );
     }
 }

@@ -58,8 +58,7 @@ pub(crate) mod state {
     /// `idle_session_timeout` (57P05).
     #[allow(dead_code)] // for the advisory strategy
     pub(crate) fn ends_session(code: &str) -> bool {
-        code.starts_with("08")
-            || code.starts_with("57P")
+        code.starts_with("08") || code.starts_with("57P")
     }
 }
 
@@ -214,7 +213,9 @@ mod tests {
 
     #[test]
     fn transient_states() {
-        for code in ["08006", "08001", "40001", "40P01", "53300", "57P01", "57014", "55P03"] {
+        for code in [
+            "08006", "08001", "40001", "40P01", "53300", "57P01", "57014", "55P03",
+        ] {
             assert!(state::is_transient(code), "{code}");
         }
         for code in ["23505", "42P01", "28P01", "3D000", "22P02", "25006"] {

@@ -259,7 +259,8 @@ impl DistributedLock for PostgresLock {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        self.bounded("extend", self.engine().extend(lease, ttl)).await
+        self.bounded("extend", self.engine().extend(lease, ttl))
+            .await
     }
 
     async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {

@@ -27,7 +27,9 @@ use fenced_api::{Error, Result};
 use fenced_sql::sql;
 use sqlx::{Row, SqlStr};
 
-use crate::{error::SqlResultExt, lock::PostgresLock, schema::GUARD_CLASS, strategy::lease::micros};
+use crate::{
+    error::SqlResultExt, lock::PostgresLock, schema::GUARD_CLASS, strategy::lease::micros,
+};
 
 /// How long after its expiry a row may be deleted by default: 5 minutes,
 /// thirty times the default operation timeout.

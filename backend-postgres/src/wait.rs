@@ -39,11 +39,7 @@ use fenced_api::{
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
-use crate::{
-    config::PostgresConfig,
-    conn,
-    strategy::lease::notify_channel,
-};
+use crate::{config::PostgresConfig, conn, strategy::lease::notify_channel};
 
 /// Pauses between attempts to (re)open the listening session.
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
@@ -243,9 +239,7 @@ impl Listener {
             .acquire_timeout(self.connect_timeout)
             .idle_timeout(None)
             .max_lifetime(None)
-            .after_connect(move |c, _| {
-                Box::pin(async move { conn::set_up(c, op).await.map(drop) })
-            })
+            .after_connect(move |c, _| Box::pin(async move { conn::set_up(c, op).await.map(drop) }))
             .connect_lazy_with(self.connect.clone());
         let mut failures = 0u32;
         loop {
@@ -296,13 +290,13 @@ impl Listener {
 /// The lock key of a notification's payload (the key's bytes in hex).
 fn key_from_payload(payload: &str) -> Option<LockKey> {
     let hex = payload.as_bytes();
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16);
     let bytes: Option<Vec<u8>> = hex
         .chunks(2)
-        .map(|p| Some(u8::try_from(digit(p[0])? * 16 + digit(p[1])?).ok()?))
+        .map(|p| u8::try_from(digit(p[0])? * 16 + digit(p[1])?).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
     LockKey::new(text).ok()
@@ -315,10 +309,7 @@ mod tests {
     #[test]
     fn payloads_are_hex_keys() {
         assert_eq!(key_from_payload("6a6f623a31").unwrap().as_str(), "job:1");
-        assert_eq!(
-            key_from_payload("c3a92025").unwrap().as_str(),
-            "é %"
-        );
+        assert_eq!(key_from_payload("c3a92025").unwrap().as_str(), "é %");
         for bad in ["", "6", "zz", "ff", "0a"] {
             assert!(key_from_payload(bad).is_none(), "{bad:?}");
         }

@@ -26,10 +26,7 @@ use fenced_sql::sql;
 use sqlx::{PgPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use crate::{
-    config::TableName,
-    error::SqlResultExt,
-};
+use crate::{config::TableName, error::SqlResultExt};
 
 /// `now + $n` on the server's clock, `$n` a TTL in whole microseconds.
 ///
@@ -338,12 +335,21 @@ mod tests {
         let rows = LeaseRows::new(pool, &table);
         assert_eq!(rows.channel, "jobs_released");
         let acquire = rows.acquire.as_str();
-        assert!(acquire.starts_with("INSERT INTO \"jobs\" AS l"), "{acquire}");
+        assert!(
+            acquire.starts_with("INSERT INTO \"jobs\" AS l"),
+            "{acquire}"
+        );
         // The takeover's token is taken in the DO UPDATE, under the row lock.
         let (_, update) = acquire.split_once("DO UPDATE").unwrap();
-        assert!(update.contains("token = nextval('\"jobs_token\"')"), "{acquire}");
+        assert!(
+            update.contains("token = nextval('\"jobs_token\"')"),
+            "{acquire}"
+        );
         assert!(acquire.contains("clock_timestamp() + $3 * interval '1 microsecond'"));
-        assert!(rows.release.as_str().contains("pg_notify($4, encode(lock_key, 'hex'))"));
+        assert!(rows
+            .release
+            .as_str()
+            .contains("pg_notify($4, encode(lock_key, 'hex'))"));
         let lease = Lease::new(
             LockKey::new("k").unwrap(),
             Owner::random(),

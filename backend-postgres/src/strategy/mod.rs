@@ -22,8 +22,10 @@ pub(crate) mod lease;
 
 use lease::LeaseRows;
 
-/// The strategy of a handle, with everything it needs.
+/// The strategy of a handle, with everything it needs. One per handle,
+/// behind its `Arc`, never moved: the variants' sizes do not matter.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Engine {
     Lease(LeaseEngine),
     #[allow(dead_code)] // no value of `NotBuilt` exists
