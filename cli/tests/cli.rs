@@ -102,6 +102,12 @@ async fn processes_exclude_each_other_on_mysql() {
     }
 }
 
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_exclude_each_other_on_postgres() {
+    four_by_three(postgres_url("lease").await, tmpdir("postgres_lease")).await;
+}
+
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_on_etcd() {

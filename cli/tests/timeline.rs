@@ -266,6 +266,13 @@ dead_path_test!(
     3306
 );
 dead_path_test!(
+    #[cfg(feature = "postgres")]
+    dead_path_on_postgres_lease,
+    "postgres lease",
+    postgres_url("lease"),
+    5432
+);
+dead_path_test!(
     #[cfg(feature = "etcd")]
     dead_path_on_etcd,
     "etcd",

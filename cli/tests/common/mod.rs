@@ -108,6 +108,22 @@ pub async fn mysql_url(strategy: &str) -> String {
     url
 }
 
+/// A PostgreSQL URL with `strategy` and a table of its own, migrated.
+#[cfg(feature = "postgres")]
+pub async fn postgres_url(strategy: &str) -> String {
+    let base = services::postgres_url();
+    services::probe_postgres(&base)
+        .await
+        .unwrap_or_else(|m| panic!("{m}"));
+    let table = format!(
+        "fenced_cli_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let url = format!("{base}?strategy={strategy}&table={table}");
+    assert_success(&fenced(&["migrate", "--url", &url]), "migrate");
+    url
+}
+
 #[cfg(feature = "etcd")]
 pub async fn etcd_url() -> String {
     let base = services::etcd_url();
