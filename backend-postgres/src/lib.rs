@@ -22,6 +22,7 @@ pub use lock::{PostgresLock, PostgresLockBuilder};
 pub use reaper::{ReaperHandle, DEFAULT_REAP_GRACE, MIN_REAP_GRACE};
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;
+pub use strategy::advisory::hash::{advisory_key, ADVISORY_KEY_SQL};
 
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];

@@ -78,7 +78,7 @@ impl Scans {
 /// A `LockInfo` from a row `(owner, token, reentrant_count, remaining_us,
 /// label)`. An owner that is no valid owner (the table was edited by hand)
 /// is an error naming the key, never a panic.
-fn info_from_row(key: &LockKey, row: &PgRow) -> Result<LockInfo> {
+pub(crate) fn info_from_row(key: &LockKey, row: &PgRow) -> Result<LockInfo> {
     let owner: Vec<u8> = row.try_get(0).db()?;
     let t: i64 = row.try_get(1).db()?;
     let count: i32 = row.try_get(2).db()?;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fenced_api::{
-    batch::ChunkVerdict, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    batch::ChunkVerdict, Capabilities, DistributedLock, Lease, LockInfo, LockKey,
     LockOptions, Owner, ReleaseOutcome, Result,
 };
 use sqlx::PgPool;
@@ -18,8 +18,10 @@ use crate::{
     wait::Waiting,
 };
 
+pub(crate) mod advisory;
 pub(crate) mod lease;
 
+use advisory::Advisory;
 use lease::LeaseRows;
 
 /// The strategy of a handle, with everything it needs. One per handle,
@@ -28,8 +30,7 @@ use lease::LeaseRows;
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Engine {
     Lease(LeaseEngine),
-    #[allow(dead_code)] // no value of `NotBuilt` exists
-    Advisory(NotBuilt),
+    Advisory(Advisory),
 }
 
 /// `lease`: the rows, their scans, and the waiting (`LISTEN`/`NOTIFY`).
@@ -40,10 +41,6 @@ pub(crate) struct LeaseEngine {
     pub(crate) waiting: Waiting,
 }
 
-/// The `advisory` strategy, until it is written: no value of it exists.
-#[derive(Debug)]
-pub(crate) enum NotBuilt {}
-
 impl Engine {
     /// The engine of `config`'s strategy over the statement pool.
     pub(crate) fn new(config: &PostgresConfig, pool: PgPool) -> Result<Engine> {
@@ -53,7 +50,7 @@ impl Engine {
                 scans: Scans::new(pool, &config.table),
                 waiting: Waiting::new(config),
             })),
-            Strategy::Advisory => Err(Error::config("the advisory strategy is not built yet")),
+            Strategy::Advisory => Ok(Engine::Advisory(Advisory::new(config, pool))),
         }
     }
 
@@ -61,7 +58,7 @@ impl Engine {
     pub(crate) fn pool(&self) -> &PgPool {
         match self {
             Engine::Lease(e) => e.rows.pool(),
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.pool(),
         }
     }
 
@@ -77,7 +74,7 @@ impl Engine {
     pub(crate) fn stop(&self) {
         match self {
             Engine::Lease(e) => e.waiting.stop(),
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.stop(),
         }
     }
 
@@ -88,7 +85,7 @@ impl Engine {
     ) -> Result<Option<Lease>> {
         match self {
             Engine::Lease(e) => e.rows.try_acquire(key, opts).await,
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.try_acquire(key, opts).await,
         }
     }
 
@@ -102,14 +99,14 @@ impl Engine {
     ) -> Result<Lease> {
         match self {
             Engine::Lease(e) => e.waiting.acquire(handle, key, opts).await,
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.acquire(key, opts).await,
         }
     }
 
     pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         match self {
             Engine::Lease(e) => e.rows.extend(lease, ttl).await,
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.extend(lease, ttl).await,
         }
     }
 
@@ -121,7 +118,8 @@ impl Engine {
     ) -> Result<ChunkVerdict> {
         match self {
             Engine::Lease(e) => e.rows.extend_chunk(owner, chunk, ttl).await,
-            Engine::Advisory(n) => match *n {},
+            // Each hold renews on its own connection: one by one.
+            Engine::Advisory(_) => Ok(ChunkVerdict::Unknown),
         }
     }
 
@@ -136,7 +134,7 @@ impl Engine {
                 }
                 Ok(done.outcome)
             }
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.release(lease).await,
         }
     }
 
@@ -149,21 +147,21 @@ impl Engine {
                 }
                 Ok(done.outcome)
             }
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.force_release(key).await,
         }
     }
 
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         match self {
             Engine::Lease(e) => e.scans.inspect(key).await,
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.inspect(key).await,
         }
     }
 
     pub(crate) async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
         match self {
             Engine::Lease(e) => e.scans.list(limit).await,
-            Engine::Advisory(n) => match *n {},
+            Engine::Advisory(a) => a.list(limit).await,
         }
     }
 
@@ -180,7 +178,10 @@ impl Engine {
                 .fencing(true)
                 .reentrant(true)
                 .native_wait(true),
-            Engine::Advisory(n) => match *n {},
+            // Not durable: a restart ends every session and its locks
+            // (the tokens survive). FIFO: the server grants a waited-for
+            // lock in queue order. Re-entry through the holding handle.
+            Engine::Advisory(_) => Advisory::capabilities(base),
         }
     }
 }
