@@ -4,9 +4,10 @@
 //!
 //! * acquire: `INSERT … ON CONFLICT (lock_key) DO UPDATE … WHERE <the row
 //!   expired> RETURNING token`; no row back means "held". The token is a
-//!   `nextval` of the table's sequence: in `VALUES` for a key without a
-//!   row, in the `DO UPDATE` — under the row lock — for a takeover, so it
-//!   is larger than the token of every grant committed before it.
+//!   `nextval` of the table's sequence: in the inserted row for a key
+//!   without a row, in the `DO UPDATE` — under the row lock — for a
+//!   takeover, so it is larger than the token of every grant committed
+//!   before it. Grants commit durably, refusals without waiting for the WAL.
 //! * rows stay after release (`expire_at` := now, `reentrant_count` := 0),
 //!   so later grants of the key are updates under that row's lock; the
 //!   reaper deletes rows long expired.
@@ -14,7 +15,7 @@
 //!   only a row that has not expired on the server's clock.
 //! * a release that frees the key sends `pg_notify(<base>_released, hex
 //!   key)` in the same statement: waiters in every process are told when
-//!   it commits.
+//!   it commits. Releases commit without waiting for the WAL.
 
 use std::{collections::HashSet, time::Duration};
 
@@ -89,16 +90,25 @@ impl LeaseRows {
         LeaseRows {
             pool,
             channel: notify_channel(table),
+            // A refused attempt still writes: the `DO UPDATE` path locks
+            // the row (and `nextval` may log the sequence), so its commit
+            // would wait for a WAL flush like a grant's. It changed nothing
+            // anyone relies on, so its transaction commits without waiting
+            // (`synchronous_commit` off for this transaction, set before
+            // the insert); a grant's `RETURNING` sets it back on, so every
+            // grant — and the sequence value it hands out — is on disk
+            // before the holder hears of it.
             acquire: sql!(
                 "INSERT INTO {t} AS l \
                  (lock_key, owner, token, reentrant_count, expire_at, created_at, label) \
-                 VALUES ($1, $2, nextval('{seq}'), 1, {ttl}, clock_timestamp(), $4) \
+                 SELECT $1, $2, nextval('{seq}'), 1, {ttl}, clock_timestamp(), $4 \
+                 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS refused \
                  ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
                  token = nextval('{seq}'), reentrant_count = 1, \
                  expire_at = EXCLUDED.expire_at, created_at = EXCLUDED.created_at, \
                  label = EXCLUDED.label \
                  WHERE l.expire_at <= clock_timestamp() \
-                 RETURNING token",
+                 RETURNING token, set_config('synchronous_commit', 'on', true)",
                 ttl = plus_us!(3),
             ),
             reenter: sql!(
@@ -133,7 +143,11 @@ impl LeaseRows {
             // Every SET expression reads the row as it was: the last entry
             // expires the row and marks it released (count 0); an inner one
             // only counts down. The notification goes out when the
-            // statement commits, only for a freed key.
+            // statement commits, only for a freed key. The commit does not
+            // wait for its WAL flush (`synchronous_commit` off for this
+            // transaction only): a release a crash undoes leaves the lock
+            // held until its TTL, never shorter, and the next durable
+            // commit — the next grant of the key, say — flushes it anyway.
             release: sql!(
                 "WITH r AS (UPDATE {t} SET \
                  reentrant_count = CASE WHEN reentrant_count > 1 THEN reentrant_count - 1 ELSE 0 END, \
@@ -142,7 +156,8 @@ impl LeaseRows {
                  AND expire_at > clock_timestamp() \
                  RETURNING lock_key, reentrant_count) \
                  SELECT reentrant_count, \
-                 CASE WHEN reentrant_count = 0 THEN pg_notify($4, encode(lock_key, 'hex'))::text END \
+                 CASE WHEN reentrant_count = 0 THEN pg_notify($4, encode(lock_key, 'hex'))::text END, \
+                 set_config('synchronous_commit', 'off', true) \
                  FROM r"
             ),
             force: sql!(
@@ -346,6 +361,9 @@ mod tests {
             "{acquire}"
         );
         assert!(acquire.contains("clock_timestamp() + $3 * interval '1 microsecond'"));
+        // Refusals commit without a WAL flush, grants with one.
+        assert!(acquire.contains("(SELECT set_config('synchronous_commit', 'off', true))"));
+        assert!(acquire.ends_with("RETURNING token, set_config('synchronous_commit', 'on', true)"));
         assert!(rows
             .release
             .as_str()
