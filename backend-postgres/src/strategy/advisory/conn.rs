@@ -27,7 +27,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::Duration,
@@ -96,6 +96,22 @@ impl LockConn {
     }
 }
 
+/// Counts a taker waiting for a slot while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The lock connections of one handle.
 pub(super) struct LockConns {
     options: PgConnectOptions,
@@ -105,6 +121,9 @@ pub(super) struct LockConns {
     max: u32,
     permits: Arc<Semaphore>,
     idle: Mutex<Vec<LockConn>>,
+    /// Takers waiting for a free slot: a connection given back then is
+    /// closed instead of kept (kept, it would keep its slot from them).
+    waiting: AtomicUsize,
     closed: AtomicBool,
 }
 
@@ -137,6 +156,7 @@ impl LockConns {
             max: config.max_lock_connections,
             permits: Arc::new(Semaphore::new(config.max_lock_connections as usize)),
             idle: Mutex::default(),
+            waiting: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
         }
     }
@@ -182,21 +202,26 @@ impl LockConns {
         if self.closed.load(Ordering::Acquire) {
             return Err(Self::closed_error());
         }
-        let permit = Arc::clone(&self.permits).acquire_owned();
-        let permit = match deadline {
-            None => permit.await,
-            Some(d) => match tokio::time::timeout_at(d, permit).await {
-                Ok(p) => p,
-                Err(_) => return Ok(None),
-            },
+        if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+            return self.open(permit).await.map(Some);
+        }
+        let permit = {
+            let _waiting = Waiting::enter(&self.waiting);
+            // Given back before this taker counted itself: kept idle.
+            if let Some(c) = self.pop() {
+                return Ok(Some(c));
+            }
+            let permit = Arc::clone(&self.permits).acquire_owned();
+            match deadline {
+                None => permit.await,
+                Some(d) => match tokio::time::timeout_at(d, permit).await {
+                    Ok(p) => p,
+                    Err(_) => return Ok(None),
+                },
+            }
         };
         // The semaphore is never closed.
         let permit = permit.map_err(|_| Self::closed_error())?;
-        // A connection given back while this one waited went idle.
-        if let Some(c) = self.pop() {
-            drop(permit);
-            return Ok(Some(c));
-        }
         self.open(permit).await.map(Some)
     }
 
@@ -256,7 +281,10 @@ impl LockConns {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < IDLE_CAP {
+        // Read under the lock: a taker counts itself before it looks at
+        // the idle connections, so either it finds this one or this one is
+        // closed for it.
+        if self.waiting.load(Ordering::SeqCst) == 0 && idle.len() < IDLE_CAP {
             c.idle_since = Instant::now();
             c.reused = true;
             idle.push(c);

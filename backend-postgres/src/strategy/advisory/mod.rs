@@ -118,6 +118,20 @@ fn session_end_reason(e: &sqlx::Error) -> String {
     }
 }
 
+/// A failed `pg_terminate_backend`: refused for want of the right to
+/// signal the holder's session, said so.
+fn terminate_failed(e: sqlx::Error) -> Error {
+    if error::sqlstate(&e).as_deref() == Some(state::INSUFFICIENT_PRIVILEGE) {
+        Error::config(format!(
+            "ending the holding session with pg_terminate_backend was refused ({e}): it needs \
+             the holder's role (or membership in it) or the pg_signal_backend role, and a \
+             superuser's session only a superuser may end"
+        ))
+    } else {
+        error::map(e)
+    }
+}
+
 fn lease_lost(lease: &Lease, reason: impl Into<String>) -> Error {
     Error::lease_lost(&lease.key, lease.token, reason)
 }
@@ -668,7 +682,7 @@ impl Advisory {
             .bind(self.terminate_wait_ms())
             .fetch_one(&self.pool)
             .await
-            .db()?
+            .map_err(terminate_failed)?
             .try_get(0)
             .db()?;
         Ok(if ended {
@@ -688,7 +702,7 @@ impl Advisory {
             .bind(self.terminate_wait_ms())
             .fetch_one(&self.pool)
             .await
-            .db()?
+            .map_err(terminate_failed)?
             .try_get(0)
             .db()?;
         if ended {

@@ -33,6 +33,13 @@ pub(super) const HELD_BY_PID: &str = "l.locktype = 'advisory' AND l.granted AND 
      AND l.pid = a.pid \
      AND ((l.classid::bigint << 32) | l.objid::bigint) = a.hash";
 
+/// Lets this statement's transaction commit without waiting for the WAL
+/// flush: for writes nothing relies on after a crash (a crash ends every
+/// session, and with it every lock; the row of a released or renewed hold
+/// only describes it). Grants keep `synchronous_commit = on`: their token
+/// must never be handed out twice.
+const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
+
 /// The remaining TTL of a row in whole microseconds (may be ≤ 0 for a
 /// holder whose session the server is about to end).
 const REMAINING_US: &str =
@@ -93,7 +100,8 @@ impl Sql {
         );
         Sql {
             register: sql!(
-                "INSERT INTO {t} (lock_key, hash) VALUES ($1, $2) ON CONFLICT (lock_key) DO NOTHING"
+                "INSERT INTO {t} (lock_key, hash) SELECT $1, $2 FROM (SELECT {NO_FLUSH}) s \
+                 ON CONFLICT (lock_key) DO NOTHING"
             ),
             registered_with: sql!("SELECT lock_key FROM {t} WHERE hash = $1"),
             // `l` is evaluated once, before the update that reads it: the
@@ -122,20 +130,20 @@ impl Sql {
                 "UPDATE {t} SET expire_at = CASE WHEN reentrant_count > 1 \
                  THEN GREATEST(expire_at, {ttl}) ELSE {ttl} END \
                  WHERE lock_key = $2 AND token = $3 AND owner = $4 AND pid = pg_backend_pid() \
-                 RETURNING {IDLE_UNTIL_EXPIRY}",
+                 RETURNING {IDLE_UNTIL_EXPIRY}, {NO_FLUSH}",
                 ttl = plus_us!(1)
             ),
             reenter: sql!(
                 "UPDATE {t} SET reentrant_count = reentrant_count + 1, \
                  expire_at = GREATEST(expire_at, {ttl}) \
                  WHERE lock_key = $2 AND token = $3 AND owner = $4 AND pid = pg_backend_pid() \
-                 RETURNING {IDLE_UNTIL_EXPIRY}",
+                 RETURNING {IDLE_UNTIL_EXPIRY}, {NO_FLUSH}",
                 ttl = plus_us!(1)
             ),
             leave: sql!(
                 "UPDATE {t} SET reentrant_count = reentrant_count - 1 \
                  WHERE lock_key = $1 AND token = $2 AND owner = $3 AND pid = pg_backend_pid() \
-                 AND reentrant_count > 1 RETURNING reentrant_count"
+                 AND reentrant_count > 1 RETURNING reentrant_count, {NO_FLUSH}"
             ),
             // The row is marked released and the lock given up in one
             // statement; a waiter granted before this commits updates the
@@ -144,7 +152,8 @@ impl Sql {
                 "WITH u AS (UPDATE {t} SET reentrant_count = 0, expire_at = clock_timestamp(), \
                  pid = NULL WHERE lock_key = $2 AND token = $3 AND pid = pg_backend_pid() \
                  RETURNING 1) \
-                 SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', $4, false)"
+                 SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', $4, false), \
+                 {NO_FLUSH}"
             ),
             holder_pid: sql!(
                 "SELECT a.pid FROM {t} a JOIN pg_locks l ON {HELD_BY_PID} \
