@@ -28,7 +28,10 @@
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
     time::Duration,
 };
 
@@ -70,6 +73,8 @@ struct Listener {
     waiting: Mutex<HashMap<LockKey, usize>>,
     /// Whether the channel is being listened to right now.
     listening: watch::Sender<bool>,
+    /// Whether the channel has been listened to since the task started.
+    has_listened: AtomicBool,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -89,6 +94,7 @@ impl Waiting {
             polling: polling.clone(),
             waiting: Mutex::default(),
             listening: watch::Sender::new(false),
+            has_listened: AtomicBool::new(false),
             task: Mutex::default(),
         });
         Waiting { polling, listener }
@@ -117,7 +123,8 @@ impl Waiting {
                 return Ok(lease);
             }
         }
-        if self.listener.start() {
+        let started = self.listener.start();
+        if started || !self.listener.has_listened.load(Ordering::SeqCst) {
             // Listening before the line's first try, so that a release
             // after that try is heard. A session that is down later is not
             // waited for: its waiters re-check, and are all woken when it
@@ -190,6 +197,7 @@ impl Listener {
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return false;
         }
+        self.has_listened.store(false, Ordering::SeqCst);
         *task = Some(tokio::spawn(Arc::clone(self).run()));
         true
     }
@@ -274,6 +282,7 @@ impl Listener {
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)??;
         self.listening.send_replace(true);
+        self.has_listened.store(true, Ordering::SeqCst);
         tracing::debug!(channel = %self.channel, "listening for releases");
         // Waiters that started while the session was down may have missed
         // a release.
