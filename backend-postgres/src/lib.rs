@@ -11,6 +11,7 @@ mod lock;
 mod reaper;
 mod schema;
 mod strategy;
+mod transaction;
 mod wait;
 
 pub use config::{
@@ -23,6 +24,7 @@ pub use reaper::{ReaperHandle, DEFAULT_REAP_GRACE, MIN_REAP_GRACE};
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;
 pub use strategy::advisory::hash::{advisory_key, ADVISORY_KEY_SQL};
+pub use transaction::PostgresLockTransaction;
 
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
