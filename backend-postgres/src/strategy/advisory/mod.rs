@@ -586,7 +586,7 @@ impl Advisory {
                 }
                 return Ok(renewed);
             }
-            Ok(None) => "its registry row names another holder".to_owned(),
+            Ok(None) => "its registry row no longer names this holder".to_owned(),
             Err(e) if !error::leaves_session_usable(&e) => session_end_reason(&e),
             Err(e) => return Err(error::map(e)),
         };
