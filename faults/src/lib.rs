@@ -5,15 +5,16 @@
 //!   one-way delay, blackhole without RST, connection cut, refused
 //!   connections, a dropped reply);
 //! * [`private`] — private server instances (MariaDB, redis-server, etcd
-//!   single and 3-member, ZooKeeper standalone and a 3-member ensemble) on
-//!   their own ports and data directories, so destructive tests never
-//!   disturb the shared services;
+//!   single and 3-member, ZooKeeper standalone and a 3-member ensemble,
+//!   PostgreSQL) on their own ports and data directories, so destructive
+//!   tests never disturb the shared services;
 //! * [`procs`] — client *processes* (the `fenced-faults-client` binary) for
 //!   SIGSTOP, SIGKILL and skewed clocks, sharing the fenced resource and the
 //!   history through a small TCP hub in the parent;
 //! * [`servers`] — the server faults (restart, leader kill of an etcd
-//!   cluster or a ZooKeeper ensemble, `KILL` of a lock connection,
-//!   lock-conflict storms) on private servers;
+//!   cluster or a ZooKeeper ensemble, `KILL` of a MySQL lock connection or
+//!   `pg_terminate_backend` of a PostgreSQL advisory holder, lock-conflict
+//!   storms) on private servers;
 //! * [`mutant`] — deliberately broken locks for control runs.
 //!
 //! Everything here targets loopback only and is bounded in count and time.
@@ -37,8 +38,9 @@ pub mod truth;
 /// TLS cases: the test-server kit's ([`fenced_testkit::private`]).
 pub mod private {
     pub use fenced_testkit::private::{
-        find_binary, free_port, send_signal, EtcdMember, EtcdOptions, MariaDbOptions, PrivateEtcd,
-        PrivateMariaDb, PrivateRedis, PrivateZooKeeper, RedisOptions, RedisPersistence, TestCa,
-        TlsFiles, ZooKeeperMember, ZooKeeperOptions, START_TIMEOUT,
+        find_binary, free_port, send_signal, EtcdMember, EtcdOptions, MariaDbOptions,
+        PostgresOptions, PrivateEtcd, PrivateMariaDb, PrivatePostgres, PrivateRedis,
+        PrivateZooKeeper, RedisOptions, RedisPersistence, TestCa, TlsFiles, ZooKeeperMember,
+        ZooKeeperOptions, START_TIMEOUT,
     };
 }

@@ -26,11 +26,17 @@ pub enum Target {
     Etcd,
     /// ZooKeeper.
     ZooKeeper,
+    /// PostgreSQL, `lease` strategy (a lease row per key, tokens from a
+    /// sequence).
+    PostgresLease,
+    /// PostgreSQL, `advisory` strategy (a session-level advisory lock on a
+    /// connection held per lock).
+    PostgresAdvisory,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 9] = [
         Target::Sqlite,
         Target::MySqlUniqueKey,
         Target::MySqlRowLock,
@@ -38,6 +44,8 @@ impl Target {
         Target::Redis,
         Target::Etcd,
         Target::ZooKeeper,
+        Target::PostgresLease,
+        Target::PostgresAdvisory,
     ];
 
     /// Its name in reports.
@@ -50,7 +58,22 @@ impl Target {
             Target::Redis => "redis",
             Target::Etcd => "etcd",
             Target::ZooKeeper => "zookeeper",
+            Target::PostgresLease => "postgres-lease",
+            Target::PostgresAdvisory => "postgres-advisory",
         }
+    }
+
+    /// Whether this is one of the PostgreSQL strategies.
+    pub fn is_postgres(self) -> bool {
+        matches!(self, Target::PostgresLease | Target::PostgresAdvisory)
+    }
+
+    /// Whether this is one of the MySQL/MariaDB strategies.
+    pub fn is_mysql(self) -> bool {
+        matches!(
+            self,
+            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic
+        )
     }
 
     fn networked(self) -> bool {
@@ -104,7 +127,11 @@ pub enum Fault {
     /// ensemble) is SIGKILLed while a client holds. Named per store
     /// ([`Fault::name`]): `etcd-leader-kill`, `zk-leader-kill`.
     LeaderKill,
-    /// `KILL <id>` of the `row_lock` holder's connection on the server.
+    /// The server ends the session that holds the lock: `KILL <id>` of the
+    /// MySQL `row_lock` holder's connection, `pg_terminate_backend(<pid>)`
+    /// of the PostgreSQL `advisory` holder's backend. Named per store
+    /// ([`Fault::name`]): `server-kill-connection`,
+    /// `server-terminate-backend`.
     KillConnection,
     /// 16 clients on one key on a MariaDB with `innodb_lock_wait_timeout = 1`,
     /// every third holder dying, and a conflict injector that makes fenced's
@@ -163,12 +190,16 @@ impl Fault {
         Fault::LockStorm,
     ];
 
-    /// Its name in reports, on `target`. Only the leader kill's name
-    /// depends on the store: it says which kind of cluster lost its leader
-    /// (`etcd-leader-kill`, `zk-leader-kill`).
+    /// Its name in reports, on `target`. Only two faults' names depend on
+    /// the store: the leader kill says which kind of cluster lost its
+    /// leader (`etcd-leader-kill`, `zk-leader-kill`), and the session kill
+    /// says how the server ended the holder's session (MySQL's `KILL`:
+    /// `server-kill-connection`; PostgreSQL's `pg_terminate_backend`:
+    /// `server-terminate-backend`).
     pub fn name(self, target: Target) -> &'static str {
         match self {
             Fault::LeaderKill if target == Target::ZooKeeper => "zk-leader-kill",
+            Fault::KillConnection if target.is_postgres() => "server-terminate-backend",
             Fault::Contention => "contention",
             Fault::PausePastTtl => "pause-past-ttl",
             Fault::ShortStalls => "short-stalls",
@@ -248,12 +279,18 @@ impl Fault {
             // Durable stores keep the lease through a restart (ZooKeeper
             // reloads its sessions and gives each a full timeout from the
             // moment it serves again, so a holder's node outlives the
-            // holder's deadline); a row_lock transaction dies with the
-            // server (the holder learns at its next renewal) and a Redis
-            // without persistence forgets.
+            // holder's deadline; a PostgreSQL lease row is committed data);
+            // a row_lock transaction and a PostgreSQL advisory lock die with
+            // the server's sessions (the holder learns at its next renewal,
+            // or at once from its held connection) and a Redis without
+            // persistence forgets.
             Fault::ServerRestart => matches!(
                 target,
-                Target::MySqlUniqueKey | Target::MySqlOptimistic | Target::Etcd | Target::ZooKeeper
+                Target::MySqlUniqueKey
+                    | Target::MySqlOptimistic
+                    | Target::Etcd
+                    | Target::ZooKeeper
+                    | Target::PostgresLease
             ),
             Fault::ServerRestartAof | Fault::LeaderKill => true,
             _ => false,
@@ -263,16 +300,21 @@ impl Fault {
     /// Whether the fault can be injected on `target` (network faults need a
     /// network).
     pub fn applies_to(self, target: Target) -> bool {
-        let mysql = matches!(
-            target,
-            Target::MySqlUniqueKey | Target::MySqlRowLock | Target::MySqlOptimistic
-        );
         match self {
             Fault::ServerRestart => return target != Target::Sqlite,
             Fault::ServerRestartAof => return target == Target::Redis,
             Fault::LeaderKill => return matches!(target, Target::Etcd | Target::ZooKeeper),
-            Fault::KillConnection => return target == Target::MySqlRowLock,
-            Fault::LockStorm => return mysql,
+            // Only where a lock lives in a server session: a `row_lock`
+            // transaction, a PostgreSQL advisory lock. Elsewhere the lock
+            // is data (a row, a key) and a killed connection is the
+            // connection-cut cell's business; a PostgreSQL lease holder's
+            // pool connections carry no lock of their own.
+            Fault::KillConnection => {
+                return matches!(target, Target::MySqlRowLock | Target::PostgresAdvisory)
+            }
+            // The conflict injector is InnoDB's (shared next-key locks,
+            // deadlock victims chosen by undo size, INNODB_METRICS).
+            Fault::LockStorm => return target.is_mysql(),
             // SQLite's clock is the calling process's wall clock (the store
             // runs inside the client): a client with a skewed clock *is* a
             // store with a skewed clock. Documented in fenced-sqlite; the

@@ -221,7 +221,26 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          other stores. With a 1 s tick the takeover can come at 3 s, as the starved victim wakes: \
          in a trial run the key changed hands just then, and the victim's stale write landed \
          between the successor's read and its write — a lost update no token check can refuse, \
-         since the resource learns a token only when it is written.\n"
+         since the resource learns a token only when it is written.\n\n\
+         PostgreSQL: TTL 600 ms as on MySQL, the shared server (database `fenced_test`) through \
+         the proxy, plain TCP (`sslmode=disable`: a reply the proxy drops must go missing, not \
+         break a TLS record stream). `postgres-lease` keeps a lock in a row whose expiry the \
+         server's clock judges, so it behaves like `mysql-unique_key`. `postgres-advisory` holds \
+         a session-level advisory lock on a connection of its own per lock, whose \
+         `idle_session_timeout` is set to the row's expiry by every grant and renewal: a silent \
+         holder (frozen, blackholed) loses its session — and the lock — once its expiry has \
+         passed on the server's clock, which is after its client's deadline (counted from the \
+         request's send time); a connection that closes (a cut, a killed process or holder) \
+         frees the lock at once. So, like `mysql-row_lock`, its connection-cut cell can show \
+         belief overlaps of a few ms: the server frees the lock the moment the connection \
+         breaks, and the holder's client learns it from the same broken connection (its \
+         monitor cancels the guard's loss signal) a moment later; no stale write can land, the \
+         resource refuses it. Cells left out for PostgreSQL, and why: `server-restart-aof-always` \
+         (Redis only), the leader kills (etcd and ZooKeeper clusters), `lock-conflict-storm` (its \
+         conflict injector is InnoDB's: shared next-key locks, deadlock victims chosen by undo \
+         size, `INNODB_METRICS`) and, for `postgres-lease`, `server-terminate-backend` (a lease \
+         is a row: a holder's pool connections carry no lock, and a lost connection is the \
+         connection-cut cell's business).\n"
     );
     let _ = writeln!(
         out,
@@ -240,11 +259,15 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          profile shows the check catching exactly that. **Server faults** run against a private \
          server (own port and data): `server-restart` SIGKILLs and restarts it while the victim \
          holds (MariaDB with InnoDB, Redis without persistence, etcd, a standalone ZooKeeper on \
-         the same data directory, whose zxids — the tokens — must keep rising), \
+         the same data directory, whose zxids — the tokens — must keep rising, PostgreSQL — \
+         the postmaster and every backend — recovering from its WAL: lease rows and the token \
+         sequence survive, advisory locks die with the sessions), \
          `server-restart-aof-always` does the same to a Redis with AOF `appendfsync always`, \
          `etcd-leader-kill` and `zk-leader-kill` (one fault, named per store) SIGKILL the leader \
          of a 3-member etcd cluster or ZooKeeper ensemble, `server-kill-connection` runs `KILL` on the connection \
-         holding the `row_lock` transaction, and `lock-conflict-storm` runs 16 clients (TTL \
+         holding the `row_lock` transaction and `server-terminate-backend` (the same fault, named \
+         per store) runs `pg_terminate_backend` on the backend holding the PostgreSQL advisory \
+         lock (found in `pg_locks`), and `lock-conflict-storm` runs 16 clients (TTL \
          300 ms, every third holder dying) for 8 s on a MariaDB with `innodb_lock_wait_timeout = 1` \
          while a conflict injector — a heavy transaction (300 scratch rows updated) that takes \
          shared locks on every lock table, waits until a fenced statement queues behind them, and \
@@ -255,7 +278,11 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          (less the injector's own) confirm it: both for `unique_key` and `optimistic`, deadlocks \
          for `row_lock`, whose waits run under its own 50 s `innodb_lock_wait_timeout` and are \
          bounded (and killed) on the client. Restarts are confirmed \
-         by a new pid, the leader kill by a new leader, the KILL by the connection id. After a \
+         by a new pid, the leader kill by a new leader, the KILL by the connection id, \
+         `pg_terminate_backend` by the backend's pid (it waits until the backend is gone). \
+         Server faults have no server record, except on PostgreSQL, whose audit table is \
+         committed with the lock rows it records and survives the crash and the terminated \
+         session with them (method below). After a \
          server fault the victim waits a TTL before writing, so a successor — if the store let \
          one in — writes first. **Mutant controls** wrap the real store in a lock with one safety \
          mechanism removed (owner check on release, NX on acquire, expiry judged on the clients' \
@@ -414,7 +441,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
            strictly increase (regressions), and every grant a client reported must be one the \
            record shows — with a token the store granted, to that client only, and (etcd) not \
            already deleted when the client asked, (ZooKeeper) created after the client asked \
-           and made the holder before the client was told (unvouched). All must be 0. `n/a`: the run had \
+           and made the holder before the client was told, (PostgreSQL) recorded between the ask \
+           and the answer, for `advisory` by a backend holding the lock (unvouched). All must be 0. `n/a`: the run had \
            no server record (reason below).\n\
          - **stale writes accepted / lost updates / non-owner releases** must be 0 with fencing on.\n\
          - **belief overlaps**: times two clients both believed they held the key. Under a pause \
@@ -435,7 +463,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          - **victim noticed its loss**: runs in which the holder hit by the fault learnt that its \
            lease was gone (loss signal, refused release, refused write). Required where the store \
            loses the lock (SIGSTOP past the TTL, Redis restart without persistence, row_lock after \
-           a restart or a KILL); a durable store may keep the lease instead.\n\
+           a restart or a KILL, a PostgreSQL advisory lock after a restart or a terminated \
+           backend); a durable store may keep the lease instead.\n\
          - **takeover after SIGKILL**: from the kill of a holder to the next grant to another client.\n"
     );
     let _ = writeln!(out, "{}", crate::truth::METHOD);

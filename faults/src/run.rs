@@ -35,6 +35,11 @@ impl Target {
                 crate::truth::zookeeper::server_url().unwrap_or_else(services::zookeeper_url),
                 2181,
             )),
+            // Server truth needs no server of its own here: the audit is a
+            // table the runner adds to the run's namespace (truth/postgres.rs).
+            Target::PostgresLease | Target::PostgresAdvisory => {
+                Some((services::postgres_url(), 5432))
+            }
         }
     }
 
@@ -86,6 +91,18 @@ impl Target {
                     "zk://{hosts}/fenced-faults-{ns}?session_timeout={}ms",
                     ttl.as_millis()
                 )
+            }
+            // Plain TCP on loopback, as every other store here: through
+            // TLS a reply the proxy drops would break the record stream
+            // (a MAC error) instead of going missing.
+            Target::PostgresLease | Target::PostgresAdvisory => {
+                let strategy = if self == Target::PostgresLease {
+                    "lease"
+                } else {
+                    "advisory"
+                };
+                let sep = if base.contains('?') { '&' } else { '?' };
+                format!("{base}{sep}strategy={strategy}&table=ff_{ns}&sslmode=disable")
             }
         })
     }
@@ -166,16 +183,19 @@ pub(crate) async fn start_recorder(
     prep: &Prepared,
     history: &History,
 ) -> Result<Recorder, String> {
-    if cfg.fault.kind() == FaultKind::Server {
+    if cfg.fault.kind() == FaultKind::Server && !cfg.target.is_postgres() {
         // Restarts and kills break a MONITOR stream or a watch; the
         // private servers of these faults keep no binary log, and a leader
         // kill leaves a ZooKeeper transaction log spread over the members.
+        // PostgreSQL's audit is committed with the lock rows it records,
+        // so it survives a crash and a terminated session as they do.
         return Ok(Recorder::None(SERVER_FAULT_REASON));
     }
     Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
 }
 
-/// Why server faults have no server truth.
+/// Why server faults have no server truth (but on PostgreSQL, whose audit
+/// table is part of the data the fault leaves behind).
 pub const SERVER_FAULT_REASON: &str =
     "server faults run on a private server that the fault restarts or kills (which breaks a MONITOR stream or a watch), and neither the binary log of a MariaDB nor the transaction logs of a ZooKeeper is kept or read there";
 
@@ -311,12 +331,16 @@ async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
     Ok(ms)
 }
 
-/// Drops the run's MySQL tables and ZooKeeper namespace (Redis keys and
-/// etcd leases expire by themselves; SQLite lives in a temporary directory).
+/// Drops the run's MySQL and PostgreSQL tables and ZooKeeper namespace
+/// (Redis keys and etcd leases expire by themselves; SQLite lives in a
+/// temporary directory).
 async fn cleanup(url: &str) {
     use sqlx::Connection as _;
     if url.starts_with("zk://") {
         return crate::truth::zookeeper::remove_namespace(url).await;
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return crate::truth::postgres::drop_namespace(url).await;
     }
     let Some(table) = url.split("table=").nth(1) else {
         return;

@@ -4,9 +4,13 @@
 //!
 //! * restart while held — MariaDB (InnoDB, durable), Redis without
 //!   persistence and with AOF `appendfsync always`, etcd, a standalone
-//!   ZooKeeper (same data directory: its sessions, nodes and zxids survive);
+//!   ZooKeeper (same data directory: its sessions, nodes and zxids survive),
+//!   PostgreSQL (crash recovery from the WAL: lease rows and the token
+//!   sequence survive, advisory locks die with the sessions);
 //! * the leader killed in a 3-member etcd cluster or ZooKeeper ensemble;
-//! * `KILL <id>` of the connection holding a `row_lock` transaction;
+//! * `KILL <id>` of the connection holding a `row_lock` transaction, and
+//!   `pg_terminate_backend` of the backend holding a PostgreSQL advisory
+//!   lock;
 //! * a lock-conflict storm on a MariaDB with `innodb_lock_wait_timeout = 1`,
 //!   with a conflict injector that makes fenced's statements deadlock
 //!   victims and lets them time out, counting the deadlocks and lock-wait
@@ -25,8 +29,8 @@ use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row
 use crate::{
     model::{Fault, Target},
     private::{
-        EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, PrivateZooKeeper,
-        RedisOptions, RedisPersistence, ZooKeeperOptions,
+        EtcdOptions, MariaDbOptions, PostgresOptions, PrivateEtcd, PrivateMariaDb, PrivatePostgres,
+        PrivateRedis, PrivateZooKeeper, RedisOptions, RedisPersistence, ZooKeeperOptions,
     },
 };
 
@@ -42,6 +46,8 @@ pub enum PrivateStore {
     /// A private ZooKeeper: standalone, or an ensemble of three for the
     /// leader kill.
     ZooKeeper(PrivateZooKeeper),
+    /// A private PostgreSQL.
+    Postgres(PrivatePostgres),
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
@@ -110,6 +116,11 @@ impl PrivateStore {
                     .map_err(|e| err("private ZooKeeper", e))?,
                 )
             }
+            Target::PostgresLease | Target::PostgresAdvisory => PrivateStore::Postgres(
+                PrivatePostgres::start(PostgresOptions::default())
+                    .await
+                    .map_err(|e| err("private PostgreSQL", e))?,
+            ),
             Target::Sqlite => return Ok(None),
         };
         Ok(Some(store))
@@ -122,6 +133,7 @@ impl PrivateStore {
             PrivateStore::Redis(r) => r.url(),
             PrivateStore::Etcd(e) => format!("http://{}", e.hostports()),
             PrivateStore::ZooKeeper(z) => format!("zk://{}", z.hostports()),
+            PrivateStore::Postgres(p) => p.url(),
         }
     }
 
@@ -152,6 +164,11 @@ impl PrivateStore {
                 let before = z.pid(0);
                 z.restart(0).await.map_err(|e| e.to_string())?;
                 (before, z.pid(0))
+            }
+            PrivateStore::Postgres(p) => {
+                let before = p.pid();
+                p.restart().await.map_err(|e| e.to_string())?;
+                (before, p.pid())
             }
         };
         match (before, after) {
@@ -195,16 +212,22 @@ impl PrivateStore {
         }
     }
 
-    /// `KILL`s every connection with an open transaction that holds row
-    /// locks — on this private server, the `row_lock` holder's. Evidence:
-    /// the connection ids.
+    /// Ends the server session that holds the lock. MariaDB: `KILL`s every
+    /// connection with an open transaction that holds row locks — on this
+    /// private server, the `row_lock` holder's. PostgreSQL:
+    /// `pg_terminate_backend` of every backend holding a single-key
+    /// (64-bit) advisory lock — on this private server, the `advisory`
+    /// holder's (fenced's own housekeeping guards are two-key locks).
+    /// Evidence: the connection ids or backend pids.
     ///
     /// # Errors
     ///
     /// When no such connection exists or the KILL fails.
     pub async fn kill_lock_connection(&self) -> Result<String, String> {
-        let PrivateStore::MariaDb(db) = self else {
-            return Err("the connection kill needs MariaDB".into());
+        let db = match self {
+            PrivateStore::MariaDb(db) => db,
+            PrivateStore::Postgres(p) => return terminate_advisory_holders(p).await,
+            _ => return Err("the connection kill needs MariaDB or PostgreSQL".into()),
         };
         let mut c = admin(db).await?;
         let ids: Vec<u64> = sqlx::query(
@@ -479,6 +502,40 @@ async fn admin(db: &PrivateMariaDb) -> Result<sqlx::MySqlConnection, String> {
     sqlx::MySqlConnection::connect_with(&opts)
         .await
         .map_err(|e| format!("admin connection to the private MariaDB: {e}"))
+}
+
+/// `pg_terminate_backend` of every backend holding a 64-bit advisory lock
+/// (`objsubid = 1`), waiting (at most 5 s each) until it has exited.
+async fn terminate_advisory_holders(p: &PrivatePostgres) -> Result<String, String> {
+    use fenced::postgres::sqlx::{Connection as _, PgConnection};
+    let mut c = PgConnection::connect(&p.url())
+        .await
+        .map_err(|e| format!("admin connection to the private PostgreSQL: {e}"))?;
+    let pids: Vec<i32> = fenced::postgres::sqlx::query_scalar(
+        "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND objsubid = 1 AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut c)
+    .await
+    .map_err(|e| format!("reading pg_locks: {e}"))?;
+    if pids.is_empty() {
+        return Err("no backend holds an advisory lock".into());
+    }
+    for pid in &pids {
+        let ended: bool =
+            fenced::postgres::sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+                .bind(pid)
+                .fetch_one(&mut c)
+                .await
+                .map_err(|e| format!("pg_terminate_backend({pid}): {e}"))?;
+        if !ended {
+            return Err(format!("backend {pid} did not end within 5 s"));
+        }
+    }
+    let _ = c.close().await;
+    Ok(format!(
+        "pg_terminate_backend of the holding backend(s) {pids:?}"
+    ))
 }
 
 /// Kills the ensemble's leader (SIGKILL) and waits until one of the two

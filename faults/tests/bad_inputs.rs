@@ -1099,8 +1099,17 @@ fn malformed_urls(dir: &std::path::Path) -> Vec<(String, &'static [&'static str]
             &["unknown store scheme"],
         ),
         (
-            "postgres://u@127.0.0.1:1/db".into(),
+            "postgresx://u@127.0.0.1:1/db".into(),
             &["unknown store scheme"],
+        ),
+        // PostgreSQL: an unknown parameter, a bad strategy.
+        (
+            "postgres://u@127.0.0.1:1/db?nope=1".into(),
+            &["unknown", "nope"],
+        ),
+        (
+            "postgres://u@127.0.0.1:1/db?strategy=row_lock".into(),
+            &["strategy"],
         ),
         ("://127.0.0.1:1".into(), &["unknown store scheme"]),
         ("".into(), &["no scheme"]),

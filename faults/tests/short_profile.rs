@@ -60,15 +60,17 @@ async fn cell(target: Target, fault: Fault, seed: u64) -> RunResult {
         r.evidence
     );
     assert!(r.errors.is_empty(), "{name}: errors {:?}", r.errors);
-    if fault.kind() == FaultKind::Server {
+    if fault.kind() == FaultKind::Server && !target.is_postgres() {
         // Server faults: their private servers are restarted or killed and
-        // keep no binary log (scenario::SERVER_FAULT_REASON).
+        // keep no binary log (scenario::SERVER_FAULT_REASON). PostgreSQL's
+        // audit table is data the fault leaves behind: checked below.
         assert!(r.server_truth.is_none(), "{name}: unexpected server record");
         return r;
     }
     // Server truth: every store keeps a record (MySQL and ZooKeeper through
-    // the private server the caller holds, see `truth_server`); every client
-    // grant is in it.
+    // the private server the caller holds, see `truth_server`; PostgreSQL
+    // in an audit table of the run's namespace); every client grant is in
+    // it.
     let t = r
         .server_truth
         .unwrap_or_else(|| panic!("{name}: no server truth was recorded"));
@@ -157,6 +159,16 @@ async fn etcd_keeps_safety_under_every_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_keeps_safety_under_every_fault() {
     every_fault_on(Target::ZooKeeper).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_keeps_safety_under_every_fault() {
+    every_fault_on(Target::PostgresLease).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_advisory_keeps_safety_under_every_fault() {
+    every_fault_on(Target::PostgresAdvisory).await;
 }
 
 /// The checker can fail: without fencing, a holder paused past its TTL
@@ -325,6 +337,8 @@ async fn server_restarts_while_held() {
         (Target::MySqlRowLock, Fault::ServerRestart),
         (Target::MySqlUniqueKey, Fault::ServerRestart),
         (Target::ZooKeeper, Fault::ServerRestart),
+        (Target::PostgresLease, Fault::ServerRestart),
+        (Target::PostgresAdvisory, Fault::ServerRestart),
     ] {
         let r = cell(target, fault, 1).await;
         assert!(
@@ -336,8 +350,9 @@ async fn server_restarts_while_held() {
             fault.name(target),
             r.evidence
         );
+        // Stores that lose the lock with the server's memory or sessions.
         if (target, fault) == (Target::Redis, Fault::ServerRestart)
-            || target == Target::MySqlRowLock
+            || matches!(target, Target::MySqlRowLock | Target::PostgresAdvisory)
         {
             assert_eq!(
                 r.victim_noticed_loss,
@@ -393,6 +408,28 @@ async fn row_lock_connection_killed_by_the_server() {
         r.victim_noticed_loss,
         Some(true),
         "the holder never noticed its connection was killed\n{}",
+        r.history
+    );
+}
+
+/// The server ends the PostgreSQL advisory holder's session
+/// (`pg_terminate_backend`): the lock goes with it, the holder must learn
+/// it lost the lock (its held connection reads the server's FATAL), its
+/// write must not land after a successor's, and the others get the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_advisory_backend_terminated_by_the_server() {
+    let r = cell(Target::PostgresAdvisory, Fault::KillConnection, 1).await;
+    assert!(
+        r.evidence
+            .iter()
+            .any(|e| e.starts_with("pg_terminate_backend of the holding backend")),
+        "no pg_terminate_backend: {:?}",
+        r.evidence
+    );
+    assert_eq!(
+        r.victim_noticed_loss,
+        Some(true),
+        "the holder never noticed its backend was terminated\n{}",
         r.history
     );
 }

@@ -16,7 +16,7 @@ use fenced_conformance::services;
 use fenced_faults::{
     history::{check_server_grants, History, Op, Phase},
     scenario::Target,
-    truth::{binlog, etcd, redis as redis_truth, unmatched_tokens, zookeeper},
+    truth::{binlog, etcd, postgres, redis as redis_truth, unmatched_tokens, zookeeper},
 };
 
 fn ns() -> String {
@@ -262,6 +262,135 @@ async fn zookeeper_txn_log_catches_a_child_jumping_the_queue_and_unvouched_grant
     assert_eq!(
         zookeeper::unmatched(&history.events(), &holds, &record.clock),
         2,
+        "{holds:?}\n{record:?}"
+    );
+}
+
+/// A PostgreSQL namespace migrated for the test and its audit installed.
+async fn postgres_audit(history: &History) -> (String, String, postgres::AuditLog) {
+    let table = format!("ff_truth_{}", ns());
+    let url = format!(
+        "{}?strategy=lease&table={table}&sslmode=disable",
+        services::postgres_url()
+    );
+    fenced::migrate(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}; are the services up? run scripts/services.sh"));
+    let log = postgres::AuditLog::start(Target::PostgresLease, &url, history)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (url, table, log)
+}
+
+async fn pg_exec(c: &mut sqlx::PgConnection, sql: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+        .execute(c)
+        .await
+        .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+}
+
+/// Lease rows written by hand: a clean release and hand-over, then a
+/// takeover of a lease that had 10 s to run, with a smaller token. The
+/// audit triggers record both; the checker sees the overlap and the token
+/// going back, and a client reporting a token the table never held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_audit_catches_a_lease_taken_over_before_its_expiry() {
+    let history = History::new();
+    let (url, t, log) = postgres_audit(&history).await;
+    let mut c = sqlx::PgConnection::connect(&services::postgres_url())
+        .await
+        .expect("connect");
+    let insert = |key: &str, owner: &str, token: i64| {
+        format!(
+            "INSERT INTO \"{t}\" (lock_key, owner, token, reentrant_count, expire_at, created_at) \
+             VALUES ('{key}'::bytea, '{owner}'::bytea, {token}, 1, \
+             clock_timestamp() + interval '10 seconds', clock_timestamp())"
+        )
+    };
+    history.push(0, Op::Acquire, Phase::Invoke, "good", None, "");
+    pg_exec(&mut c, insert("good", "o1", 1)).await;
+    history.push(0, Op::Acquire, Phase::Ok, "good", Some(1), "");
+    for sql in [
+        format!("UPDATE \"{t}\" SET expire_at = clock_timestamp() WHERE lock_key = 'good'::bytea"),
+        format!(
+            "UPDATE \"{t}\" SET owner = 'o2'::bytea, token = 2, \
+             expire_at = clock_timestamp() + interval '10 seconds' WHERE lock_key = 'good'::bytea"
+        ),
+        insert("bad", "o1", 5),
+        // The bug: a takeover whose WHERE forgot the expiry.
+        format!(
+            "UPDATE \"{t}\" SET owner = 'o2'::bytea, token = 4, \
+             expire_at = clock_timestamp() + interval '10 seconds' WHERE lock_key = 'bad'::bytea"
+        ),
+    ] {
+        pg_exec(&mut c, sql).await;
+    }
+    history.push(1, Op::Acquire, Phase::Invoke, "bad", None, "");
+    history.push(1, Op::Acquire, Phase::Ok, "bad", Some(99), "");
+    let record = log.finish().await.unwrap_or_else(|e| panic!("{e}"));
+    postgres::drop_namespace(&url).await;
+    let holds = postgres::holds(Target::PostgresLease, &record);
+    let t = check_server_grants(&postgres::server_grants(&holds));
+    assert_eq!(
+        (t.grants, t.overlaps, t.token_regressions),
+        (4, 1, 1),
+        "{holds:?}\n{record:?}"
+    );
+    assert_eq!(
+        postgres::unmatched(&history.events(), &holds, &record.clock),
+        1,
+        "{holds:?}"
+    );
+}
+
+/// An advisory holder row written by a backend that does not hold the
+/// advisory lock, while another backend does: the trigger's look at
+/// `pg_locks` shows the previous holder still holding (an overlap) and the
+/// new row's backend without the lock (a grant that vouches for no client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_audit_catches_an_advisory_holder_row_without_the_lock() {
+    let history = History::new();
+    let (url, t, log) = postgres_audit(&history).await;
+    let pg = services::postgres_url();
+    let mut a = sqlx::PgConnection::connect(&pg).await.expect("a");
+    let mut b = sqlx::PgConnection::connect(&pg).await.expect("b");
+    let hash: i64 = -0x1234_5678_9abc_def0 - fastrand::i64(0..1 << 40);
+    history.push(0, Op::Acquire, Phase::Invoke, "k", None, "");
+    pg_exec(&mut a, format!("SELECT pg_advisory_lock({hash})")).await;
+    pg_exec(
+        &mut a,
+        format!(
+            "INSERT INTO \"{t}_advisory\" (lock_key, hash, owner, token, reentrant_count, \
+             expire_at, created_at, pid) VALUES ('k'::bytea, {hash}, 'a'::bytea, 1, 1, \
+             clock_timestamp() + interval '10 seconds', clock_timestamp(), pg_backend_pid())"
+        ),
+    )
+    .await;
+    history.push(0, Op::Acquire, Phase::Ok, "k", Some(1), "");
+    history.push(1, Op::Acquire, Phase::Invoke, "k", None, "");
+    // The bug: b records itself as holder without the lock.
+    pg_exec(
+        &mut b,
+        format!(
+            "UPDATE \"{t}_advisory\" SET owner = 'b'::bytea, token = 2, pid = pg_backend_pid() \
+             WHERE lock_key = 'k'::bytea"
+        ),
+    )
+    .await;
+    history.push(1, Op::Acquire, Phase::Ok, "k", Some(2), "");
+    pg_exec(&mut a, format!("SELECT pg_advisory_unlock({hash})")).await;
+    let record = log.finish().await.unwrap_or_else(|e| panic!("{e}"));
+    postgres::drop_namespace(&url).await;
+    let holds = postgres::holds(Target::PostgresAdvisory, &record);
+    let t = check_server_grants(&postgres::server_grants(&holds));
+    assert_eq!(
+        (t.grants, t.overlaps, t.token_regressions),
+        (2, 1, 0),
+        "{holds:?}\n{record:?}"
+    );
+    assert_eq!(
+        postgres::unmatched(&history.events(), &holds, &record.clock),
+        1,
         "{holds:?}\n{record:?}"
     );
 }

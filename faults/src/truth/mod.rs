@@ -15,21 +15,29 @@
 //!   --binlog-format=ROW` (full profile; see [`binlog`]);
 //! * **ZooKeeper** ([`zookeeper`]): the transaction log of a private
 //!   ZooKeeper — every create, delete and session end under the run's
-//!   namespace, with its zxid and the server's time.
+//!   namespace, with its zxid and the server's time;
+//! * **PostgreSQL** ([`postgres`]): an audit table written by triggers on
+//!   the lock tables in the same transaction as every change, stamped with
+//!   the server's `clock_timestamp()`; for `advisory` each grant's trigger
+//!   also asks `pg_locks` whether the new and the previous holder's
+//!   backends hold the key's advisory lock.
 //!
 //! The grants rebuilt from each record are checked by
 //! [`check_server_grants`]: per key no two intersect and tokens strictly
 //! increase. Every grant a client reported must also be one the record
 //! vouches for ([`ServerTruth::unmatched_client_grants`]).
 //!
-//! Why not MySQL triggers: `unique_key` and `optimistic` read their verdict
+//! Why not MySQL triggers (PostgreSQL's strategies read `RETURNING`, which
+//! a trigger does not change): `unique_key` and `optimistic` read their verdict
 //! from the OK packet's insert id (`LAST_INSERT_ID(expr)`), and a trigger
 //! that writes a row changes what that packet carries — the audit disturbed
 //! what it observed (tokens repeated, grants refused). The binary log is
 //! written by the server outside the statement.
 
 pub mod binlog;
+mod clock;
 pub mod etcd;
+pub mod postgres;
 pub mod redis;
 pub mod zookeeper;
 
@@ -192,6 +200,28 @@ sequence below a live holder's). The match is sharper than etcd's, on the server
 milliseconds, the run's clock mapped onto the same machine's wall clock, 10 ms of slack): each \
 client grant's token must be the creation zxid of a child that held, created after the client asked \
 (every attempt creates its own child) and made the holder before the client was told it holds.\n\
+- **PostgreSQL**: before the clients start, the runner adds an audit table `<t>_audit` to the run's \
+namespace and row triggers (`AFTER INSERT OR UPDATE OR DELETE`) on the `lease` table `<t>` and the \
+`advisory` holder table `<t>_advisory`; each writes the changed row (key, owner, token, expiry, hold \
+count, holder pid), the transaction id, the backend and `clock_timestamp()`, in the transaction of the \
+change, so the audit is the committed history of the lock rows — across a crash and a terminated \
+session too (the server-fault cells keep their record on PostgreSQL). The strategies read their \
+verdict from `RETURNING`, which a trigger does not change. Per key the audit is in the order of the \
+changes (each holds the row's lock until it commits). `lease`: a new token in a key's row is a grant \
+from the trigger's clock; the same token moves its end to the row's new expiry (a renewal, or a \
+release, which expires the row at its own clock); it runs to its last expiry, and a takeover that \
+starts before it ends is an overlap. `advisory`: the lock is a session-level advisory lock, which no \
+table records; the holder row is written by the holding backend after it got the lock. A new token in \
+it is a grant from the trigger's clock, and the trigger asks the lock manager (`pg_locks`) whether the \
+new row's backend holds the key's advisory lock (if not, the grant vouches for no client) and whether \
+the previous row's backend still holds it. A grant ends at the release statement's change of the row \
+(holder cleared, same token). A session that ended instead (terminated, idle timeout, broken \
+connection, crash) leaves no row change: its grant's end is judged at the next grant — before it when \
+`pg_locks` showed the old backend no longer holding the lock (the lock is held without a break from \
+grant to unlock or session end, so this is exactly the overlap question), an overlap when it still \
+held it or when the new grant is on the same backend without a release in between (session locks \
+stack). Client grants are matched on the server's clock (this machine's wall clock; 10 ms of slack): \
+the token's grant must be recorded after the client asked and before it was told.\n\
 - **Unvouched client grants** (every store): a client's reported token must be one the record \
 shows granted, and no two clients may report the same token.\n\
 - The checkers can fail: each has unit tests feeding it a crafted overlapping or regressing record \
@@ -211,6 +241,8 @@ pub enum Recorder {
     Binlog(binlog::BinlogLog),
     /// ZooKeeper transaction log (private server).
     ZooKeeper(Box<zookeeper::TxnLog>),
+    /// PostgreSQL audit triggers.
+    Postgres(Box<postgres::AuditLog>),
     /// No record for this run, and why.
     None(&'static str),
 }
@@ -273,6 +305,9 @@ impl Recorder {
                 Some(log) => Ok(Recorder::ZooKeeper(Box::new(log))),
                 None => Ok(Recorder::None(zookeeper::SHARED_REASON)),
             },
+            Target::PostgresLease | Target::PostgresAdvisory => Ok(Recorder::Postgres(Box::new(
+                postgres::AuditLog::start(target, url, history).await?,
+            ))),
         }
     }
 
@@ -319,6 +354,13 @@ impl Recorder {
                 let h = zookeeper::holds(&record);
                 let u = zookeeper::unmatched(events, &h, &record.clock);
                 (zookeeper::server_grants(&h), u)
+            }
+            Recorder::Postgres(log) => {
+                let target = log.target();
+                let record = log.finish().await?;
+                let h = postgres::holds(target, &record);
+                let u = postgres::unmatched(events, &h, &record.clock);
+                (postgres::server_grants(&h), u)
             }
             Recorder::Binlog(_) => return Ok(None),
         };

@@ -34,11 +34,13 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, Weak},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use fenced::zookeeper::zookeeper_client::{Acls, Client, CreateMode};
 
+pub use super::clock::ClockMap;
+use super::clock::{clock_pair, ClockPair};
 use crate::{
     history::{Event, History, Op, Phase, ServerGrant},
     private::{PrivateZooKeeper, ZooKeeperOptions},
@@ -139,67 +141,6 @@ fn purge(version2: &Path) {
 
 // ---------------------------------------------------------------------------
 // The recorder.
-
-/// The run's clock against the wall clock: a pair of readings taken as
-/// close together as this thread manages.
-#[derive(Debug, Clone, Copy)]
-struct ClockPair {
-    run_ns: u64,
-    wall_ms: f64,
-}
-
-fn clock_pair(history: &History) -> ClockPair {
-    let wall = || {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-    };
-    let mut best: Option<(Duration, ClockPair)> = None;
-    for _ in 0..8 {
-        let before = Instant::now();
-        let run_ns = history.now_ns();
-        let wall_ms = wall();
-        let spread = before.elapsed();
-        if best.is_none_or(|(s, _)| spread < s) {
-            best = Some((spread, ClockPair { run_ns, wall_ms }));
-        }
-    }
-    best.map_or(
-        ClockPair {
-            run_ns: history.now_ns(),
-            wall_ms: wall(),
-        },
-        |(_, p)| p,
-    )
-}
-
-/// Maps the run's clock (ns) onto the wall clock (ms), linearly between
-/// two readings (so a slewing wall clock does not drift the mapping).
-#[derive(Debug, Clone, Copy)]
-pub struct ClockMap {
-    start: ClockPair,
-    end: ClockPair,
-}
-
-impl ClockMap {
-    /// The mapping of a run clock whose ns `run_ns` read the wall clock at
-    /// `wall_ms` (one reading: no drift correction).
-    pub fn fixed(run_ns: u64, wall_ms: f64) -> ClockMap {
-        let p = ClockPair { run_ns, wall_ms };
-        ClockMap { start: p, end: p }
-    }
-
-    /// The wall clock (ms since the epoch) at run time `ns`.
-    pub fn wall_ms(&self, ns: u64) -> f64 {
-        let (a, b) = (self.start, self.end);
-        let from_start_ms = (ns as f64 - a.run_ns as f64) / 1e6;
-        if b.run_ns <= a.run_ns {
-            return a.wall_ms + from_start_ms;
-        }
-        let rate = (b.wall_ms - a.wall_ms) / ((b.run_ns - a.run_ns) as f64 / 1e6);
-        a.wall_ms + from_start_ms * rate
-    }
-}
 
 /// What a finished recording holds: the run's transactions and the clock
 /// mapping.
@@ -342,10 +283,7 @@ impl TxnLog {
         let record = Record {
             namespace: self.namespace.clone(),
             txns,
-            clock: ClockMap {
-                start: self.start,
-                end,
-            },
+            clock: ClockMap::between(self.start, end),
         };
         drop(self);
         purge(&version2);
