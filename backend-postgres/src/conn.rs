@@ -18,7 +18,7 @@
 //! `application_name` is `fenced` unless the URL names one (it shows in
 //! `pg_stat_activity`).
 
-use std::time::Duration;
+use std::{future::Future, io, time::Duration};
 
 use fenced_api::{Error, Result};
 use sqlx::{
@@ -182,9 +182,87 @@ pub(crate) fn pool(config: &PostgresConfig) -> PgPool {
         .connect_lazy_with(connect_options(config))
 }
 
+/// Whether `e` says the connection was dead before the statement could
+/// be answered: the server closed it (it restarted, or ended the session)
+/// since the connection was last used.
+fn dead_connection(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(io) if matches!(
+        io.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    ))
+}
+
+/// Runs a one-statement operation on the pool, again on another connection
+/// while the one it got was dead — at most `pool_size` times more, since
+/// each dead connection is closed when it fails.
+///
+/// After a server restart every pooled connection is dead, and one used in
+/// the last 2 s is not pinged before use: without this each of them would
+/// fail one caller's operation. The statements retried are safe to repeat
+/// (a renewal, a read) or, if a lost reply hid a commit, end as a
+/// cancelled call would (a grant nobody hears of expires after its TTL; a
+/// release repeated answers `NotHeld`).
+pub(crate) async fn on_live_connection<T, F, Fut>(
+    pool_size: u32,
+    mut op: F,
+) -> std::result::Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let mut dead = 0;
+    loop {
+        match op().await {
+            Err(e) if dead_connection(&e) && dead < pool_size => {
+                dead += 1;
+                tracing::debug!(error = %e, "a pooled connection was dead; trying another");
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn only_dead_connections_are_retried_and_only_pool_size_times() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let calls = AtomicU32::new(0);
+        let eof = || sqlx::Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "eof"));
+        let r: std::result::Result<(), _> = on_live_connection(3, || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err(eof()) }
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        calls.store(0, Ordering::SeqCst);
+        let r = on_live_connection(3, || {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    Err(eof())
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 2);
+        calls.store(0, Ordering::SeqCst);
+        let r: std::result::Result<(), _> = on_live_connection(3, || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err(sqlx::Error::PoolTimedOut) }
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "not a dead connection");
+    }
 
     #[test]
     fn versions_are_named_as_people_write_them() {

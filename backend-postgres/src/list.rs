@@ -18,6 +18,7 @@ use sqlx::{postgres::PgRow, PgPool, Row, SqlStr};
 
 use crate::{
     config::TableName,
+    conn,
     error::{self, PostgresBackend, SqlResultExt},
     strategy::lease::token,
 };
@@ -50,19 +51,35 @@ impl Scans {
         }
     }
 
+    /// Runs one statement, on another connection when the pool handed out
+    /// a dead one (see [`conn::on_live_connection`]).
+    async fn live<T, F, Fut>(&self, op: F) -> std::result::Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        conn::on_live_connection(self.pool.options().get_max_connections(), op).await
+    }
+
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row = sqlx::query(self.inspect.clone())
-            .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
+        let row = self
+            .live(|| {
+                sqlx::query(self.inspect.clone())
+                    .bind(key.as_bytes())
+                    .fetch_optional(&self.pool)
+            })
             .await
             .db()?;
         row.map(|r| info_from_row(key, &r)).transpose()
     }
 
     pub(crate) async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
-        let rows = sqlx::query(self.list.clone())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+        let rows = self
+            .live(|| {
+                sqlx::query(self.list.clone())
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+            })
             .await
             .db()?;
         let mut held = Vec::with_capacity(rows.len());

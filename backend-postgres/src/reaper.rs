@@ -28,7 +28,7 @@ use fenced_sql::sql;
 use sqlx::{Row, SqlStr};
 
 use crate::{
-    error::SqlResultExt, lock::PostgresLock, schema::GUARD_CLASS, strategy::lease::micros,
+    conn, error::SqlResultExt, lock::PostgresLock, schema::GUARD_CLASS, strategy::lease::micros,
 };
 
 /// How long after its expiry a row may be deleted by default: 5 minutes,
@@ -117,14 +117,17 @@ impl PostgresLock {
         loop {
             let row = self
                 .bounded("the reaper", async {
-                    sqlx::query(statement.clone())
-                        .bind(GUARD_CLASS)
-                        .bind(&guard)
-                        .bind(micros(grace))
-                        .bind(BATCH)
-                        .fetch_one(self.engine().pool())
-                        .await
-                        .db()
+                    let pool = self.engine().pool();
+                    conn::on_live_connection(pool.options().get_max_connections(), || {
+                        sqlx::query(statement.clone())
+                            .bind(GUARD_CLASS)
+                            .bind(&guard)
+                            .bind(micros(grace))
+                            .bind(BATCH)
+                            .fetch_one(pool)
+                    })
+                    .await
+                    .db()
                 })
                 .await?;
             let got: bool = row.try_get(0).db()?;

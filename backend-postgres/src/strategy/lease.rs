@@ -27,7 +27,7 @@ use fenced_sql::sql;
 use sqlx::{PgPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use crate::{config::TableName, error::SqlResultExt};
+use crate::{config::TableName, conn, error::SqlResultExt};
 
 /// `now + $n` on the server's clock, `$n` a TTL in whole microseconds.
 ///
@@ -172,6 +172,16 @@ impl LeaseRows {
         &self.pool
     }
 
+    /// Runs one statement, on another connection when the pool handed out
+    /// a dead one (see [`conn::on_live_connection`]).
+    async fn live<T, F, Fut>(&self, op: F) -> std::result::Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        conn::on_live_connection(self.pool.options().get_max_connections(), op).await
+    }
+
     /// Same owner already holds the key: re-enter or refuse.
     async fn same_owner(
         &self,
@@ -180,19 +190,25 @@ impl LeaseRows {
         owner: &Owner,
     ) -> Result<Option<i64>> {
         if opts.is_reentrant() {
-            let row = sqlx::query(self.reenter.clone())
-                .bind(micros(opts.ttl()))
-                .bind(key.as_bytes())
-                .bind(owner.as_str().as_bytes())
-                .fetch_optional(&self.pool)
+            let row = self
+                .live(|| {
+                    sqlx::query(self.reenter.clone())
+                        .bind(micros(opts.ttl()))
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes())
+                        .fetch_optional(&self.pool)
+                })
                 .await
                 .db()?;
             return row.map(|r| r.try_get::<i64, _>(0)).transpose().db();
         }
-        let held = sqlx::query(self.held_by.clone())
-            .bind(key.as_bytes())
-            .bind(owner.as_str().as_bytes())
-            .fetch_optional(&self.pool)
+        let held = self
+            .live(|| {
+                sqlx::query(self.held_by.clone())
+                    .bind(key.as_bytes())
+                    .bind(owner.as_str().as_bytes())
+                    .fetch_optional(&self.pool)
+            })
             .await
             .db()?;
         if held.is_some() {
@@ -209,12 +225,15 @@ impl LeaseRows {
         let owner = opts.owner_or_random();
         let ttl = opts.ttl();
         let sent = Instant::now();
-        let row = sqlx::query(self.acquire.clone())
-            .bind(key.as_bytes())
-            .bind(owner.as_str().as_bytes())
-            .bind(micros(ttl))
-            .bind(opts.label().map(Label::as_str))
-            .fetch_optional(&self.pool)
+        let row = self
+            .live(|| {
+                sqlx::query(self.acquire.clone())
+                    .bind(key.as_bytes())
+                    .bind(owner.as_str().as_bytes())
+                    .bind(micros(ttl))
+                    .bind(opts.label().map(Label::as_str))
+                    .fetch_optional(&self.pool)
+            })
             .await
             .db()?;
         if let Some(row) = row {
@@ -234,12 +253,15 @@ impl LeaseRows {
     pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = LockOptions::validate_ttl(ttl)?;
         let sent = Instant::now();
-        let done = sqlx::query(self.extend.clone())
-            .bind(micros(ttl))
-            .bind(lease.key.as_bytes())
-            .bind(stored(lease))
-            .bind(lease.owner.as_str().as_bytes())
-            .execute(&self.pool)
+        let done = self
+            .live(|| {
+                sqlx::query(self.extend.clone())
+                    .bind(micros(ttl))
+                    .bind(lease.key.as_bytes())
+                    .bind(stored(lease))
+                    .bind(lease.owner.as_str().as_bytes())
+                    .execute(&self.pool)
+            })
             .await
             .db()?;
         if done.rows_affected() == 1 {
@@ -259,12 +281,15 @@ impl LeaseRows {
     ) -> Result<ChunkVerdict> {
         let keys: Vec<&[u8]> = chunk.iter().map(|l| l.key.as_bytes()).collect();
         let tokens: Vec<i64> = chunk.iter().map(|l| stored(l)).collect();
-        let rows = sqlx::query(self.extend_batch.clone())
-            .bind(micros(ttl))
-            .bind(owner.as_str().as_bytes())
-            .bind(keys)
-            .bind(tokens)
-            .fetch_all(&self.pool)
+        let rows = self
+            .live(|| {
+                sqlx::query(self.extend_batch.clone())
+                    .bind(micros(ttl))
+                    .bind(owner.as_str().as_bytes())
+                    .bind(keys.clone())
+                    .bind(tokens.clone())
+                    .fetch_all(&self.pool)
+            })
             .await
             .db()?;
         let mut renewed = HashSet::with_capacity(rows.len());
@@ -275,12 +300,15 @@ impl LeaseRows {
     }
 
     pub(crate) async fn release(&self, lease: &Lease) -> Result<Done<ReleaseOutcome>> {
-        let row = sqlx::query(self.release.clone())
-            .bind(lease.key.as_bytes())
-            .bind(stored(lease))
-            .bind(lease.owner.as_str().as_bytes())
-            .bind(&self.channel)
-            .fetch_optional(&self.pool)
+        let row = self
+            .live(|| {
+                sqlx::query(self.release.clone())
+                    .bind(lease.key.as_bytes())
+                    .bind(stored(lease))
+                    .bind(lease.owner.as_str().as_bytes())
+                    .bind(&self.channel)
+                    .fetch_optional(&self.pool)
+            })
             .await
             .db()?;
         let Some(row) = row else {
@@ -307,10 +335,13 @@ impl LeaseRows {
 
     /// Expires the key's row; the outcome is whether it had a live holder.
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Done<bool>> {
-        let row = sqlx::query(self.force.clone())
-            .bind(key.as_bytes())
-            .bind(&self.channel)
-            .fetch_optional(&self.pool)
+        let row = self
+            .live(|| {
+                sqlx::query(self.force.clone())
+                    .bind(key.as_bytes())
+                    .bind(&self.channel)
+                    .fetch_optional(&self.pool)
+            })
             .await
             .db()?;
         let removed = row.is_some();
