@@ -350,9 +350,9 @@ impl Drop for Held {
 /// others before the commit, and whoever gets the key next sees all of it.
 ///
 /// The transaction is sqlx's: `begin()` on it opens a savepoint, and
-/// `SET TRANSACTION ISOLATION LEVEL …` may be its first statement with the
-/// `lease` strategy (see the crate docs for what REPEATABLE READ costs).
-/// Never send `COMMIT`, `ROLLBACK` or `BEGIN` yourself: that would end the
+/// `SET TRANSACTION ISOLATION LEVEL …` may be its first statement (fenced
+/// runs nothing in it before you do; see the crate docs for what
+/// REPEATABLE READ costs with `lease`). Never send `COMMIT`, `ROLLBACK` or `BEGIN` yourself: that would end the
 /// locking transaction early and run what follows without the lock. The
 /// connection is the transaction's own and is closed when it ends, so
 /// session settings you change there go nowhere else.
@@ -525,6 +525,11 @@ impl PostgresLockTransaction {
         let left = match checked {
             Ok(Ok(left)) => left,
             Ok(Err(None)) => {
+                if let Some(e) = snapshot_too_old(&mut tx, &held, &lease).await {
+                    drop(tx);
+                    let _ = held.end(true).await;
+                    return Err(e);
+                }
                 let reason = match held.hold {
                     Hold::Lease => {
                         "the lease expired or was taken over before commit; nothing was committed"
@@ -535,19 +540,21 @@ impl PostgresLockTransaction {
                     }
                 };
                 drop(tx);
-                let _ = held.end(false).await;
+                // Not held any more, as far as the transaction can tell; a
+                // release that finds it held after all frees it now.
+                let _ = held.end(true).await;
                 return Err(held.lease_lost(reason));
             }
             Ok(Err(Some(e))) => {
                 drop(tx);
                 // An advisory lock ends with its session; a lease does not.
-                let lost =
-                    matches!(held.hold, Hold::Advisory { .. }) && !error::leaves_session_usable(&e);
+                let lost = matches!(held.hold, Hold::Advisory { .. }) && session_ended(&e);
                 let _ = held.end(true).await;
                 return Err(if lost {
                     held.lease_lost(format!(
-                        "the transaction's session ended before commit ({e}); nothing was \
-                         committed"
+                        "the session holding the lock ended before commit ({}); nothing was \
+                         committed",
+                        why_ended(&e)
                     ))
                 } else {
                     error::map(e)
@@ -612,6 +619,78 @@ impl PostgresLockTransaction {
         }
         held.end(true).await
     }
+}
+
+/// Whether `e` ended the session it came from (and an advisory lock
+/// with it): connection failures, the operator interventions, and any
+/// FATAL report — such as `idle_in_transaction_session_timeout` (25P03).
+fn session_ended(e: &sqlx::Error) -> bool {
+    if !error::leaves_session_usable(e) {
+        return true;
+    }
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
+        .is_some_and(|d| {
+            matches!(
+                d.severity(),
+                sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+            )
+        })
+}
+
+/// Why a session ended, for `LeaseLost`.
+fn why_ended(e: &sqlx::Error) -> String {
+    match error::sqlstate(e).as_deref() {
+        Some("25P03") => "the server ended it: the transaction was idle for longer than the \
+                          lock's ttl (idle_in_transaction_session_timeout)"
+            .to_owned(),
+        Some("57P01") => "it was terminated (pg_terminate_backend, a force_release)".to_owned(),
+        _ => e.to_string(),
+    }
+}
+
+/// `lease` under REPEATABLE READ or SERIALIZABLE: the release reads the
+/// row as of the transaction's snapshot, so a lease renewed after the
+/// snapshot looks expired (or, when it does not, the update is a
+/// serialization failure). If the lease is in fact still current, that is
+/// what is reported — retryable — rather than a lost lease.
+async fn snapshot_too_old(
+    tx: &mut Transaction<'static, Postgres>,
+    held: &Held,
+    lease: &Lease,
+) -> Option<Error> {
+    if !matches!(held.hold, Hold::Lease) {
+        return None;
+    }
+    let op = held.op_timeout();
+    let isolation = error::bounded("commit", op, async {
+        sqlx::query("SELECT current_setting('transaction_isolation')")
+            .fetch_one(&mut **tx)
+            .await
+            .db()?
+            .try_get::<String, _>(0)
+            .db()
+    })
+    .await
+    .ok()?;
+    if isolation == "read committed" {
+        return None;
+    }
+    let current = held.lock.inspect(&lease.key).await.ok()??;
+    (current.token == lease.token && current.owner == lease.owner).then(|| {
+        Error::backend(
+            error::BACKEND,
+            true,
+            format!(
+                "the lease on `{}` was renewed after the snapshot of this {isolation} \
+                 transaction, and PostgreSQL cannot release a row changed after the \
+                 snapshot (a serialization conflict); nothing was committed. Run \
+                 transaction-scoped locks at READ COMMITTED, keep {isolation} ones shorter \
+                 than a third of the ttl, or use the advisory strategy",
+                lease.key
+            ),
+        )
+    })
 }
 
 fn unknown_outcome(lease: &Lease, cause: &str) -> Error {
@@ -702,8 +781,19 @@ impl PostgresLock {
         opts: &LockOptions,
     ) -> Result<PostgresLockTransaction> {
         let cfg = self.config();
-        let lease = self.acquire(key, opts).await?;
+        let op = cfg.operation_timeout;
         let pool = transaction_pool(cfg, Strategy::Lease, opts.ttl());
+        // Connected before the wait, so that connecting — a new server
+        // process — is not part of the hold.
+        let c = pool.acquire().await.db()?;
+        let lease = match self.acquire(key, opts).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                drop(c);
+                let _ = tokio::time::timeout(op, pool.close()).await;
+                return Err(e);
+            }
+        };
         let current = Arc::new(Mutex::new(lease));
         let renewal = tokio::spawn(keep_alive(self.clone(), Arc::clone(&current)));
         let mut held = Held {
@@ -714,12 +804,10 @@ impl PostgresLock {
             renewal: Some(renewal),
             armed: true,
         };
-        let bound = cfg.connect_timeout.saturating_add(cfg.operation_timeout);
-        match error::bounded("lock_in_transaction", bound, async {
-            pool.begin().await.db()
-        })
-        .await
-        {
+        // Back to its pool (the only connection there) and out again
+        // inside a transaction.
+        drop(c);
+        match error::bounded("lock_in_transaction", op, async { pool.begin().await.db() }).await {
             Ok(tx) => Ok(PostgresLockTransaction { tx, held }),
             Err(e) => {
                 let _ = held.end(true).await;
