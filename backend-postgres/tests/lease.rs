@@ -475,6 +475,63 @@ async fn a_terminated_listening_session_is_reopened_and_waiters_look_again() {
     drop_tables(&table).await;
 }
 
+/// The listening session lives as long as the handle: dropping the last
+/// clone ends it (and `close` does too).
+#[tokio::test]
+async fn the_listening_session_ends_with_the_handle() {
+    let (url, table) = fresh("listenend").await;
+    let pool = admin().await;
+    for close in [false, true] {
+        let app = format!(
+            "fenced_listenend_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let sessions = |pool: sqlx::PgPool, app: String| async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND query LIKE 'LISTEN%'",
+            )
+            .bind(app)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        let holder = PostgresLock::connect(&url).await.unwrap();
+        let waiter = PostgresLock::connect(&format!("{url}&application_name={app}"))
+            .await
+            .unwrap();
+        let k = key("listenend");
+        let lease = holder
+            .try_acquire(&k, &ttl(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        // A wait that times out: the listener is started and stays.
+        let short = wait_opts(Duration::from_secs(30), Duration::from_millis(300));
+        assert!(matches!(
+            waiter.acquire(&k, &short).await,
+            Err(Error::Timeout { .. })
+        ));
+        assert_eq!(sessions(pool.clone(), app.clone()).await, 1);
+        let clone = waiter.clone();
+        if close {
+            clone.close().await;
+        }
+        drop(waiter);
+        drop(clone);
+        let start = Instant::now();
+        while sessions(pool.clone(), app.clone()).await != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the listening session outlived its handle (close: {close})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        holder.release(&lease).await.unwrap();
+    }
+    drop_tables(&table).await;
+}
+
 /// Rows of `table` as (key, expired seconds ago): negative = live.
 async fn insert_rows(pool: &sqlx::PgPool, table: &str, rows: &[(&str, i64)]) {
     for (k, ago) in rows {
