@@ -28,10 +28,7 @@
 use std::{
     collections::HashMap,
     fmt,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, MutexGuard,
-    },
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -62,6 +59,17 @@ impl fmt::Debug for Waiting {
     }
 }
 
+/// Where a handle's listening session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The task was started and its first session is opening.
+    Starting,
+    /// The channel is listened to.
+    Listening,
+    /// No session (not started, stopped, or reopening after a failure).
+    Down,
+}
+
 /// The listening session of one handle and the keys its waiters wait for.
 struct Listener {
     connect: PgConnectOptions,
@@ -71,10 +79,8 @@ struct Listener {
     polling: Polling,
     /// Keys a waiter of this handle waits for, with how many wait.
     waiting: Mutex<HashMap<LockKey, usize>>,
-    /// Whether the channel is being listened to right now.
-    listening: watch::Sender<bool>,
-    /// Whether the channel has been listened to since the task started.
-    has_listened: AtomicBool,
+    /// Where the listening session stands.
+    state: watch::Sender<State>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -93,8 +99,7 @@ impl Waiting {
             channel: notify_channel(&config.table),
             polling: polling.clone(),
             waiting: Mutex::default(),
-            listening: watch::Sender::new(false),
-            has_listened: AtomicBool::new(false),
+            state: watch::Sender::new(State::Down),
             task: Mutex::default(),
         });
         Waiting { polling, listener }
@@ -123,16 +128,16 @@ impl Waiting {
                 return Ok(lease);
             }
         }
-        let started = self.listener.start();
-        if started || !self.listener.has_listened.load(Ordering::SeqCst) {
+        self.listener.start();
+        if *self.listener.state.borrow() == State::Starting {
             // Listening before the line's first try, so that a release
-            // after that try is heard. A session that is down later is not
-            // waited for: its waiters re-check, and are all woken when it
-            // is back.
+            // after that try is heard. A session that fails to open, or is
+            // down later, is not waited for: its waiters re-check, and are
+            // all woken when it is back.
             let start = Instant::now();
             let limit = start + self.listener.connect_timeout;
             let bound = wait_deadline(opts.wait(), start).map_or(limit, |d| d.min(limit));
-            if !self.listener.listening(bound).await {
+            if !self.listener.settled(bound).await {
                 tracing::debug!(key = %key, channel = %self.listener.channel, "not listening yet; waiting by re-checks until the listener is up");
             }
         }
@@ -191,32 +196,31 @@ impl Listener {
         self.task().as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Starts the listener task unless it runs; returns whether it was started.
-    fn start(self: &Arc<Self>) -> bool {
+    /// Starts the listener task unless it runs.
+    fn start(self: &Arc<Self>) {
         let mut task = self.task();
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
-            return false;
+            return;
         }
-        self.has_listened.store(false, Ordering::SeqCst);
+        self.state.send_replace(State::Starting);
         *task = Some(tokio::spawn(Arc::clone(self).run()));
-        true
     }
 
-    /// Waits until the channel is listened to or `until` passes; returns
-    /// whether it is.
-    async fn listening(&self, until: Instant) -> bool {
-        let mut state = self.listening.subscribe();
-        let up = tokio::time::timeout_at(until, state.wait_for(|up| *up))
+    /// Waits until the task's first session listens or fails, or `until`
+    /// passes; returns whether the channel is listened to.
+    async fn settled(&self, until: Instant) -> bool {
+        let mut state = self.state.subscribe();
+        let settled = tokio::time::timeout_at(until, state.wait_for(|s| *s != State::Starting))
             .await
             .is_ok_and(|r| r.is_ok());
-        up
+        settled && *self.state.borrow() == State::Listening
     }
 
     fn stop(&self) {
         if let Some(task) = self.task().take() {
             task.abort();
         }
-        self.listening.send_replace(false);
+        self.state.send_replace(State::Down);
     }
 
     /// Wakes every waiter of this handle: a release may have gone unheard.
@@ -252,7 +256,7 @@ impl Listener {
         let mut failures = 0u32;
         loop {
             let result = self.session(&pool).await;
-            let was_up = self.listening.send_replace(false);
+            let was_up = self.state.send_replace(State::Down) == State::Listening;
             match result {
                 Ok(()) => {
                     tracing::warn!(channel = %self.channel, "the LISTEN session was lost; reopening it");
@@ -281,8 +285,7 @@ impl Listener {
         })
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)??;
-        self.listening.send_replace(true);
-        self.has_listened.store(true, Ordering::SeqCst);
+        self.state.send_replace(State::Listening);
         tracing::debug!(channel = %self.channel, "listening for releases");
         // Waiters that started while the session was down may have missed
         // a release.
