@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use fenced_api::{
-    batch::ChunkVerdict, Capabilities, DistributedLock, Lease, LockInfo, LockKey,
-    LockOptions, Owner, ReleaseOutcome, Result,
+    batch::ChunkVerdict, Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions,
+    Owner, ReleaseOutcome, Result,
 };
 use sqlx::PgPool;
 
