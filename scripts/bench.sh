@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the full `fenced bench` matrix (every backend, etcd and ZooKeeper
-# included, plus the peers) against the local services and write BENCHMARKS.md, the SVG plots and
+# Run the full `fenced bench` matrix (every backend, etcd, ZooKeeper and
+# PostgreSQL included, plus the peers) against the local services and write BENCHMARKS.md, the SVG plots and
 # bench/results/results.jsonl from that one run, and the summary table in
 # README.md. Takes under 10 minutes.
 #
@@ -18,9 +18,9 @@ fi
 bash scripts/services.sh
 
 # The `fenced` binary is the fenced-cli package; etcd (it needs protoc, which
-# services.sh installs) and zookeeper are opt-in features, bench adds the
-# `fenced bench` command.
-cargo build --release -p fenced-cli --features etcd,zookeeper,bench -j 2
+# services.sh installs), zookeeper and postgres are opt-in features, bench
+# adds the `fenced bench` command.
+cargo build --release -p fenced-cli --features etcd,zookeeper,postgres,bench -j 2
 
 if [ "${1:-}" = "--smoke" ]; then
     exec ./target/release/fenced bench --smoke --out "${TMPDIR:-/tmp}/fenced-bench-smoke"

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::{
     peers,
-    runner::{Implementation, Locker},
+    runner::{ChildSpec, Implementation, Locker},
     stats::Kind,
     stats::{Server, Servers},
     BenchError, Scenario, ScenarioKind,
@@ -24,8 +24,9 @@ const MANY_TTL: Duration = Duration::from_secs(6);
 
 /// The implementations of one run: one per fenced backend/strategy in
 /// `drivers` (SQLite in a temporary directory, MySQL `unique_key`,
-/// `row_lock` and `optimistic`, Redis, etcd and ZooKeeper if their drivers
-/// are compiled in), then the peers and floors. `only`, when not empty,
+/// `row_lock` and `optimistic`, Redis, etcd, ZooKeeper and PostgreSQL
+/// `lease` and `advisory` if their drivers are compiled in), then the peers
+/// and floors. `only`, when not empty,
 /// keeps the ones whose name contains one of its strings (`redis`, `mysql`,
 /// `fenced/`, `peer/`; `zookeeper,zk-` for every ZooKeeper row).
 ///
@@ -95,6 +96,21 @@ pub async fn implementations(
                 )),
                 Server::ZooKeeper,
             )),
+            // A statement pool of 2 as for MySQL: one connection in use,
+            // one being given back (sqlx checks a returned connection with a
+            // round trip before it can be used again).
+            "postgres" => {
+                for s in ["lease", "advisory"] {
+                    variants.push((
+                        format!("fenced/postgres-{s}"),
+                        servers.postgres_with(&format!(
+                            "strategy={s}&table=fb_{id}_{}&max_connections=2",
+                            &s[..3]
+                        )),
+                        Server::Postgres,
+                    ));
+                }
+            }
             _ => {}
         }
         for (name, url, server) in variants {
@@ -125,6 +141,30 @@ pub async fn implementations(
         }
     }
     Ok(out)
+}
+
+/// A child process's copy of the `fenced/*` implementation `spec` (its
+/// parent's store URL, so its namespace too).
+pub(crate) fn for_child(
+    drivers: &[Driver],
+    servers: &Servers,
+    spec: &ChildSpec,
+    url: &str,
+) -> Result<Box<dyn Implementation>, BenchError> {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    let driver = drivers
+        .iter()
+        .find(|d| d.schemes.contains(&scheme))
+        .ok_or_else(|| BenchError::new(format!("no driver for `{scheme}://` in this build")))?;
+    Ok(Box::new(FencedImpl {
+        name: spec.name.clone(),
+        url: url.to_owned(),
+        server: Server::None,
+        driver: *driver,
+        id: spec.id.clone(),
+        _tmp: None,
+        servers: servers.clone(),
+    }))
 }
 
 /// The znode fenced/zookeeper's locks live under in the run `id`.
@@ -164,11 +204,48 @@ impl Implementation for FencedImpl {
         self.server
     }
 
+    fn note(&self) -> &str {
+        match self.name.as_str() {
+            "fenced/postgres-lease" => {
+                "acquire: 1 statement (INSERT … ON CONFLICT (lock_key) DO UPDATE … WHERE expired \
+                 RETURNING token, the token a nextval), a durable commit (the WAL flushed) when \
+                 granted, not waited for when refused; release: 1 (UPDATE in a CTE with \
+                 pg_notify), committed without waiting for the flush; 2 round trips, 1 WAL flush \
+                 per cycle, each statement on a pooled connection that sqlx checks with one \
+                 more round trip (a Sync) as it is given back, off the caller's path. A waiter \
+                 tries again when a NOTIFY of the key reaches its process (another process \
+                 released) or at once (its own process released), else every 500 ms: every \
+                 process's first waiter tries, the first to commit wins"
+            }
+            "fenced/postgres-advisory" => {
+                "acquire: 1 statement on a connection held for the lock (kept in a small idle \
+                 cache between locks): pg_try_advisory_lock(hash) and, granted, the token \
+                 (nextval) and the holder row, a durable commit; taken: then \
+                 pg_advisory_lock(hash) in the server's FIFO queue (lock_timeout = the wait \
+                 bound) and the token statement (durable); release: 1 (the holder row cleared, \
+                 pg_advisory_unlock), committed without waiting for the flush; 2 round trips, 1 \
+                 WAL flush per cycle uncontended; a key's first use registers it (1 more)"
+            }
+            _ => "",
+        }
+    }
+
     fn runs(&self, scenario: &Scenario) -> bool {
         // row_lock keeps one open transaction, so one pooled connection, per
         // held lock: many held keys exhaust the pool (and the server's
-        // max_connections long before 10 000).
-        !(self.name.ends_with("row_lock") && matches!(scenario.kind, ScenarioKind::ManyKeys { .. }))
+        // max_connections long before 10 000); advisory holds a session per
+        // held lock.
+        let one_connection_per_lock =
+            self.name.ends_with("row_lock") || self.name.ends_with("postgres-advisory");
+        !(one_connection_per_lock && matches!(scenario.kind, ScenarioKind::ManyKeys { .. }))
+    }
+
+    fn child_spec(&self) -> Option<ChildSpec> {
+        Some(ChildSpec {
+            name: self.name.clone(),
+            id: self.id.clone(),
+            url: Some(self.url.clone()),
+        })
     }
 
     async fn locker(&self, scenario: &Scenario) -> Result<Box<dyn Locker>, BenchError> {
@@ -205,6 +282,15 @@ impl Implementation for FencedImpl {
             // containers, the entries ephemeral).
             Server::ZooKeeper => {
                 peers::zk_delete_tree(&self.servers, &zk_namespace(&self.id)).await
+            }
+            Server::Postgres => {
+                let table = self
+                    .url
+                    .split("table=")
+                    .nth(1)
+                    .and_then(|t| t.split('&').next())
+                    .unwrap_or_default();
+                peers::pg_drop(&self.servers, table).await
             }
             // etcd keys live on leases and vanish by themselves; SQLite's
             // directory is removed with the last `Arc<TempDir>`.

@@ -14,14 +14,16 @@ use sqlx::{Connection, MySqlConnection, Row};
 use tokio::time::Instant;
 
 use crate::{
-    runner::{Implementation, Locker},
+    runner::{ChildSpec, Implementation, Locker},
     stats::Kind,
     stats::{Server, Servers},
     BenchError, Scenario, ScenarioKind,
 };
 
+mod pg;
 mod zk;
 
+pub(crate) use pg::drop_namespace as pg_drop;
 pub(crate) use zk::delete_tree as zk_delete_tree;
 
 /// The naive lock retries a taken key after this fixed sleep, as the
@@ -46,6 +48,18 @@ enum PeerKind {
     ZkExists,
     /// The `zookeeper-client` crate's lock recipe (`Client::lock`).
     ZkLock,
+    /// One PostgreSQL `SELECT 1` per acquire and per release: the
+    /// two-round-trip floor.
+    PgSelect1,
+    /// One durable one-row commit per acquire, `SELECT 1` per release: the
+    /// floor of a lock whose grant must be on disk before it is told.
+    PgCommit,
+    /// `pg_try_advisory_lock` / `pg_advisory_unlock` on one connection.
+    PgAdvisory,
+    /// sqlx's `PgAdvisoryLock`.
+    SqlxAdvisory,
+    /// ShedLock's JDBC statements (database time) on PostgreSQL.
+    ShedLock,
 }
 
 struct Peer {
@@ -79,6 +93,11 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
         ("peer/etcd-lock", PeerKind::EtcdLock),
         ("floor/zk-exists", PeerKind::ZkExists),
         ("peer/zk-lock", PeerKind::ZkLock),
+        ("floor/pg-select1", PeerKind::PgSelect1),
+        ("floor/pg-commit", PeerKind::PgCommit),
+        ("peer/pg-advisory", PeerKind::PgAdvisory),
+        ("peer/sqlx-advisory", PeerKind::SqlxAdvisory),
+        ("peer/shedlock-pg", PeerKind::ShedLock),
     ]
     .into_iter()
     .map(|(name, kind)| {
@@ -113,8 +132,44 @@ impl Implementation for Peer {
             PeerKind::RedisPing
             | PeerKind::MySqlSelect1
             | PeerKind::EtcdGet
-            | PeerKind::ZkExists => Kind::Floor,
+            | PeerKind::ZkExists
+            | PeerKind::PgSelect1
+            | PeerKind::PgCommit => Kind::Floor,
             _ => Kind::Peer,
+        }
+    }
+
+    fn note(&self) -> &str {
+        match self.kind {
+            PeerKind::PgSelect1 => {
+                "acquire: SELECT 1; release: SELECT 1 (prepared once, then one round trip \
+                 each, one connection): the two-round-trip floor, nothing written"
+            }
+            PeerKind::PgCommit => {
+                "acquire: UPDATE of one row of the task's own (synchronous_commit = on: the \
+                 commit waits for the WAL flush); release: SELECT 1; one connection: the floor \
+                 of a grant that is on disk before the holder hears of it"
+            }
+            PeerKind::PgAdvisory => {
+                "acquire: SELECT pg_try_advisory_lock(k), when refused SELECT \
+                 pg_advisory_lock(k) (the server's queue); release: SELECT \
+                 pg_advisory_unlock(k); k = FNV-1a of the key; one connection; 2 round trips \
+                 per cycle uncontended, nothing written, no token"
+            }
+            PeerKind::SqlxAdvisory => {
+                "sqlx 0.9's PgAdvisoryLock: acquire(conn) = SELECT pg_advisory_lock(k) (the \
+                 server's queue), release_now() = SELECT pg_advisory_unlock(k); k from \
+                 HKDF-SHA256 of the key; one connection; 2 round trips per cycle, nothing \
+                 written, no token"
+            }
+            PeerKind::ShedLock => {
+                "ShedLock's statements with database time: a name's first use INSERT … ON \
+                 CONFLICT DO NOTHING, then UPDATE … SET lock_until = now + 30 s … WHERE name = \
+                 $1 AND lock_until <= now; release UPDATE … SET lock_until = now; one \
+                 connection; 2 durable commits and 2 round trips per cycle; a taken name \
+                 retried every 100 ms; no token"
+            }
+            _ => "",
         }
     }
 
@@ -123,6 +178,11 @@ impl Implementation for Peer {
             PeerKind::RedisPing | PeerKind::Rslock => Server::Redis,
             PeerKind::EtcdGet | PeerKind::EtcdLock => Server::Etcd,
             PeerKind::ZkExists | PeerKind::ZkLock => Server::ZooKeeper,
+            PeerKind::PgSelect1
+            | PeerKind::PgCommit
+            | PeerKind::PgAdvisory
+            | PeerKind::SqlxAdvisory
+            | PeerKind::ShedLock => Server::Postgres,
             _ => Server::MySql,
         }
     }
@@ -132,11 +192,32 @@ impl Implementation for Peer {
             PeerKind::RedisPing
             | PeerKind::MySqlSelect1
             | PeerKind::EtcdGet
-            | PeerKind::ZkExists => s.without_exclusion(),
+            | PeerKind::ZkExists
+            | PeerKind::PgSelect1
+            | PeerKind::PgCommit => s.without_exclusion(),
             // One open transaction per connection: it cannot hold 10 000 rows
-            // as separate locks.
-            PeerKind::RowLock => !matches!(s.kind, ScenarioKind::ManyKeys { .. }),
+            // as separate locks. sqlx's guard owns its connection (one lock
+            // per connection); the raw pair would hold 10 000 entries of the
+            // server's shared lock table.
+            PeerKind::RowLock | PeerKind::SqlxAdvisory | PeerKind::PgAdvisory => {
+                !matches!(s.kind, ScenarioKind::ManyKeys { .. })
+            }
             _ => true,
+        }
+    }
+
+    fn child_spec(&self) -> Option<ChildSpec> {
+        Some(ChildSpec {
+            name: self.name.to_owned(),
+            id: self.id.clone(),
+            url: None,
+        })
+    }
+
+    async fn child_done(&self) {
+        #[cfg(feature = "etcd")]
+        if self.kind == PeerKind::EtcdLock {
+            let _ = etcd::drain(&self.abandoned).await;
         }
     }
 
@@ -149,6 +230,11 @@ impl Implementation for Peer {
             PeerKind::ZkExists | PeerKind::ZkLock => {
                 zk::locker(self.kind, &self.servers, &self.id).await?
             }
+            PeerKind::PgSelect1
+            | PeerKind::PgCommit
+            | PeerKind::PgAdvisory
+            | PeerKind::SqlxAdvisory
+            | PeerKind::ShedLock => pg::locker(self.kind, &self.servers, &self.id).await?,
             PeerKind::RedisPing | PeerKind::Rslock => {
                 let client = redis::Client::open(self.servers.redis.as_str())?;
                 if self.kind == PeerKind::Rslock {
@@ -204,6 +290,9 @@ impl Implementation for Peer {
             #[cfg(feature = "etcd")]
             PeerKind::EtcdLock => etcd::drain(&self.abandoned).await,
             PeerKind::ZkLock => zk::delete_tree(&self.servers, &zk::root(&self.id)).await,
+            PeerKind::ShedLock => {
+                pg::drop_namespace(&self.servers, &pg::shedlock_table(&self.id)).await
+            }
             _ => Ok(()),
         }
     }

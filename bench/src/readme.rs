@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use crate::{
     report::{get, opt, MachineInfo},
     stats::{CellResult, Kind},
+    ScenarioKind,
 };
 
 /// Where [`readme_summary`] goes in the README.
@@ -70,6 +71,21 @@ fn profile(name: &str) -> Option<Profile> {
             "after its TTL, or one session timeout later if its client died",
             "a ZooKeeper ensemble already runs (Kafka, HBase, Solr)",
         ),
+        "postgres-lease" => p(
+            "one primary (a hot standby is refused); a failover to an asynchronous standby can \
+             lose the latest grants",
+            "none (a statement pool per client; one LISTEN session once a client has waited)",
+            "after its TTL (database clock)",
+            "PostgreSQL is already there; waiters in other processes are woken by NOTIFY",
+        ),
+        "postgres-advisory" => p(
+            "one primary (a hot standby is refused); the lock is the holder's session, gone with \
+             it, never carried over by a failover",
+            "one session per held lock and per waiting acquire",
+            "at once when its session ends; a silent client's session after its TTL \
+             (idle_session_timeout)",
+            "long-held locks of long-lived processes; the server queues the waiters",
+        ),
         _ => None,
     }
 }
@@ -85,12 +101,27 @@ pub fn readme_summary(results: &[CellResult], machine: &MachineInfo) -> String {
          run's, every cell and the targets are in [`BENCHMARKS.md`](BENCHMARKS.md).\n",
         machine.date, machine.cpus
     );
+    let cross = results
+        .iter()
+        .find(|r| r.scenario.kind == ScenarioKind::CrossProcess)
+        .map(|r| &r.scenario);
+    let xproc = cross.map_or_else(
+        || "between processes: hand-off p50 / p99 ms".to_owned(),
+        |c| {
+            format!(
+                "{} processes on one key, hold {} ms: hand-off between processes p50 / p99 ms",
+                c.tasks,
+                c.hold.as_millis()
+            )
+        },
+    );
     let _ = writeln!(
         s,
         "| store | consistency; failover | connections held per lock | a dead holder's key is free | \
          uncontended acq/s (cycle p50 ms) | 16 tasks on one key: acq/s, hand-off p50 / p99 ms | \
+         {xproc} | \
          16 tasks, hold 20 ms, think 20 ms: efficiency / Jain | 10 000 locks held: lost | choose it when |\n\
-         |---|---|---|---|--:|--:|--:|--:|---|"
+         |---|---|---|---|--:|--:|--:|--:|--:|---|"
     );
     let mut seen: Vec<&str> = Vec::new();
     for r in results.iter().filter(|r| r.kind == Kind::Fenced) {
@@ -104,6 +135,7 @@ pub fn readme_summary(results: &[CellResult], machine: &MachineInfo) -> String {
         let text = |f: fn(&Profile) -> &'static str| profile.as_ref().map_or("–", f);
         let u = get(results, name, "uncontended");
         let hot = get(results, name, "contended-16-h0-t0");
+        let xp = cross.and_then(|c| get(results, name, &c.name));
         let c16 = get(results, name, "contended-16-h20-t20");
         let many = results
             .iter()
@@ -111,7 +143,7 @@ pub fn readme_summary(results: &[CellResult], machine: &MachineInfo) -> String {
             .and_then(|m| m.many.as_ref());
         let _ = writeln!(
             s,
-            "| {short} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {short} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             text(|p| p.consistency),
             text(|p| p.held),
             text(|p| p.dead_holder),
@@ -124,6 +156,14 @@ pub fn readme_summary(results: &[CellResult], machine: &MachineInfo) -> String {
                 |c| format!(
                     "{:.0}, {} / {}",
                     c.acq_per_s,
+                    opt(c.handoff_p50_ms, 2),
+                    opt(c.handoff_p99_ms, 2)
+                )
+            ),
+            xp.map_or_else(
+                || "–".to_owned(),
+                |c| format!(
+                    "{} / {}",
                     opt(c.handoff_p50_ms, 2),
                     opt(c.handoff_p99_ms, 2)
                 )
@@ -191,6 +231,8 @@ mod tests {
             "redis",
             "etcd",
             "zookeeper",
+            "postgres-lease",
+            "postgres-advisory",
         ] {
             assert!(profile(name).is_some(), "{name}");
         }

@@ -19,7 +19,7 @@ use crate::{
 
 /// How long tasks may still wait after a cell's deadline before giving up
 /// (waits that give up then are counted as `abandoned`, not as errors).
-const DRAIN: Duration = Duration::from_secs(3);
+pub(crate) const DRAIN: Duration = Duration::from_secs(3);
 
 /// Extra time a whole cell may take beyond its nominal duration before it is
 /// cut off and reported as an error (a hang is a finding, not a stuck run).
@@ -60,8 +60,21 @@ pub trait Implementation: Send + Sync + fmt::Debug {
     fn kind(&self) -> Kind;
     /// The server it talks to, for command counting.
     fn server(&self) -> Server;
+    /// What one acquire + release is: statements or requests, round trips,
+    /// how it waits. Shown beside the tables.
+    fn note(&self) -> &str {
+        ""
+    }
     /// Whether it takes part in `scenario`.
     fn runs(&self, scenario: &Scenario) -> bool;
+    /// What a child process needs to build this implementation's lockers
+    /// (cross-process cells); `None` when it cannot run in another process.
+    fn child_spec(&self) -> Option<ChildSpec> {
+        None
+    }
+    /// Run by a child process after its last release, before it exits:
+    /// waits for work the process must not cut short (nothing by default).
+    async fn child_done(&self) {}
     /// A new locker with its own client / connection, for one task of `scenario`.
     ///
     /// # Errors
@@ -76,6 +89,18 @@ pub trait Implementation: Send + Sync + fmt::Debug {
     async fn cleanup(&self) -> Result<(), BenchError> {
         Ok(())
     }
+}
+
+/// How a child process rebuilds an implementation of its parent: its name,
+/// the run's namespace id and, for fenced backends, the store URL.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChildSpec {
+    /// [`Implementation::name`].
+    pub name: String,
+    /// The run's namespace id (tables, prefixes).
+    pub id: String,
+    /// The store URL of a `fenced/*` implementation.
+    pub url: Option<String>,
 }
 
 /// Progress report, once before each cell and once at the end.
@@ -118,7 +143,8 @@ pub async fn run(
             cell: format!("{} × {}", imp.name(), s.name),
         });
         let limit = s.duration + s.hold + CELL_SLACK;
-        let result = match tokio::time::timeout(limit, run_cell(imp.as_ref(), s, servers)).await {
+        let mut result = match tokio::time::timeout(limit, run_cell(imp.as_ref(), s, servers)).await
+        {
             Ok(r) => r,
             Err(_) => {
                 let mut r = CellResult::empty(imp.name(), imp.kind(), s);
@@ -127,6 +153,9 @@ pub async fn run(
                 r
             }
         };
+        if !imp.note().is_empty() {
+            result.note = Some(imp.note().to_owned());
+        }
         out.push(result);
     }
     for imp in impls {
@@ -151,6 +180,9 @@ fn tracing_free_warn(msg: &str) {
 }
 
 async fn run_cell(imp: &dyn Implementation, s: &Scenario, servers: &Servers) -> CellResult {
+    if s.kind == ScenarioKind::CrossProcess {
+        return crate::xproc::cell(imp, s, servers).await;
+    }
     let mut lockers = Vec::with_capacity(s.tasks);
     for _ in 0..s.tasks {
         match imp.locker(s).await {
@@ -202,46 +234,15 @@ async fn loop_cell(
         let counter = Arc::clone(&counters[if shared { 0 } else { task }]);
         let (hold, think) = (s.hold, s.think);
         handles.push(tokio::spawn(async move {
-            let mut t = TaskOutcome::default();
-            while Instant::now() < deadline {
-                let t0 = Instant::now();
-                match locker.acquire(&key, give_up).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        t.abandoned += 1;
-                        break;
-                    }
-                    Err(e) => {
-                        t.error(e);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                }
-                let t1 = Instant::now();
-                if counter.fetch_add(1, Ordering::SeqCst) != 0 {
-                    t.violations += 1;
-                }
-                if t1 < deadline && !hold.is_zero() {
-                    tokio::time::sleep(hold).await;
-                }
-                let t2 = Instant::now();
-                counter.fetch_sub(1, Ordering::SeqCst);
-                if let Err(e) = locker.release(&key).await {
-                    t.error(e);
-                }
-                let t3 = Instant::now();
-                t.recs.push(Rec {
-                    task,
-                    t0,
-                    t1,
-                    t2,
-                    t3,
-                });
-                if !think.is_zero() && Instant::now() < deadline {
-                    tokio::time::sleep(think).await;
-                }
-            }
-            t
+            task_loop(
+                locker.as_mut(),
+                &key,
+                task,
+                (hold, think),
+                (deadline, give_up),
+                &counter,
+            )
+            .await
         }));
     }
     let mut all = TaskOutcome::default();
@@ -267,22 +268,75 @@ async fn loop_cell(
     r
 }
 
+/// One task's loop: acquire `key`, hold, release, think, until `deadline`
+/// (a wait may last until `give_up`). `counter` counts the holders of the
+/// key in this process: more than one at an acquisition is a violation.
+pub(crate) async fn task_loop(
+    locker: &mut dyn Locker,
+    key: &str,
+    task: usize,
+    (hold, think): (Duration, Duration),
+    (deadline, give_up): (Instant, Instant),
+    counter: &AtomicUsize,
+) -> TaskOutcome {
+    let mut t = TaskOutcome::default();
+    while Instant::now() < deadline {
+        let t0 = Instant::now();
+        match locker.acquire(key, give_up).await {
+            Ok(true) => {}
+            Ok(false) => {
+                t.abandoned += 1;
+                break;
+            }
+            Err(e) => {
+                t.error(e);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        }
+        let t1 = Instant::now();
+        if counter.fetch_add(1, Ordering::SeqCst) != 0 {
+            t.violations += 1;
+        }
+        if t1 < deadline && !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        let t2 = Instant::now();
+        counter.fetch_sub(1, Ordering::SeqCst);
+        if let Err(e) = locker.release(key).await {
+            t.error(e);
+        }
+        let t3 = Instant::now();
+        t.recs.push(Rec {
+            task,
+            t0,
+            t1,
+            t2,
+            t3,
+        });
+        if !think.is_zero() && Instant::now() < deadline {
+            tokio::time::sleep(think).await;
+        }
+    }
+    t
+}
+
 #[derive(Debug, Default)]
-struct TaskOutcome {
-    recs: Vec<Rec>,
-    errors: u64,
-    error_sample: Option<String>,
-    abandoned: u64,
-    violations: u64,
+pub(crate) struct TaskOutcome {
+    pub(crate) recs: Vec<Rec>,
+    pub(crate) errors: u64,
+    pub(crate) error_sample: Option<String>,
+    pub(crate) abandoned: u64,
+    pub(crate) violations: u64,
 }
 
 impl TaskOutcome {
-    fn error(&mut self, e: BenchError) {
+    pub(crate) fn error(&mut self, e: BenchError) {
         self.errors += 1;
         self.error_sample.get_or_insert(e.0);
     }
 
-    fn merge(&mut self, o: TaskOutcome) {
+    pub(crate) fn merge(&mut self, o: TaskOutcome) {
         self.recs.extend(o.recs);
         self.errors += o.errors;
         if self.error_sample.is_none() {

@@ -19,6 +19,9 @@ pub enum ScenarioKind {
         /// How many locks are held at once.
         keys: usize,
     },
+    /// `tasks` child processes on one key, one task each: every hand-off
+    /// goes from one process to another, through the store.
+    CrossProcess,
 }
 
 /// One column of the matrix.
@@ -63,6 +66,7 @@ impl Scenario {
             ScenarioKind::ParallelKeys => format!("parallel-{tasks}"),
             ScenarioKind::Contended => format!("contended-{tasks}-h{hold_ms}-t{think_ms}"),
             ScenarioKind::ManyKeys { keys } => format!("many-keys-{keys}"),
+            ScenarioKind::CrossProcess => format!("xproc-{tasks}-h{hold_ms}-t{think_ms}"),
         };
         Scenario {
             name,
@@ -74,6 +78,14 @@ impl Scenario {
         }
     }
 
+    /// Whether every task contends for one key (hand-offs are measured).
+    pub fn shares_one_key(&self) -> bool {
+        matches!(
+            self.kind,
+            ScenarioKind::Contended | ScenarioKind::CrossProcess
+        )
+    }
+
     /// Whether a bare round trip (a floor, not a lock) can run this scenario.
     pub fn without_exclusion(&self) -> bool {
         matches!(
@@ -82,6 +94,11 @@ impl Scenario {
         )
     }
 }
+
+/// Processes of the full profile's cross-process cell: a waiter in each of
+/// seven others whenever one holds (more would mostly measure the start-up
+/// of processes on a 2-CPU machine).
+const XPROC_PROCESSES: usize = 8;
 
 /// Which matrix to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +118,7 @@ impl Profile {
                 Scenario::new(Uncontended, 1, 0, 0, 0.3),
                 Scenario::new(Contended, 6, 2, 0, 0.4),
                 Scenario::new(ManyKeys { keys: 50 }, 1, 300, 0, 0.3),
+                Scenario::new(CrossProcess, 3, 2, 0, 0.4),
             ],
             Profile::Full => {
                 let mut v = vec![
@@ -114,6 +132,7 @@ impl Profile {
                         }
                     }
                 }
+                v.push(Scenario::new(CrossProcess, XPROC_PROCESSES, 5, 0, 4.0));
                 v.push(Scenario::new(ManyKeys { keys: 10_000 }, 1, 8_000, 0, 8.0));
                 v
             }

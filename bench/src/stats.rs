@@ -65,6 +65,10 @@ pub struct CellResult {
     pub implementation: String,
     /// Fenced, peer or floor.
     pub kind: Kind,
+    /// What one acquire + release of the implementation is (statements,
+    /// round trips); absent from runs before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// The scenario.
     pub scenario: Scenario,
     /// Acquisitions completed inside the measured window.
@@ -124,6 +128,7 @@ impl CellResult {
         CellResult {
             implementation: implementation.to_owned(),
             kind,
+            note: None,
             scenario: scenario.clone(),
             acquisitions: 0,
             acq_per_s: 0.0,
@@ -212,7 +217,7 @@ pub(crate) fn analyze(
     r.per_task_max = per_task.iter().copied().max().unwrap_or(0);
     r.jain = jain(&per_task);
     r.per_task = per_task;
-    if s.kind == crate::ScenarioKind::Contended {
+    if s.shares_one_key() {
         handoffs(r, &recs);
     }
 }
@@ -276,6 +281,8 @@ pub enum Server {
     Etcd,
     /// ZooKeeper.
     ZooKeeper,
+    /// PostgreSQL.
+    Postgres,
 }
 
 /// Where the servers are (the test services by default).
@@ -290,13 +297,18 @@ pub struct Servers {
     /// `zk://[user:password@]host:port[,host:port…]` of ZooKeeper (a path
     /// or query in it is ignored: every implementation picks its own root).
     pub zookeeper: String,
+    /// `postgres://…/db` (its query parameters, e.g. `sslmode`, are kept
+    /// and fenced's added to them).
+    pub postgres: String,
 }
 
 impl Servers {
     /// `FENCED_TEST_MYSQL_URL`, `FENCED_TEST_REDIS_URL`, `FENCED_TEST_ETCD_URL`,
-    /// `FENCED_TEST_ZOOKEEPER_URL`, else the local test services of
-    /// `scripts/services.sh` (`mysql://root@127.0.0.1:3306/test`,
-    /// `redis://127.0.0.1:6379`, `http://127.0.0.1:2379`, `zk://127.0.0.1:2181`).
+    /// `FENCED_TEST_ZOOKEEPER_URL`, `FENCED_TEST_POSTGRES_URL`, else the
+    /// local test services of `scripts/services.sh`
+    /// (`mysql://root@127.0.0.1:3306/test`, `redis://127.0.0.1:6379`,
+    /// `http://127.0.0.1:2379`, `zk://127.0.0.1:2181`,
+    /// `postgres://postgres@127.0.0.1:5432/fenced_test`).
     pub fn from_env() -> Self {
         let env_or = |var: &str, default: &str| {
             std::env::var(var)
@@ -309,7 +321,21 @@ impl Servers {
             redis: env_or("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
             etcd: env_or("FENCED_TEST_ETCD_URL", "http://127.0.0.1:2379"),
             zookeeper: env_or("FENCED_TEST_ZOOKEEPER_URL", "zk://127.0.0.1:2181"),
+            postgres: env_or(
+                "FENCED_TEST_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/fenced_test",
+            ),
         }
+    }
+
+    /// The PostgreSQL URL with `params` (`a=b&c=d`) added to its query.
+    pub(crate) fn postgres_with(&self, params: &str) -> String {
+        let sep = if self.postgres.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        format!("{}{sep}{params}", self.postgres)
     }
 
     /// The ZooKeeper URL's authority: `[user:password@]host:port,…`.
@@ -393,6 +419,7 @@ pub(crate) async fn commands(server: Server, servers: &Servers) -> Option<u64> {
         // handshakes too, which are few over a cell); ZooKeeper keeps no
         // per-operation counters without its metrics provider.
         Server::ZooKeeper => mntr(servers, "zk_packets_received").await,
+        Server::Postgres => postgres_transactions(servers).await,
     }
 }
 
@@ -405,6 +432,13 @@ pub(crate) async fn connections(server: Server, servers: &Servers) -> Option<u64
             .find_map(|l| l.strip_prefix("connected_clients:")?.trim().parse().ok()),
         Server::MySql => mysql_status(servers, "Threads_connected").await,
         Server::ZooKeeper => mntr(servers, "zk_num_alive_connections").await,
+        Server::Postgres => {
+            postgres_count(
+                servers,
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            )
+            .await
+        }
         Server::None | Server::Etcd => None,
     }
 }
@@ -441,6 +475,74 @@ async fn four_letter(host_port: &str, word: &str) -> Option<String> {
         .await
         .ok()
         .flatten()
+}
+
+/// How long [`postgres_transactions`] waits for the server's statistics to
+/// settle, and how often it looks.
+const PG_SETTLE: (Duration, Duration) = (Duration::from_secs(3), Duration::from_millis(150));
+
+/// Transactions committed and rolled back in the URL's database so far (all
+/// clients): every statement outside `BEGIN … COMMIT` is one, so this
+/// counts the autocommit statements of a cell.
+///
+/// PostgreSQL (15+) counts them in each backend and publishes them to
+/// `pg_stat_database` at most once a second, and at once when the backend
+/// exits. When a cell ends its connections close, so the counts of its
+/// sessions arrive within milliseconds; this reads until two readings
+/// 150 ms apart agree (within the reader's own statements), at most 3 s.
+async fn postgres_transactions(servers: &Servers) -> Option<u64> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&servers.postgres).await.ok()?;
+    let (bound, every) = PG_SETTLE;
+    let until = Instant::now() + bound;
+    let mut last = pg_transactions(&mut conn).await?;
+    loop {
+        tokio::time::sleep(every).await;
+        let now = pg_transactions(&mut conn).await?;
+        // This session's own statements are published once, at its first
+        // reading; a handful more is noise, not a cell still arriving.
+        if now.saturating_sub(last) <= 2 || Instant::now() >= until {
+            let _ = conn.close().await;
+            return Some(now);
+        }
+        last = now;
+    }
+}
+
+/// One reading of [`postgres_transactions`]'s counter.
+async fn pg_transactions(conn: &mut sqlx::PgConnection) -> Option<u64> {
+    use sqlx::Row;
+    let row = sqlx::query(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+         WHERE datname = current_database()",
+    )
+    .fetch_one(conn)
+    .await
+    .ok()?;
+    u64::try_from(row.try_get::<i64, _>(0).ok()?).ok()
+}
+
+/// One `bigint` from PostgreSQL, on a connection of its own.
+async fn postgres_count(servers: &Servers, sql: &'static str) -> Option<u64> {
+    use sqlx::{Connection, Row};
+    let mut conn = sqlx::PgConnection::connect(&servers.postgres).await.ok()?;
+    let row = sqlx::query(sql).fetch_one(&mut conn).await.ok()?;
+    let v: i64 = row.try_get(0).ok()?;
+    let _ = conn.close().await;
+    u64::try_from(v).ok()
+}
+
+/// PostgreSQL's version (`SHOW server_version`).
+pub(crate) async fn postgres_version(servers: &Servers) -> Option<String> {
+    use sqlx::{Connection, Row};
+    let mut conn = sqlx::PgConnection::connect(&servers.postgres).await.ok()?;
+    let row = sqlx::query("SHOW server_version")
+        .fetch_one(&mut conn)
+        .await
+        .ok()?;
+    let v: String = row.try_get(0).ok()?;
+    let _ = conn.close().await;
+    Some(v)
 }
 
 pub(crate) async fn redis_info(servers: &Servers, section: &str) -> Option<String> {

@@ -3,7 +3,7 @@
 //! errors and no mutual-exclusion violations. No timing is asserted here;
 //! timings belong in the benchmark output.
 
-use fenced_bench::{Kind, Profile, Servers};
+use fenced_bench::{Kind, Profile, ScenarioKind, Servers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_profile_runs_clean_on_every_implementation() {
@@ -24,13 +24,25 @@ async fn smoke_profile_runs_clean_on_every_implementation() {
         "fenced/zookeeper",
         "peer/zk-lock",
         "floor/zk-exists",
+        "fenced/postgres-lease",
+        "fenced/postgres-advisory",
+        "floor/pg-select1",
+        "peer/pg-advisory",
+        "peer/sqlx-advisory",
+        "peer/shedlock-pg",
     ] {
         assert!(
             names.iter().any(|n| n == must),
             "{must} missing from {names:?}"
         );
     }
-    let scenarios = Profile::Smoke.scenarios();
+    // The cross-process cell starts this executable again: it has a test of
+    // its own (tests/cross_process.rs, with its own main).
+    let scenarios: Vec<_> = Profile::Smoke
+        .scenarios()
+        .into_iter()
+        .filter(|s| s.kind != ScenarioKind::CrossProcess)
+        .collect();
     let results = fenced_bench::run(&impls, &scenarios, &servers, &mut |_| {}).await;
     let table = fenced_bench::summary_table(&results);
     assert!(!results.is_empty());
@@ -48,14 +60,18 @@ async fn smoke_profile_runs_clean_on_every_implementation() {
             r.scenario.name
         );
     }
-    // ZooKeeper's request count comes from `mntr` (a whitelisted four-letter word).
+    // ZooKeeper's request count comes from `mntr` (a whitelisted four-letter
+    // word), PostgreSQL's from pg_stat_database.
     for r in results.iter().filter(|r| {
-        (r.implementation.contains("zookeeper") || r.implementation.contains("/zk-"))
+        (r.implementation.contains("zookeeper")
+            || r.implementation.contains("/zk-")
+            || r.implementation.contains("postgres")
+            || r.implementation.contains("/pg-"))
             && r.many.is_none()
     }) {
         assert!(
             r.server_cmds_per_acq.is_some(),
-            "{} × {}: no request count from mntr",
+            "{} × {}: no request count from mntr or pg_stat_database",
             r.implementation,
             r.scenario.name
         );
