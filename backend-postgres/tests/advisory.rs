@@ -886,3 +886,46 @@ async fn an_uncontended_hold_is_quick() {
     assert!(each < Duration::from_millis(250), "{each:?}");
     drop_tables(&table).await;
 }
+
+/// Many handles recording one new key at the same moment: `ON CONFLICT`
+/// arbitrates on the key only, so a racing insert can fail on the `hash`
+/// index; that is the same key, not a collision. Exactly one handle gets
+/// the key each round, and no one gets an error.
+#[tokio::test]
+async fn concurrent_first_uses_of_a_key_are_not_a_collision() {
+    let (url, table) = fresh("adv_race", "").await;
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let h = PostgresLock::connect(&url).await.unwrap();
+        // A kept lock connection each, so the rounds' statements arrive
+        // together.
+        let warm = key(&format!("warm{i}"));
+        let l = h
+            .try_acquire(&warm, &ttl(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .unwrap();
+        h.release(&l).await.unwrap();
+        handles.push(h);
+    }
+    for round in 0..30 {
+        let k = key(&format!("race{round}"));
+        let tries = handles.iter().map(|h| {
+            let (h, k) = (h.clone(), k.clone());
+            tokio::spawn(async move { h.try_acquire(&k, &ttl(Duration::from_secs(10))).await })
+        });
+        let mut granted = Vec::new();
+        for t in tries.collect::<Vec<_>>() {
+            match t.await.unwrap() {
+                Ok(Some(lease)) => granted.push(lease),
+                Ok(None) => {}
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+        assert_eq!(granted.len(), 1, "round {round}: {granted:?}");
+        for h in &handles {
+            let _ = h.release(&granted[0]).await;
+        }
+    }
+    drop_tables(&table).await;
+}

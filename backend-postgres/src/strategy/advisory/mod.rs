@@ -164,49 +164,65 @@ impl Advisory {
         self.conns.close();
     }
 
-    /// The advisory key of `key`, recorded in the registry.
-    async fn register(&self, key: &LockKey) -> Result<i64> {
-        let hash = hash::advisory_key(&self.table, key);
-        if self
-            .registered
+    fn is_registered(&self, key: &LockKey) -> bool {
+        self.registered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(key)
-        {
-            return Ok(hash);
+    }
+
+    fn remember_registered(&self, key: &LockKey) {
+        let mut known = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= REGISTERED_CAP {
+            known.clear();
+        }
+        known.insert(key.clone());
+    }
+
+    /// Records `key` with its hash in the registry, on `c`, unless this
+    /// handle did already. `Some(other)` when another key has that hash
+    /// (`None` inside if it could not be read).
+    async fn register_on(
+        &self,
+        c: &mut LockConn,
+        key: &LockKey,
+        hash: i64,
+    ) -> std::result::Result<Option<Option<String>>, sqlx::Error> {
+        if self.is_registered(key) {
+            return Ok(None);
         }
         let done = sqlx::query(self.sql.register.clone())
             .bind(key.as_bytes())
             .bind(hash)
-            .execute(&self.pool)
+            .execute(c.conn())
             .await;
         match done {
-            Ok(_) => {
-                let mut known = self.registered.lock().unwrap_or_else(|p| p.into_inner());
-                if known.len() >= REGISTERED_CAP {
-                    known.clear();
+            Ok(_) => {}
+            // A unique violation on `hash`: another key has it — or this
+            // very key was being recorded by another session at the same
+            // moment (`ON CONFLICT` arbitrates on `lock_key` only).
+            Err(e) if error::is_unique_violation(&e) => {
+                let other = sqlx::query(self.sql.registered_with.clone())
+                    .bind(hash)
+                    .fetch_optional(c.conn())
+                    .await?
+                    .map(|row| row.try_get::<Vec<u8>, _>(0))
+                    .transpose()?;
+                if other.as_deref() != Some(key.as_bytes()) {
+                    return Ok(Some(
+                        other.map(|raw| String::from_utf8_lossy(&raw).into_owned()),
+                    ));
                 }
-                known.insert(key.clone());
-                Ok(hash)
             }
-            Err(e) if error::is_unique_violation(&e) => Err(self.collision(key, hash).await),
-            Err(e) => Err(error::map(e)),
+            Err(e) => return Err(e),
         }
+        self.remember_registered(key);
+        Ok(None)
     }
 
-    /// The error for a key whose hash another key has.
-    async fn collision(&self, key: &LockKey, hash: i64) -> Error {
-        let other = sqlx::query(self.sql.registered_with.clone())
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await;
-        let other = match other {
-            Ok(Some(row)) => match row.try_get::<Vec<u8>, _>(0) {
-                Ok(raw) => format!("`{}`", String::from_utf8_lossy(&raw)),
-                Err(_) => "another key".to_owned(),
-            },
-            _ => "another key".to_owned(),
-        };
+    /// The error for a key whose hash `other` has.
+    fn collision(&self, key: &LockKey, hash: i64, other: Option<String>) -> Error {
+        let other = other.map_or_else(|| "another key".to_owned(), |o| format!("`{o}`"));
         tracing::error!(key = %key, hash, "advisory key collision");
         Error::config(format!(
             "lock keys `{key}` and {other} have the same advisory key {hash} in table `{}`; \
@@ -367,14 +383,19 @@ impl Advisory {
 
     /// After a refusal with an explicit owner: that owner holding the key
     /// through another handle would be waiting for itself.
-    async fn refuse_same_owner(&self, key: &LockKey, opts: &LockOptions) -> Result<()> {
+    async fn refuse_same_owner(
+        &self,
+        c: &mut LockConn,
+        key: &LockKey,
+        opts: &LockOptions,
+    ) -> Result<()> {
         let Some(owner) = opts.owner() else {
             return Ok(());
         };
         let held = sqlx::query(self.sql.owner_holds.clone())
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
-            .fetch_optional(&self.pool)
+            .fetch_optional(c.conn())
             .await
             .db()?;
         match held {
@@ -383,10 +404,12 @@ impl Advisory {
         }
     }
 
-    /// Tries on lock connections until the server answers on a live one:
-    /// a kept connection the server ended meanwhile is replaced once, a
-    /// key whose registry row vanished is registered again once. The
-    /// connection comes back with the answer unless the lock was granted.
+    /// Registers the key (once per handle) and tries, on lock connections,
+    /// until the server answers on a live one: a kept connection the server
+    /// ended meanwhile is replaced once, a key whose registry row vanished
+    /// is registered again once. The connection comes back with the answer
+    /// unless the lock was granted. A key whose hash another key has is
+    /// refused before any lock is asked for.
     async fn try_with(
         &self,
         mut c: LockConn,
@@ -396,9 +419,18 @@ impl Advisory {
         opts: &LockOptions,
     ) -> Result<(Option<Lease>, Option<LockConn>)> {
         let mut fresh_tries = 0;
+        let mut replaced = false;
         loop {
             let sent = Instant::now();
-            match self.try_on(&mut c, hash, key, owner, opts).await {
+            let tried = match self.register_on(&mut c, key, hash).await {
+                Ok(Some(other)) => {
+                    self.conns.put(c);
+                    return Err(self.collision(key, hash, other));
+                }
+                Ok(None) => self.try_on(&mut c, hash, key, owner, opts).await,
+                Err(e) => Err(e),
+            };
+            match tried {
                 Ok(Tried::Granted(t)) => {
                     return Ok((Some(self.hold(key, owner.clone(), t, opts, sent, c)), None))
                 }
@@ -406,7 +438,6 @@ impl Advisory {
                 Ok(Tried::NoRow) if fresh_tries == 0 => {
                     fresh_tries += 1;
                     self.forget_registered(key);
-                    self.register(key).await?;
                 }
                 Ok(Tried::NoRow) => {
                     return Err(Error::backend(
@@ -415,7 +446,8 @@ impl Advisory {
                         format!("the registry row of `{key}` keeps disappearing; try again"),
                     ))
                 }
-                Err(e) if c.reused && !error::leaves_session_usable(&e) => {
+                Err(e) if c.reused && !replaced && !error::leaves_session_usable(&e) => {
+                    replaced = true;
                     drop(c);
                     c = self.conns.take_now().await?;
                 }
@@ -433,12 +465,20 @@ impl Advisory {
             return Ok(Some(lease));
         }
         let owner = opts.owner_or_random();
-        let hash = self.register(key).await?;
+        let hash = hash::advisory_key(&self.table, key);
         let c = self.conns.take_now().await?;
         let (lease, c) = self.try_with(c, hash, key, &owner, opts).await?;
-        if let Some(c) = c {
-            self.conns.put(c);
-            self.refuse_same_owner(key, opts).await?;
+        if let Some(mut c) = c {
+            match self.refuse_same_owner(&mut c, key, opts).await {
+                Ok(()) => self.conns.put(c),
+                Err(e) => {
+                    // The connection is fine after a refusal of the owner.
+                    if matches!(e, Error::AlreadyHeld { .. } | Error::Unsupported { .. }) {
+                        self.conns.put(c);
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(lease)
     }
@@ -453,7 +493,7 @@ impl Advisory {
             waited: start.elapsed(),
         };
         let owner = opts.owner_or_random();
-        let hash = self.register(key).await?;
+        let hash = hash::advisory_key(&self.table, key);
         let deadline = wait_deadline(opts.wait(), start);
         let Some(c) = self.conns.take_until(deadline).await? else {
             return Err(timeout(start));
@@ -464,7 +504,7 @@ impl Advisory {
             (None, Some(c)) => c,
             (None, None) => return Err(timeout(start)),
         };
-        self.refuse_same_owner(key, opts).await?;
+        self.refuse_same_owner(&mut c, key, opts).await?;
         let lock_timeout = match (opts.wait(), deadline) {
             (WaitPolicy::NoWait, _) => {
                 self.conns.put(c);
