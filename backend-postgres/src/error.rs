@@ -55,10 +55,12 @@ pub(crate) mod state {
     /// advisory lock) is gone with it. Connection exceptions (08) and the
     /// operator interventions of class 57P: shutdown, crash,
     /// `pg_terminate_backend` (57P01), a dropped database, the
-    /// `idle_session_timeout` (57P05).
+    /// `idle_session_timeout` (57P05) — and 25P03, the
+    /// `idle_in_transaction_session_timeout` that ends a transaction-scoped
+    /// advisory holder gone silent.
     #[allow(dead_code)] // for the advisory strategy
     pub(crate) fn ends_session(code: &str) -> bool {
-        code.starts_with("08") || code.starts_with("57P")
+        code.starts_with("08") || code.starts_with("57P") || code == "25P03"
     }
 }
 
@@ -225,7 +227,7 @@ mod tests {
 
     #[test]
     fn states_that_end_the_session() {
-        for code in ["57P01", "57P02", "57P05", "08006"] {
+        for code in ["57P01", "57P02", "57P05", "08006", "25P03"] {
             assert!(state::ends_session(code), "{code}");
         }
         for code in ["57014", "55P03", "23505", "40001"] {
