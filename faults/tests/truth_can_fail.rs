@@ -394,3 +394,71 @@ async fn postgres_audit_catches_an_advisory_holder_row_without_the_lock() {
         "{holds:?}\n{record:?}"
     );
 }
+
+/// The other side of the advisory judgement: a holder whose session ends
+/// without a release (its connection closed) leaves no row change, and the
+/// next holder's grant finds, in `pg_locks`, that the old backend no longer
+/// holds the lock — no overlap, both grants vouched for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_audit_judges_an_advisory_session_end_at_the_next_grant() {
+    let history = History::new();
+    let (url, t, log) = postgres_audit(&history).await;
+    let pg = services::postgres_url();
+    let hash: i64 = 0x2345_6789_abcd_ef01 + fastrand::i64(0..1 << 40);
+    let grant = |token: i64| {
+        format!(
+            "WITH l AS (SELECT pg_try_advisory_lock({hash}) AS got) \
+             INSERT INTO \"{t}_advisory\" (lock_key, hash, owner, token, reentrant_count, pid) \
+             SELECT 'k'::bytea, {hash}, 'o{token}'::bytea, {token}, 1, pg_backend_pid() FROM l \
+             WHERE l.got ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
+             token = EXCLUDED.token, reentrant_count = 1, pid = EXCLUDED.pid"
+        )
+    };
+    let mut a = sqlx::PgConnection::connect(&pg).await.expect("a");
+    history.push(0, Op::Acquire, Phase::Invoke, "k", None, "");
+    pg_exec(&mut a, grant(1)).await;
+    history.push(0, Op::Acquire, Phase::Ok, "k", Some(1), "");
+    // The session ends holding the lock: the server frees it.
+    a.close().await.expect("close a");
+    let mut b = sqlx::PgConnection::connect(&pg).await.expect("b");
+    history.push(1, Op::Acquire, Phase::Invoke, "k", None, "");
+    // Until the old backend has gone, the try fails and writes nothing.
+    for _ in 0..200 {
+        pg_exec(&mut b, grant(2)).await;
+        let token: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT token FROM \"{t}_advisory\" WHERE lock_key = 'k'::bytea"
+        )))
+        .fetch_one(&mut b)
+        .await
+        .expect("token");
+        if token == Some(2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    history.push(1, Op::Acquire, Phase::Ok, "k", Some(2), "");
+    let record = log.finish().await.unwrap_or_else(|e| panic!("{e}"));
+    postgres::drop_namespace(&url).await;
+    let second = record
+        .rows
+        .iter()
+        .find(|r| r.token == Some(2))
+        .unwrap_or_else(|| panic!("no second grant: {record:?}"));
+    assert_eq!(
+        (second.holds, second.old_holds, second.old_alive),
+        (Some(true), Some(false), Some(false)),
+        "{record:?}"
+    );
+    let holds = postgres::holds(Target::PostgresAdvisory, &record);
+    let t = check_server_grants(&postgres::server_grants(&holds));
+    assert_eq!(
+        (t.grants, t.overlaps, t.token_regressions),
+        (2, 0, 0),
+        "{holds:?}\n{record:?}"
+    );
+    assert_eq!(
+        postgres::unmatched(&history.events(), &holds, &record.clock),
+        0,
+        "{holds:?}\n{record:?}"
+    );
+}
