@@ -46,17 +46,10 @@ use crate::{
     error::{self, SqlResultExt},
     lock::PostgresLock,
     strategy::{
-        advisory::hash::advisory_key,
+        advisory::{self, guc_ms, hash::advisory_key},
         lease::{micros, notify_channel, token},
     },
 };
-
-/// `now + $n` on the server's clock, `$n` a TTL in whole microseconds.
-macro_rules! plus_us {
-    ($n:literal) => {
-        concat!("clock_timestamp() + $", $n, " * interval '1 microsecond'")
-    };
-}
 
 /// `client_connection_check_interval` of an `advisory` transaction's
 /// session (ms): a wait whose client went away leaves the server's queue.
@@ -70,14 +63,6 @@ const KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 /// A stored token; -1 (never a sequence value) for one no row can have.
 fn stored(t: FencingToken) -> i64 {
     i64::try_from(t.get()).unwrap_or(-1)
-}
-
-/// `d` in whole milliseconds for a setting: at least 1, at most `i32::MAX`.
-fn guc_ms(d: Duration) -> String {
-    d.as_nanos()
-        .div_ceil(1_000_000)
-        .clamp(1, i32::MAX as u128)
-        .to_string()
 }
 
 /// The session of a transaction's connection, as startup parameters (no
@@ -140,23 +125,13 @@ fn lease_release_sql(table: &TableName) -> SqlStr {
     )
 }
 
-/// The statements of `advisory`'s transaction-scoped lock: the same
-/// registry and holder row as the advisory strategy (its grant sets the
-/// same columns), on the transaction's own connection.
-struct AdvisorySql {
-    /// `$1` key, `$2` hash.
-    register: SqlStr,
-    /// `$1` hash: the key recorded with it.
-    registered_with: SqlStr,
-    /// `$1` hash, `$2` key, `$3` owner, `$4` ttl µs, `$5` label: one try,
-    /// and only if granted the token (NULL when the registry row is gone).
-    try_lock: SqlStr,
-    /// `$1` key, `$2` owner: whether that owner holds the key.
-    owner_holds: SqlStr,
-    /// `$1` hash, `$2` lock_timeout ms ('0' = none): waits in the queue.
-    wait_lock: SqlStr,
-    /// As `try_lock` without the try, for a lock `wait_lock` got; also
-    /// gives `statement_timeout` back to the session's default.
+/// The statements of `advisory`'s transaction-scoped lock that the
+/// advisory strategy has no use for; the registry's and the lock's are
+/// the strategy's own ([`advisory::Sql`]), on the transaction's connection.
+struct TransactionSql {
+    /// As the strategy's `take_token` (the grant sets the same columns),
+    /// for a lock `wait_lock` got; also gives `statement_timeout` back to
+    /// the session's default.
     take_token: SqlStr,
     /// `$1` hash, `$2` key, `$3` token: inside the transaction, the session
     /// lock becomes a transaction lock (`got`, `unlocked`: both true when
@@ -164,40 +139,11 @@ struct AdvisorySql {
     to_xact: SqlStr,
 }
 
-impl AdvisorySql {
+impl TransactionSql {
     fn new(table: &TableName) -> Self {
         let t = &table.quoted("_advisory");
-        let seq = &table.quoted("_token");
-        let grant = format!(
-            "owner = $3, token = nextval('{seq}'), reentrant_count = 1, \
-             expire_at = {ttl}, created_at = clock_timestamp(), label = $5, \
-             pid = pg_backend_pid()",
-            ttl = plus_us!(4)
-        );
-        AdvisorySql {
-            register: sql!(
-                "INSERT INTO {t} (lock_key, hash) VALUES ($1, $2) ON CONFLICT (lock_key) DO NOTHING"
-            ),
-            registered_with: sql!("SELECT lock_key FROM {t} WHERE hash = $1"),
-            try_lock: sql!(
-                "WITH l AS (SELECT pg_try_advisory_lock($1) AS got), \
-                 u AS (UPDATE {t} SET {grant} FROM l WHERE l.got AND lock_key = $2 AND hash = $1 \
-                 RETURNING token) \
-                 SELECT l.got, u.token FROM l LEFT JOIN u ON true"
-            ),
-            owner_holds: sql!(
-                "SELECT 1 FROM {t} a JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted \
-                 AND l.objsubid = 1 AND l.pid = a.pid \
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 AND ((l.classid::bigint << 32) | l.objid::bigint) = a.hash \
-                 WHERE a.lock_key = $1 AND a.owner = $2"
-            ),
-            // `s` is materialised before the lock is asked for; the
-            // `lock_timeout` is local to this statement.
-            wait_lock: sql!(
-                "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $2, true)) \
-                 SELECT pg_advisory_lock($1) FROM s"
-            ),
+        let grant = advisory::grant(table);
+        TransactionSql {
             take_token: sql!(
                 "UPDATE {t} SET {grant} WHERE lock_key = $2 AND hash = $1 \
                  RETURNING token, set_config('statement_timeout', NULL, false)"
@@ -498,7 +444,7 @@ impl PostgresLockTransaction {
                 .await
             }
             Hold::Advisory { hash } => {
-                let sql = AdvisorySql::new(&held.lock.config().table);
+                let sql = TransactionSql::new(&held.lock.config().table);
                 error::bounded("commit", op, async {
                     let row = sqlx::query(sql.to_xact)
                         .bind(hash)
@@ -824,7 +770,8 @@ impl PostgresLock {
         let start = Instant::now();
         let cfg = self.config();
         let op = cfg.operation_timeout;
-        let sql = AdvisorySql::new(&cfg.table);
+        let sql = advisory::Sql::new(&cfg.table);
+        let own = TransactionSql::new(&cfg.table);
         let hash = advisory_key(&cfg.table, key);
         let owner = opts.owner_or_random();
         let pool = transaction_pool(cfg, Strategy::Advisory, opts.ttl());
@@ -864,6 +811,7 @@ impl PostgresLock {
                 };
                 wait_lock(
                     &sql,
+                    &own,
                     c.conn()?,
                     hash,
                     key,
@@ -900,48 +848,29 @@ impl PostgresLock {
     }
 }
 
-/// Records `key` with its advisory hash; a hash another key has is refused.
+/// Records `key` with its advisory hash ([`advisory::register`]); a hash
+/// another key has is refused.
 async fn register(
-    sql: &AdvisorySql,
+    sql: &advisory::Sql,
     c: &mut PgConnection,
     key: &LockKey,
     hash: i64,
     table: &TableName,
     op: Duration,
 ) -> Result<()> {
-    let done = error::bounded("lock_in_transaction", op, async {
-        Ok(sqlx::query(sql.register.clone())
-            .bind(key.as_bytes())
-            .bind(hash)
-            .execute(&mut *c)
-            .await)
+    let other = error::bounded("lock_in_transaction", op, async {
+        advisory::register(sql, c, key, hash).await.db()
     })
     .await?;
-    match done {
-        Ok(_) => Ok(()),
-        Err(e) if error::is_unique_violation(&e) => {
-            let other = sqlx::query(sql.registered_with.clone())
-                .bind(hash)
-                .fetch_optional(&mut *c)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|row| row.try_get::<Vec<u8>, _>(0).ok())
-                .map(|raw| format!("`{}`", String::from_utf8_lossy(&raw)))
-                .unwrap_or_else(|| "another key".to_owned());
-            Err(Error::config(format!(
-                "lock keys `{key}` and {other} have the same advisory key {hash} in table \
-                 `{table}`; fenced never lets two keys share one lock: take one of them in \
-                 another table, or use the lease strategy"
-            )))
-        }
-        Err(e) => Err(error::map(e)),
+    match other {
+        None => Ok(()),
+        Some(other) => Err(advisory::collision(table, key, hash, other)),
     }
 }
 
 /// One try; the token and when its statement was sent, if granted.
 async fn try_lock(
-    sql: &AdvisorySql,
+    sql: &advisory::Sql,
     c: &mut PgConnection,
     hash: i64,
     key: &LockKey,
@@ -984,7 +913,8 @@ fn vanished(key: &LockKey) -> Error {
 /// the token.
 #[allow(clippy::too_many_arguments)]
 async fn wait_lock(
-    sql: &AdvisorySql,
+    sql: &advisory::Sql,
+    own: &TransactionSql,
     c: &mut PgConnection,
     hash: i64,
     key: &LockKey,
@@ -1003,9 +933,11 @@ async fn wait_lock(
             .db()
     })
     .await?;
+    // The idle timeout after the grant stays the session's: the TTL.
     let waited = sqlx::query(sql.wait_lock.clone())
         .bind(hash)
         .bind(lock_timeout)
+        .bind(guc_ms(opts.ttl()))
         .execute(&mut *c)
         .await;
     match waited {
@@ -1020,7 +952,7 @@ async fn wait_lock(
     }
     let sent = Instant::now();
     let row = error::bounded("lock_in_transaction", op, async {
-        sqlx::query(sql.take_token.clone())
+        sqlx::query(own.take_token.clone())
             .bind(hash)
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
@@ -1059,18 +991,12 @@ mod tests {
         );
         // Committed with the transaction, durably: no synchronous_commit off.
         assert!(!release.as_str().contains("synchronous_commit"));
-        let a = AdvisorySql::new(&table);
-        assert!(a.try_lock.as_str().contains("\"jobs_advisory\""));
-        assert!(a.try_lock.as_str().contains("nextval('\"jobs_token\"')"));
+        let a = TransactionSql::new(&table);
+        assert!(a.take_token.as_str().contains("\"jobs_advisory\""));
+        assert!(a.take_token.as_str().contains("nextval('\"jobs_token\"')"));
         assert!(a
             .to_xact
             .as_str()
             .starts_with("WITH x AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1)"));
-    }
-
-    #[test]
-    fn milliseconds_round_up() {
-        assert_eq!(guc_ms(Duration::from_micros(10_001)), "11");
-        assert_eq!(guc_ms(Duration::ZERO), "1");
     }
 }

@@ -776,3 +776,78 @@ async fn an_uncontended_transaction_costs_a_few_round_trips_and_a_connect() {
         f.finish().await;
     }
 }
+
+/// Transactions recording one new key at the same moment: `ON CONFLICT`
+/// arbitrates on the key only, so a racing insert can fail on the `hash`
+/// index; that is the same key, not a collision. To make the inserts meet,
+/// an open transaction of the test inserts the key's row first: every
+/// registration waits for it, and its rollback lets them all go at once.
+/// Exactly one transaction gets the key each round, the others are refused
+/// (`NoWait`), and none reports a collision.
+#[tokio::test]
+async fn advisory_concurrent_first_registrations_are_not_a_collision() {
+    const CONTENDERS: usize = 8;
+    let f = Fixture::new(Strategy::Advisory, "txr").await;
+    let table = fenced_postgres::TableName::new(&f.table).unwrap();
+    let mut blocker = sqlx::PgConnection::connect(&server_url().await)
+        .await
+        .unwrap();
+    let blocker_pid: i32 = sqlx::query("SELECT pg_backend_pid()")
+        .fetch_one(&mut blocker)
+        .await
+        .unwrap()
+        .get(0);
+    for round in 0..10 {
+        let k = key(&format!("race{round}"));
+        let mut open = blocker.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO \"{}_advisory\" (lock_key, hash) VALUES ($1, $2)",
+            f.table
+        )))
+        .bind(k.as_bytes())
+        .bind(fenced_postgres::advisory_key(&table, &k))
+        .execute(&mut *open)
+        .await
+        .unwrap();
+        let tries: Vec<_> = (0..CONTENDERS)
+            .map(|_| {
+                let (h, k) = (f.a.clone(), k.clone());
+                tokio::spawn(async move { h.lock_in_transaction(&k, &no_wait(LONG)).await })
+            })
+            .collect();
+        let start = Instant::now();
+        loop {
+            let blocked: i64 = sqlx::query(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(blocker_pid)
+            .fetch_one(&f.admin)
+            .await
+            .unwrap()
+            .get(0);
+            if blocked as usize == CONTENDERS {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "round {round}: {blocked} registrations waiting"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        open.rollback().await.unwrap();
+        let mut granted = Vec::new();
+        for t in tries {
+            match t.await.unwrap() {
+                Ok(tx) => granted.push(tx),
+                Err(Error::Timeout { .. }) => {}
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+        assert_eq!(granted.len(), 1, "round {round}");
+        for tx in granted {
+            tx.rollback().await.unwrap();
+        }
+    }
+    blocker.close().await.unwrap();
+    f.finish().await;
+}

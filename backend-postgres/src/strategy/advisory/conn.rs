@@ -62,7 +62,7 @@ pub(super) const CHECK_INTERVAL: Duration = Duration::from_millis(250);
 const KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 
 /// `ms` as a GUC value in milliseconds: at least 1, at most `i32::MAX`.
-pub(super) fn guc_ms(d: Duration) -> String {
+pub(crate) fn guc_ms(d: Duration) -> String {
     let ms = d.as_nanos().div_ceil(1_000_000).clamp(1, i32::MAX as u128);
     ms.to_string()
 }

@@ -38,11 +38,12 @@ use fenced_api::{
     ReleaseOutcome, Result, WaitPolicy,
 };
 use fenced_sql::rows::stored_key;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use tokio::time::Instant;
 
-use self::conn::{guc_ms, LockConn, LockConns, IDLE_KEEP};
-use self::statements::Sql;
+pub(crate) use self::conn::guc_ms;
+use self::conn::{LockConn, LockConns, IDLE_KEEP};
+pub(crate) use self::statements::{grant, Sql};
 use crate::{
     config::{PostgresConfig, TableName},
     error::{self, state, PostgresBackend, SqlResultExt},
@@ -136,6 +137,62 @@ fn lease_lost(lease: &Lease, reason: impl Into<String>) -> Error {
     Error::lease_lost(&lease.key, lease.token, reason)
 }
 
+/// Records `key` with its hash in the registry, on `c` (any session: a
+/// lock connection, or the connection of a transaction-scoped lock).
+/// `Ok(None)` once the key is recorded; `Ok(Some(other))` when another key
+/// has that hash (`other` is `None` if its row could not be found).
+pub(crate) async fn register(
+    sql: &Sql,
+    c: &mut PgConnection,
+    key: &LockKey,
+    hash: i64,
+) -> std::result::Result<Option<Option<String>>, sqlx::Error> {
+    let done = sqlx::query(sql.register.clone())
+        .bind(key.as_bytes())
+        .bind(hash)
+        .execute(&mut *c)
+        .await;
+    match done {
+        Ok(_) => Ok(None),
+        // A unique violation on `hash`: another key has it — or this very
+        // key was being recorded by another session at the same moment
+        // (`ON CONFLICT` arbitrates on `lock_key` only).
+        Err(e) if error::is_unique_violation(&e) => {
+            let other = sqlx::query(sql.registered_with.clone())
+                .bind(hash)
+                .fetch_optional(&mut *c)
+                .await?
+                .map(|row| row.try_get::<Vec<u8>, _>(0))
+                .transpose()?;
+            if other.as_deref() == Some(key.as_bytes()) {
+                Ok(None)
+            } else {
+                Ok(Some(
+                    other.map(|raw| String::from_utf8_lossy(&raw).into_owned()),
+                ))
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The error for `key`, whose hash `other` (`None`: a key not found) has
+/// in `table`'s registry.
+pub(crate) fn collision(
+    table: &TableName,
+    key: &LockKey,
+    hash: i64,
+    other: Option<String>,
+) -> Error {
+    let other = other.map_or_else(|| "another key".to_owned(), |o| format!("`{o}`"));
+    tracing::error!(key = %key, hash, "advisory key collision");
+    Error::config(format!(
+        "lock keys `{key}` and {other} have the same advisory key {hash} in table `{table}`; \
+         fenced never lets two keys share one lock: take one of them in another table, \
+         or use the lease strategy"
+    ))
+}
+
 impl Advisory {
     pub(crate) fn new(config: &PostgresConfig, pool: PgPool) -> Self {
         Advisory {
@@ -181,7 +238,7 @@ impl Advisory {
 
     /// Records `key` with its hash in the registry, on `c`, unless this
     /// handle did already. `Some(other)` when another key has that hash
-    /// (`None` inside if it could not be read).
+    /// (see [`register`]).
     async fn register_on(
         &self,
         c: &mut LockConn,
@@ -191,45 +248,16 @@ impl Advisory {
         if self.is_registered(key) {
             return Ok(None);
         }
-        let done = sqlx::query(self.sql.register.clone())
-            .bind(key.as_bytes())
-            .bind(hash)
-            .execute(c.conn())
-            .await;
-        match done {
-            Ok(_) => {}
-            // A unique violation on `hash`: another key has it — or this
-            // very key was being recorded by another session at the same
-            // moment (`ON CONFLICT` arbitrates on `lock_key` only).
-            Err(e) if error::is_unique_violation(&e) => {
-                let other = sqlx::query(self.sql.registered_with.clone())
-                    .bind(hash)
-                    .fetch_optional(c.conn())
-                    .await?
-                    .map(|row| row.try_get::<Vec<u8>, _>(0))
-                    .transpose()?;
-                if other.as_deref() != Some(key.as_bytes()) {
-                    return Ok(Some(
-                        other.map(|raw| String::from_utf8_lossy(&raw).into_owned()),
-                    ));
-                }
-            }
-            Err(e) => return Err(e),
+        let other = register(&self.sql, c.conn(), key, hash).await?;
+        if other.is_none() {
+            self.remember_registered(key);
         }
-        self.remember_registered(key);
-        Ok(None)
+        Ok(other)
     }
 
     /// The error for a key whose hash `other` has.
     fn collision(&self, key: &LockKey, hash: i64, other: Option<String>) -> Error {
-        let other = other.map_or_else(|| "another key".to_owned(), |o| format!("`{o}`"));
-        tracing::error!(key = %key, hash, "advisory key collision");
-        Error::config(format!(
-            "lock keys `{key}` and {other} have the same advisory key {hash} in table `{}`; \
-             fenced never lets two keys share one lock: take one of them in another table, \
-             or use the lease strategy",
-            self.table
-        ))
+        collision(&self.table, key, hash, other)
     }
 
     fn forget_registered(&self, key: &LockKey) {

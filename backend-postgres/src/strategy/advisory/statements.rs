@@ -45,20 +45,36 @@ const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
 const REMAINING_US: &str =
     "(EXTRACT(EPOCH FROM (a.expire_at - clock_timestamp())) * 1000000)::bigint";
 
+/// The columns a grant sets in the registry row (`UPDATE … SET` list):
+/// `$3` owner, `$4` ttl µs, `$5` label; the token from the sequence, the
+/// holder this session.
+pub(crate) fn grant(table: &TableName) -> String {
+    format!(
+        "owner = $3, token = nextval('{seq}'), reentrant_count = 1, \
+         expire_at = {ttl}, created_at = clock_timestamp(), label = $5, \
+         pid = pg_backend_pid()",
+        seq = table.quoted("_token"),
+        ttl = plus_us!(4)
+    )
+}
+
+/// The statements of `advisory`. The registry's and the lock's
+/// (`register`, `registered_with`, `try_lock`, `wait_lock`, `owner_holds`)
+/// are also those of the transaction-scoped lock on this strategy.
 #[derive(Debug)]
-pub(super) struct Sql {
+pub(crate) struct Sql {
     /// `$1` key, `$2` hash: records the key (a hash taken by another key
     /// raises a unique violation on `hash`).
-    pub(super) register: SqlStr,
+    pub(crate) register: SqlStr,
     /// `$1` hash: the key recorded with that hash.
-    pub(super) registered_with: SqlStr,
+    pub(crate) registered_with: SqlStr,
     /// `$1` hash, `$2` key, `$3` owner, `$4` ttl µs, `$5` label: one try
     /// (`got`), and only if granted the token (`token`, NULL when the
     /// registry row is missing).
-    pub(super) try_lock: SqlStr,
+    pub(crate) try_lock: SqlStr,
     /// `$1` hash, `$2` lock_timeout ms for this statement ('0' = none),
     /// `$3` idle_session_timeout ms: waits in the server's queue.
-    pub(super) wait_lock: SqlStr,
+    pub(crate) wait_lock: SqlStr,
     /// `$1` hash, `$2` key, `$3` owner, `$4` ttl µs, `$5` label: the token
     /// of a lock just granted by `wait_lock`.
     pub(super) take_token: SqlStr,
@@ -77,7 +93,7 @@ pub(super) struct Sql {
     /// is current (for a lease held through another handle).
     pub(super) holder_pid: SqlStr,
     /// `$1` key, `$2` owner: whether that owner holds the key.
-    pub(super) owner_holds: SqlStr,
+    pub(crate) owner_holds: SqlStr,
     /// `$1` hash, `$2` wait ms: ends every session holding that key.
     pub(super) terminate_holders: SqlStr,
     /// `$1` pid, `$2` wait ms: ends one session.
@@ -89,15 +105,9 @@ pub(super) struct Sql {
 }
 
 impl Sql {
-    pub(super) fn new(table: &TableName) -> Self {
+    pub(crate) fn new(table: &TableName) -> Self {
         let t = &table.quoted("_advisory");
-        let seq = &table.quoted("_token");
-        let grant = format!(
-            "owner = $3, token = nextval('{seq}'), reentrant_count = 1, \
-             expire_at = {ttl}, created_at = clock_timestamp(), label = $5, \
-             pid = pg_backend_pid()",
-            ttl = plus_us!(4)
-        );
+        let grant = grant(table);
         Sql {
             register: sql!(
                 "INSERT INTO {t} (lock_key, hash) SELECT $1, $2 FROM (SELECT {NO_FLUSH}) s \
