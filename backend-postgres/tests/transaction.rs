@@ -620,9 +620,10 @@ async fn lease_under_repeatable_read_fails_after_a_renewal() {
 
     // Renewed, and the row as the snapshot sees it expired: the lease is
     // found current on the server, and the error says why the commit
-    // cannot be made.
+    // cannot be made. (2 s: renewals every 667 ms keep it current on a
+    // loaded machine; with 600 ms one late renewal lost the lease itself.)
     let mut tx =
-        f.a.lock_in_transaction(&k, &ttl(Duration::from_millis(600)))
+        f.a.lock_in_transaction(&k, &ttl(Duration::from_secs(2)))
             .await
             .unwrap();
     sqlx::raw_sql(rr).execute(&mut *tx).await.unwrap();
