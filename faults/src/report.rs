@@ -231,11 +231,11 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          holder (frozen, blackholed) loses its session — and the lock — once its expiry has \
          passed on the server's clock, which is after its client's deadline (counted from the \
          request's send time); a connection that closes (a cut, a killed process or holder) \
-         frees the lock at once. So, like `mysql-row_lock`, its connection-cut cell can show \
-         belief overlaps of a few ms: the server frees the lock the moment the connection \
-         breaks, and the holder's client learns it from the same broken connection (its \
-         monitor cancels the guard's loss signal) a moment later; no stale write can land, the \
-         resource refuses it. Cells left out for PostgreSQL, and why: `server-restart-aof-always` \
+         frees the lock at once. So, like `mysql-row_lock`, its connection-cut and \
+         server-terminate-backend cells can show belief overlaps of a few ms: the server frees \
+         the lock the moment the session ends, and the holder's client learns it from the same \
+         connection (its monitor cancels the guard's loss signal) a moment later, while a waiter \
+         may already have been granted; a stale write then meets the successor's token. Cells left out for PostgreSQL, and why: `server-restart-aof-always` \
          (Redis only), the leader kills (etcd and ZooKeeper clusters), `lock-conflict-storm` (its \
          conflict injector is InnoDB's: shared next-key locks, deadlock victims chosen by undo \
          size, `INNODB_METRICS`) and, for `postgres-lease`, `server-terminate-backend` (a lease \
