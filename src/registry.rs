@@ -213,7 +213,10 @@ mod tests {
             #[cfg(not(feature = "zookeeper"))]
             ("zks://h:2281", Err("`zookeeper` cargo feature")),
             #[cfg(feature = "postgres")]
-            ("postgres://app@db:5432/locks?strategy=advisory", Ok("postgres")),
+            (
+                "postgres://app@db:5432/locks?strategy=advisory",
+                Ok("postgres"),
+            ),
             #[cfg(feature = "postgres")]
             ("postgresql://app@db/locks", Ok("postgres")),
             #[cfg(not(feature = "postgres"))]
