@@ -156,8 +156,11 @@ impl Sql {
                  AND reentrant_count > 1 RETURNING reentrant_count, {NO_FLUSH}"
             ),
             // The row is marked released and the lock given up in one
-            // statement; a waiter granted before this commits updates the
-            // row after it (it waits for the row lock).
+            // statement. PostgreSQL runs a data-modifying CTE that nothing
+            // reads after the main query, so the unlock comes first and a
+            // waiter may be granted and write the row before this UPDATE
+            // does; the UPDATE matches this hold's token and backend only,
+            // so it then changes nothing and never clears a successor's row.
             release: sql!(
                 "WITH u AS (UPDATE {t} SET reentrant_count = 0, expire_at = clock_timestamp(), \
                  pid = NULL WHERE lock_key = $2 AND token = $3 AND pid = pg_backend_pid() \
