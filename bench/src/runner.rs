@@ -114,7 +114,8 @@ pub struct Progress {
     pub cell: String,
 }
 
-/// Runs every implementation on every scenario it takes part in, in order,
+/// Runs every implementation on every scenario it takes part in — each
+/// scenario for every implementation, in order, before the next scenario —
 /// then cleans up each implementation. Never fails: a cell that cannot run is
 /// reported with its error.
 pub async fn run(
@@ -123,14 +124,17 @@ pub async fn run(
     servers: &Servers,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Vec<CellResult> {
-    let cells: Vec<(usize, &Scenario)> = impls
+    // Scenario by scenario: the cells a target compares (fenced beside its
+    // peer and floor) run minutes apart at most, not a whole matrix apart,
+    // on a machine whose disk and CPUs are shared and drift.
+    let cells: Vec<(usize, &Scenario)> = scenarios
         .iter()
-        .enumerate()
-        .flat_map(|(i, imp)| {
-            scenarios
+        .flat_map(|s| {
+            impls
                 .iter()
-                .filter(move |s| imp.runs(s))
-                .map(move |s| (i, s))
+                .enumerate()
+                .filter(move |(_, imp)| imp.runs(s))
+                .map(move |(i, _)| (i, s))
         })
         .collect();
     let total = cells.len();

@@ -51,13 +51,15 @@ pub(super) async fn locker(
         PeerKind::PgCommit => {
             let table = commit_table(id);
             let row = uuid::Uuid::new_v4().simple().to_string();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS \"{table}\" (id TEXT PRIMARY KEY, n BIGINT NOT NULL); \
-                 SET synchronous_commit = on"
-            )))
-            .execute(&mut conn)
-            .await
-            .map_err(err)?;
+            create_table(
+                &mut conn,
+                &format!("\"{table}\" (id TEXT PRIMARY KEY, n BIGINT NOT NULL)"),
+            )
+            .await?;
+            sqlx::raw_sql("SET synchronous_commit = on")
+                .execute(&mut conn)
+                .await
+                .map_err(err)?;
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO \"{table}\" (id, n) VALUES ($1, 0)"
             )))
@@ -86,17 +88,34 @@ pub(super) async fn locker(
         _ => {
             let table = shedlock_table(id);
             // ShedLock's documented table for PostgreSQL.
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS \"{table}\" (name VARCHAR(64) NOT NULL, \
-                 lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
-                 locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
-            )))
-            .execute(&mut conn)
-            .await
-            .map_err(err)?;
+            create_table(
+                &mut conn,
+                &format!(
+                    "\"{table}\" (name VARCHAR(64) NOT NULL, lock_until TIMESTAMP NOT NULL, \
+                     locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL, \
+                     PRIMARY KEY (name))"
+                ),
+            )
+            .await?;
             Box::new(ShedLock::new(conn, &table))
         }
     })
+}
+
+/// `CREATE TABLE IF NOT EXISTS <definition>`, one session at a time: the
+/// lockers of a cross-process cell start together, and two concurrent
+/// `CREATE TABLE IF NOT EXISTS` of one name make one of them fail (a unique
+/// violation in `pg_type`). The statements run as one implicit
+/// transaction, which holds the advisory lock until it commits.
+async fn create_table(conn: &mut PgConnection, definition: &str) -> Result<(), BenchError> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_advisory_xact_lock(hashtext('fenced-bench: create table')); \
+         CREATE TABLE IF NOT EXISTS {definition}"
+    )))
+    .execute(conn)
+    .await
+    .map_err(err)?;
+    Ok(())
 }
 
 /// The PostgreSQL floor: acquire = one `SELECT 1`, release = one `SELECT 1`
