@@ -27,7 +27,7 @@ banner "disk"
 # build fails half-way with "No space left on device".
 df -h . | tail -n 1
 
-banner "services (MariaDB, Redis, etcd, ZooKeeper)"
+banner "services (MariaDB, PostgreSQL, Redis, etcd, ZooKeeper)"
 bash scripts/services.sh
 
 banner "cargo fmt --check"

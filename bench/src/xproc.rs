@@ -48,7 +48,7 @@ use crate::{
 };
 
 /// The environment variable that makes a process a child: its value is the
-/// [`ChildTask`] as JSON.
+/// child's task (its implementation, scenario and place) as JSON.
 pub const ENV: &str = "FENCED_BENCH_CHILD";
 
 /// Prefix of the protocol's lines on a child's stdout (anything else there
