@@ -18,9 +18,12 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::{admin, drop_tables, fresh_table, key, server_url, ttl, url_for};
+use common::{
+    admin, drop_tables, fresh_table, key, next_line, server_url, ttl, unix_micros, url_for,
+    wait_opts,
+};
 use fenced_api::{DistributedLock, Error, Lease, LockKey, LockOptions, ReleaseOutcome};
 use fenced_postgres::{advisory_key, PostgresLock, Strategy, TableName, ADVISORY_KEY_SQL};
 use fenced_testkit::private::{PostgresOptions, PrivatePostgres};
@@ -41,21 +44,6 @@ async fn fresh(tag: &str, extra: &str) -> (String, String) {
         ),
         table,
     )
-}
-
-fn wait_opts(ttl: Duration, wait: Duration) -> LockOptions {
-    LockOptions::builder()
-        .ttl(ttl)
-        .wait_timeout(wait)
-        .build()
-        .unwrap()
-}
-
-fn unix_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
 }
 
 fn hash_of(table: &str, k: &LockKey) -> i64 {
@@ -417,23 +405,6 @@ async fn a_frozen_holder_process_loses_the_key_after_its_ttl() {
         .status();
     let _ = child.wait().await;
     drop_tables(&table).await;
-}
-
-/// What follows `prefix` on the first line of the child's output that has it.
-async fn next_line(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    prefix: &str,
-) -> String {
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .expect("the child said nothing for a minute")
-            .unwrap()
-            .expect("the child ended early");
-        if let Some(at) = line.find(prefix) {
-            return line[at + prefix.len()..].trim().to_owned();
-        }
-    }
 }
 
 /// A key whose hash another key already has in the registry (arranged by

@@ -14,12 +14,11 @@
 
 mod common;
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{sync::Arc, time::Duration};
 
-use common::{admin, drop_tables, exec, fresh, key, ttl, url_for};
+use common::{
+    admin, drop_tables, exec, fresh, key, next_line, ttl, unix_micros, url_for, wait_opts,
+};
 use fenced_api::{DistributedLock, Error, LockKey, LockOptions, ReleaseOutcome};
 use fenced_postgres::{PostgresLock, Strategy};
 use fenced_testkit::private::{PostgresOptions, PrivatePostgres};
@@ -31,21 +30,6 @@ use tokio::{
 
 /// The first key of the reaper's guard (`"fenc"`), as the crate docs give it.
 const GUARD_CLASS: i32 = 0x6665_6e63;
-
-fn wait_opts(ttl: Duration, wait: Duration) -> LockOptions {
-    LockOptions::builder()
-        .ttl(ttl)
-        .wait_timeout(wait)
-        .build()
-        .unwrap()
-}
-
-fn unix_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
 
 /// The same server and database through another spelling of the URL (the
 /// default port left out), so that the two handles' waiting scopes differ
@@ -380,24 +364,6 @@ async fn a_waiter_in_another_process_is_woken_by_the_notification() {
     );
     assert!(child.wait().await.unwrap().success());
     drop_tables(&table).await;
-}
-
-/// What follows `prefix` on the first line of the child's output that has it.
-async fn next_line(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    prefix: &str,
-) -> String {
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .expect("the child said nothing for a minute")
-            .unwrap()
-            .expect("the child ended early");
-        // libtest may print the test's name on the same line first.
-        if let Some(at) = line.find(prefix) {
-            return line[at + prefix.len()..].trim().to_owned();
-        }
-    }
 }
 
 /// The listening session is terminated by the server: it is reopened, and

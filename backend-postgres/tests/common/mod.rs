@@ -165,3 +165,38 @@ pub async fn drop_tables(base: &str) {
     .await;
     pool.close().await;
 }
+
+/// What follows `prefix` on the first line of the child's output that has it.
+pub async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    prefix: &str,
+) -> String {
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("the child said nothing for a minute")
+            .unwrap()
+            .expect("the child ended early");
+        // libtest may print the test's name on the same line first.
+        if let Some(at) = line.find(prefix) {
+            return line[at + prefix.len()..].trim().to_owned();
+        }
+    }
+}
+
+/// Now on the wall clock, in microseconds since the Unix epoch.
+pub fn unix_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// Options with `ttl` that wait at most `wait`.
+pub fn wait_opts(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::builder()
+        .ttl(ttl)
+        .wait_timeout(wait)
+        .build()
+        .unwrap()
+}
