@@ -6,8 +6,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use fenced_api::{
     batch::{ChunkVerdict, ExtendChunk},
-    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, Owner,
-    ReleaseOutcome, Result, WaitPolicy,
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result, WaitPolicy,
 };
 use sqlx::mysql::{MySqlArguments, MySqlPoolOptions, MySqlRow};
 
@@ -424,19 +424,14 @@ impl DistributedLock for MySqlLock {
 /// fallback goes through [`MySqlLock`]'s own (bounded) `extend`.
 #[async_trait]
 impl ExtendChunk for MySqlLock {
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict> {
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
         match &self.inner.engine {
             Engine::UniqueKey(u) => {
-                self.bounded("extend_many", u.extend_chunk(owner, chunk, ttl))
+                self.bounded("extend_many", u.extend_chunk(chunk, ttl))
                     .await
             }
             Engine::Optimistic(o) => {
-                self.bounded("extend_many", o.extend_chunk(owner, chunk, ttl))
+                self.bounded("extend_many", o.extend_chunk(chunk, ttl))
                     .await
             }
             // Each held row lock is its own open transaction: one by one.

@@ -10,7 +10,8 @@
 //! | row_lock, two-statement grant (MySQL) | 3 (`SELECT … FOR UPDATE`, `REPLACE` token, `ROLLBACK`) | 1 (`… NOWAIT`) + 1 background `ROLLBACK` |
 //!
 //! and that hot connections are reused without a `COM_PING` per checkout
-//! (`Com_admin_commands`).
+//! (`Com_admin_commands`), and that a batch renewal (`extend_many`) is one
+//! statement per chunk of leases, however many owners they have.
 //!
 //! A refused `row_lock` try is one statement on the caller's path: the
 //! caller gets its answer when the refused locking read returns. The
@@ -159,6 +160,78 @@ async fn statements_per_cycle_and_per_refused_try() {
             ));
         }
         a.release(&held).await.unwrap();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Leases held by one handle, each with its own owner (what a `LockClient`
+/// without a configured owner holds): `extend_many` renews them with one
+/// statement per chunk of 256, whatever their owners, and a forged lease
+/// among them (another owner, a current token) is refused.
+#[tokio::test]
+async fn a_batch_of_many_owners_is_one_statement_per_chunk() {
+    const LEASES: usize = 300;
+    let db = PrivateMariaDb::start().await.unwrap();
+    let mut probe = MySqlConnection::connect(&db.url()).await.unwrap();
+    let opts = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut failures = Vec::new();
+    // The row lock strategy renews each hold on its own transaction's
+    // connection: one by one by design, not counted here.
+    for strategy in [Strategy::UniqueKey, Strategy::Optimistic] {
+        let url = url_for(&db.url(), strategy, &format!("batch_{strategy}"));
+        MySqlLock::migrate(&url).await.unwrap();
+        let lock = MySqlLock::connect(&url).await.unwrap();
+        let mut leases = Vec::new();
+        for i in 0..LEASES {
+            let key = LockKey::new(format!("batch/{strategy}/{i}")).unwrap();
+            leases.push(lock.try_acquire(&key, &opts).await.unwrap().unwrap());
+        }
+        let owners: std::collections::HashSet<_> = leases.iter().map(|l| &l.owner).collect();
+        assert_eq!(owners.len(), LEASES, "every acquisition has its own owner");
+        let (q0, _, _) = counters(&mut probe).await;
+        let renewed = lock.extend_many(&leases, Duration::from_secs(60)).await;
+        let (q1, _, _) = counters(&mut probe).await;
+        let ok = renewed.iter().filter(|r| r.is_ok()).count();
+        if ok != LEASES {
+            failures.push(format!("{strategy}: {ok} of {LEASES} leases renewed"));
+        }
+        let got = q1 - q0 - 1;
+        if got != 2 {
+            failures.push(format!(
+                "{strategy}: {got} statements to renew {LEASES} leases of {LEASES} owners, \
+                 expected 2 (chunks of 256 and 44)"
+            ));
+        }
+        // A forged lease beside a current one in one chunk: found rows 1 of
+        // 2, so the chunk is renewed again one by one (3 statements), and
+        // only the forged lease is refused.
+        let forged = fenced_api::Lease::new(
+            leases[1].key.clone(),
+            fenced_api::Owner::random(),
+            leases[1].token,
+            leases[1].ttl,
+            tokio::time::Instant::now(),
+        );
+        let (q0, _, _) = counters(&mut probe).await;
+        let mixed = lock
+            .extend_many(&[leases[0].clone(), forged], Duration::from_secs(60))
+            .await;
+        let (q1, _, _) = counters(&mut probe).await;
+        if !(mixed[0].is_ok() && matches!(mixed[1], Err(fenced_api::Error::LeaseLost { .. }))) {
+            failures.push(format!(
+                "{strategy}: current + forged came back as {mixed:?}"
+            ));
+        }
+        if q1 - q0 - 1 != 3 {
+            failures.push(format!(
+                "{strategy}: {} statements for a batch of a current and a forged lease, \
+                 expected 3",
+                q1 - q0 - 1
+            ));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -7,8 +7,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use fenced_api::{
     batch::{ChunkVerdict, ExtendChunk},
-    Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome,
-    Result, WaitPolicy,
+    Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, Result,
+    WaitPolicy,
 };
 
 use crate::{
@@ -296,13 +296,8 @@ impl DistributedLock for PostgresLock {
 /// through the (bounded) `extend`.
 #[async_trait]
 impl ExtendChunk for PostgresLock {
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict> {
-        self.bounded("extend_many", self.engine().extend_chunk(owner, chunk, ttl))
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
+        self.bounded("extend_many", self.engine().extend_chunk(chunk, ttl))
             .await
     }
 }

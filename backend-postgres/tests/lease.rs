@@ -3,7 +3,8 @@
 //! server crash; hand-off across processes through `NOTIFY` (not the
 //! re-check), and the re-check when no notification comes; a listening
 //! session that is killed; the reaper; `migrate`; a missing table; the
-//! statements one acquire and release cost.
+//! statements one acquire and release cost, and a batch renewal of many
+//! owners.
 
 #![allow(
     clippy::unwrap_used,
@@ -740,4 +741,69 @@ async fn an_acquire_and_a_release_are_one_statement_each() {
         })
         .collect();
     assert_eq!(others.len(), 1, "{others:#?}");
+}
+
+/// Leases each with its own owner (what a `LockClient` without a
+/// configured owner holds), renewed by `extend_many`: one statement per
+/// chunk of 256, whatever their owners — counted on a private server that
+/// logs every statement — and a forged lease among them (another owner, a
+/// current token) is refused by that same statement.
+#[tokio::test]
+async fn a_batch_of_many_owners_is_one_statement_per_chunk() {
+    const LEASES: usize = 300;
+    let server = PrivatePostgres::start(PostgresOptions {
+        extra: vec!["log_statement=all".into()],
+        ..PostgresOptions::default()
+    })
+    .await
+    .unwrap();
+    let url = url_for(&server.url(), Strategy::Lease, "fenced_batch");
+    let lock = PostgresLock::connect(&url).await.unwrap();
+    let opts = ttl(Duration::from_secs(30));
+    let mut leases = Vec::new();
+    for i in 0..LEASES {
+        leases.push(
+            lock.try_acquire(&key(&format!("batch{i}")), &opts)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let owners: std::collections::HashSet<_> = leases.iter().map(|l| &l.owner).collect();
+    assert_eq!(owners.len(), LEASES, "every acquisition has its own owner");
+    let forged = fenced_api::Lease::new(
+        leases[1].key.clone(),
+        fenced_api::Owner::random(),
+        leases[1].token,
+        leases[1].ttl,
+        Instant::now(),
+    );
+    server.admin("SELECT 'fenced-batch-start'").await.unwrap();
+    let renewed = lock.extend_many(&leases, Duration::from_secs(60)).await;
+    let mixed = lock
+        .extend_many(&[leases[0].clone(), forged], Duration::from_secs(60))
+        .await;
+    server.admin("SELECT 'fenced-batch-end'").await.unwrap();
+    assert!(renewed.iter().all(Result::is_ok), "{renewed:?}");
+    assert!(
+        mixed[0].is_ok() && matches!(mixed[1], Err(Error::LeaseLost { .. })),
+        "{mixed:?}"
+    );
+    let log = std::fs::read_to_string(server.log_file()).unwrap();
+    let window = log
+        .split("fenced-batch-start")
+        .nth(1)
+        .and_then(|rest| rest.split("fenced-batch-end").next())
+        .unwrap();
+    let renewals: Vec<&str> = window
+        .lines()
+        .filter(|l| l.contains("LOG:  execute") && l.contains("\"fenced_batch\""))
+        .collect();
+    let batches = renewals.iter().filter(|l| l.contains("unnest(")).count();
+    // 256 + 44, then the current and the forged lease together.
+    assert_eq!(
+        (batches, renewals.len()),
+        (3, 3),
+        "renewal statements: {renewals:#?}"
+    );
 }

@@ -13,8 +13,7 @@ use async_trait::async_trait;
 use fenced_api::{
     batch::{ChunkVerdict, ExtendChunk},
     wait::Polling,
-    Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome,
-    Result,
+    Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome, Result,
 };
 
 use crate::{
@@ -304,12 +303,7 @@ impl DistributedLock for SqliteLock {
 /// renewed; the one-by-one fallback goes through `extend`.
 #[async_trait]
 impl ExtendChunk for SqliteLock {
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict> {
-        self.inner.engine.extend_chunk(owner, chunk, ttl).await
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
+        self.inner.engine.extend_chunk(chunk, ttl).await
     }
 }

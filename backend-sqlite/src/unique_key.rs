@@ -72,8 +72,8 @@ pub(crate) struct UniqueKey {
     reenter: SqlStr,
     held_by: SqlStr,
     extend: SqlStr,
-    /// `extend` for many ids of one owner: this, then `?3, ?4, …)
-    /// RETURNING id` (see [`fenced_sql::in_list`]).
+    /// `extend` for many leases: this, then `?2, ?3, …)`, the owners'
+    /// check and `RETURNING id` (see [`UniqueKey::extend_chunk`]).
     extend_batch: String,
     release_last: SqlStr,
     release_one: SqlStr,
@@ -109,7 +109,7 @@ impl UniqueKey {
             extend_batch: format!(
                 "UPDATE {t} SET expire_at = CASE WHEN reentrant_count > 1 \
                  THEN MAX(expire_at, {NOW} + ?1) ELSE {NOW} + ?1 END \
-                 WHERE owner = ?2 AND expire_at > {NOW} AND id IN ("
+                 WHERE expire_at > {NOW} AND id IN ("
             ),
             release_last: sql!(
                 "DELETE FROM {t} WHERE id = ?1 AND owner = ?2 AND reentrant_count <= 1 \
@@ -235,20 +235,30 @@ impl UniqueKey {
         }
     }
 
-    /// One statement renewing `chunk`; `RETURNING` says exactly which rows.
+    /// One statement renewing `chunk`, each row checked against its own
+    /// lease's owner (the `CASE` reuses the id list's numbered
+    /// placeholders); `RETURNING` says exactly which rows.
     pub(crate) async fn extend_chunk(
         &self,
-        owner: &Owner,
         chunk: &[&Lease],
         ttl: Duration,
     ) -> Result<ChunkVerdict> {
-        let (list, leases) = fenced_sql::in_list::<Sqlite>(chunk, 3);
-        let text = format!("{}{list}) RETURNING id", self.extend_batch);
-        let mut query = sqlx::query(sql!("{text}"))
-            .bind(expiry_us(ttl))
-            .bind(owner.as_str().as_bytes());
-        for lease in leases {
+        let (list, padded) = fenced_sql::in_list::<Sqlite>(chunk, 2);
+        let padded: Vec<&Lease> = padded.collect();
+        let places = padded.len();
+        let owners: String = (0..places)
+            .map(|p| format!(" WHEN ?{} THEN ?{}", 2 + p, 2 + places + p))
+            .collect();
+        let text = format!(
+            "{}{list}) AND owner = CASE id{owners} END RETURNING id",
+            self.extend_batch
+        );
+        let mut query = sqlx::query(sql!("{text}")).bind(expiry_us(ttl));
+        for lease in &padded {
             query = query.bind(row_id(lease));
+        }
+        for lease in &padded {
+            query = query.bind(lease.owner.as_str().as_bytes());
         }
         let rows = query.fetch_all(&self.pool).await.db()?;
         let mut renewed = HashSet::with_capacity(rows.len());

@@ -687,3 +687,47 @@ async fn list_shows_the_current_holds_of_the_table_in_key_order() {
     lock.release(&leases[0]).await.unwrap();
     assert_eq!(lock.list(100).await.unwrap().len(), 2);
 }
+
+/// The batch statement itself (`extend_many` would hide a failing one
+/// behind its one-by-one fallback): leases of different owners in one
+/// chunk are renewed, and a forged one beside them (another owner, a
+/// current token) is not.
+#[tokio::test]
+async fn one_batch_statement_checks_each_lease_against_its_owner() {
+    use fenced_api::batch::{ChunkVerdict, ExtendChunk};
+    let file = fresh_file("batch");
+    let lock = open(&file, "fenced_batch").await;
+    let opts = ttl(Duration::from_secs(2));
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let k = key(&format!("batch{i}"));
+        leases.push(lock.try_acquire(&k, &opts).await.unwrap().unwrap());
+    }
+    assert_ne!(leases[0].owner, leases[1].owner);
+    let forged = fenced_api::Lease::new(
+        leases[2].key.clone(),
+        fenced_api::Owner::random(),
+        leases[2].token,
+        leases[2].ttl,
+        Instant::now(),
+    );
+    let chunk = [&leases[0], &leases[1], &forged];
+    let verdict = lock
+        .extend_chunk(&chunk, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let renewed = [leases[0].token, leases[1].token].into_iter().collect();
+    assert_eq!(verdict, ChunkVerdict::Exactly(renewed));
+    // Past the leases' first TTL: the two renewed are held, the third
+    // (not renewed through its forged copy) has expired.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let other = open(&file, "fenced_batch").await;
+    for (i, lease) in leases.iter().enumerate() {
+        let free = other
+            .try_acquire(&lease.key, &opts)
+            .await
+            .unwrap()
+            .is_some();
+        assert_eq!(free, i == 2, "lease {i} after the batch");
+    }
+}

@@ -2,9 +2,10 @@
 //! [`DistributedLock::extend_many`] for stores that can renew a batch at
 //! once (the SQL backends).
 //!
-//! A store implements [`ExtendChunk`] — one statement for a chunk of leases
-//! of one owner — and forwards `extend_many` to [`extend_in_chunks`], which
-//! validates, groups, chunks, computes the new deadlines and, whenever a
+//! A store implements [`ExtendChunk`] — one statement for a chunk of leases,
+//! each checked against its own owner and token — and forwards
+//! `extend_many` to [`extend_in_chunks`], which validates, chunks, computes
+//! the new deadlines and, whenever a
 //! statement cannot say exactly which leases it renewed, falls back to one
 //! `extend` per lease. A lease that is not current therefore never reads as
 //! renewed, whatever the store's statement could report.
@@ -14,7 +15,7 @@ use std::{collections::HashSet, time::Duration};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::{DistributedLock, Error, FencingToken, Lease, LockOptions, Owner, Result};
+use crate::{DistributedLock, Error, FencingToken, Lease, LockOptions, Result};
 
 /// What one batch statement found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,19 +35,20 @@ pub enum ChunkVerdict {
 #[async_trait]
 pub trait ExtendChunk: DistributedLock {
     /// Renews `chunk` (1 to the chunk size of [`extend_in_chunks`] leases,
-    /// all of `owner`, no lease twice — but one key may come with two
-    /// tokens) for the already validated `ttl`, with the same checks as
-    /// `extend` (owner, token, not expired).
+    /// no lease twice — but one key may come with two tokens) for the
+    /// already validated `ttl`, with the same checks as `extend`, per lease:
+    /// its owner, its token, not expired.
+    ///
+    /// The leases of a chunk have different owners as a rule: a
+    /// [`LockClient`](crate::LockClient) gives every acquisition its own
+    /// owner unless one is configured, and its renewals of all of them come
+    /// as one batch. A statement that checked one owner for the whole chunk
+    /// would renew one lease per statement.
     ///
     /// # Errors
     ///
     /// When the statement fails; the chunk is then renewed one by one.
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict>;
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict>;
 }
 
 /// `extend` for each lease, up to [`EXTEND_MANY_CONCURRENCY`](crate::EXTEND_MANY_CONCURRENCY)
@@ -66,8 +68,8 @@ pub async fn extend_each<L: DistributedLock + ?Sized>(
         .await
 }
 
-/// [`DistributedLock::extend_many`] through [`ExtendChunk`]: leases grouped
-/// by owner, `chunk_size` at most per statement.
+/// [`DistributedLock::extend_many`] through [`ExtendChunk`]: `chunk_size`
+/// leases at most per statement, whatever their owners.
 pub async fn extend_in_chunks<L: ExtendChunk + ?Sized>(
     lock: &L,
     leases: &[Lease],
@@ -80,43 +82,40 @@ pub async fn extend_in_chunks<L: ExtendChunk + ?Sized>(
     }
     let mut out: Vec<Option<Result<Lease>>> = leases.iter().map(|_| None).collect();
     let mut retry: Vec<usize> = Vec::new();
-    for group in by_owner(leases) {
-        // One lease twice (a caller's duplicate) is one row: keep the
-        // chunk's leases distinct and renew the repeats one by one.
-        let mut seen = HashSet::new();
-        let (unique, repeats): (Vec<usize>, Vec<usize>) = group
-            .into_iter()
-            .partition(|&i| seen.insert((&leases[i].key, leases[i].token)));
-        retry.extend(repeats);
-        for chunk in unique.chunks(chunk_size.max(1)) {
-            let refs: Vec<&Lease> = chunk.iter().map(|&i| &leases[i]).collect();
-            let sent = Instant::now();
-            match lock.extend_chunk(&refs[0].owner, &refs, ttl).await {
-                Ok(ChunkVerdict::All) => {
-                    for &i in chunk {
-                        out[i] = Some(Ok(leases[i].renewed(ttl, sent)));
-                    }
+    // One lease twice (a caller's duplicate) is one row: keep the chunks'
+    // leases distinct and renew the repeats one by one.
+    let mut seen = HashSet::new();
+    let (unique, repeats): (Vec<usize>, Vec<usize>) =
+        (0..leases.len()).partition(|&i| seen.insert((&leases[i].key, leases[i].token)));
+    retry.extend(repeats);
+    for chunk in unique.chunks(chunk_size.max(1)) {
+        let refs: Vec<&Lease> = chunk.iter().map(|&i| &leases[i]).collect();
+        let sent = Instant::now();
+        match lock.extend_chunk(&refs, ttl).await {
+            Ok(ChunkVerdict::All) => {
+                for &i in chunk {
+                    out[i] = Some(Ok(leases[i].renewed(ttl, sent)));
                 }
-                Ok(ChunkVerdict::Exactly(renewed)) => {
-                    for &i in chunk {
-                        let lease = &leases[i];
-                        out[i] = Some(if renewed.contains(&lease.token) {
-                            Ok(lease.renewed(ttl, sent))
-                        } else {
-                            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
-                            Err(Error::lease_lost(
-                                &lease.key,
-                                lease.token,
-                                "the lease expired or belongs to another holder",
-                            ))
-                        });
-                    }
+            }
+            Ok(ChunkVerdict::Exactly(renewed)) => {
+                for &i in chunk {
+                    let lease = &leases[i];
+                    out[i] = Some(if renewed.contains(&lease.token) {
+                        Ok(lease.renewed(ttl, sent))
+                    } else {
+                        tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
+                        Err(Error::lease_lost(
+                            &lease.key,
+                            lease.token,
+                            "the lease expired or belongs to another holder",
+                        ))
+                    });
                 }
-                Ok(ChunkVerdict::Unknown) => retry.extend_from_slice(chunk),
-                Err(e) => {
-                    tracing::debug!(error = %e, leases = chunk.len(), "batch renewal failed; renewing one by one");
-                    retry.extend_from_slice(chunk);
-                }
+            }
+            Ok(ChunkVerdict::Unknown) => retry.extend_from_slice(chunk),
+            Err(e) => {
+                tracing::debug!(error = %e, leases = chunk.len(), "batch renewal failed; renewing one by one");
+                retry.extend_from_slice(chunk);
             }
         }
     }
@@ -139,18 +138,6 @@ pub async fn extend_in_chunks<L: ExtendChunk + ?Sized>(
         .collect()
 }
 
-/// Positions of `leases`, grouped by owner, in first-seen order.
-fn by_owner(leases: &[Lease]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(&Owner, Vec<usize>)> = Vec::new();
-    for (i, lease) in leases.iter().enumerate() {
-        match groups.iter_mut().find(|(o, _)| *o == &lease.owner) {
-            Some((_, g)) => g.push(i),
-            None => groups.push((&lease.owner, vec![i])),
-        }
-    }
-    groups.into_iter().map(|(_, g)| g).collect()
-}
-
 /// The placeholder count for a chunk of `n`: the next power of two, so a
 /// store prepares a handful of distinct statements, not one per size. The
 /// extra places repeat the chunk's last value (harmless in an `IN` list).
@@ -160,7 +147,95 @@ pub fn padded_len(n: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+    use crate::{LockKey, MemoryLock};
+
+    /// A store renewing through [`extend_in_chunks`] that records the size
+    /// of every chunk it is sent and renews each lease of it on a
+    /// [`MemoryLock`] (whose tokens are unique across keys).
+    #[derive(Debug, Default)]
+    struct Chunked {
+        inner: MemoryLock,
+        chunks: Mutex<Vec<usize>>,
+        size: usize,
+    }
+
+    #[async_trait]
+    impl crate::WrapLock for Chunked {
+        fn inner(&self) -> &dyn DistributedLock {
+            &self.inner
+        }
+        async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+            extend_in_chunks(self, leases, ttl, self.size).await
+        }
+    }
+    crate::wrap_lock!(Chunked);
+
+    #[async_trait]
+    impl ExtendChunk for Chunked {
+        async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
+            self.chunks.lock().unwrap().push(chunk.len());
+            let mut renewed = HashSet::new();
+            for lease in chunk {
+                if self.inner.extend(lease, ttl).await.is_ok() {
+                    renewed.insert(lease.token);
+                }
+            }
+            Ok(ChunkVerdict::Exactly(renewed))
+        }
+    }
+
+    /// `n` leases on distinct keys, each with its own random owner (what a
+    /// `LockClient` without a configured owner holds).
+    async fn leases(store: &Chunked, n: usize) -> Vec<Lease> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            let key = LockKey::new(format!("k{i}")).unwrap();
+            let opts = LockOptions::builder()
+                .ttl(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            out.push(store.try_acquire(&key, &opts).await.unwrap().unwrap());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn leases_of_many_owners_share_a_statement() {
+        let store = Chunked {
+            size: 4,
+            ..Chunked::default()
+        };
+        let held = leases(&store, 10).await;
+        let owners: HashSet<_> = held.iter().map(|l| l.owner.clone()).collect();
+        assert_eq!(owners.len(), 10, "each lease has its own owner");
+        let results = store.extend_many(&held, Duration::from_secs(9)).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(*store.chunks.lock().unwrap(), [4, 4, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_lease_not_current_is_refused_alone() {
+        let store = Chunked {
+            size: 256,
+            ..Chunked::default()
+        };
+        let held = leases(&store, 3).await;
+        store.release(&held[1]).await.unwrap();
+        // The same lease twice is renewed once in the batch, once alone.
+        let mut asked = held.clone();
+        asked.push(held[0].clone());
+        let results = store.extend_many(&asked, Duration::from_secs(9)).await;
+        assert!(results[0].is_ok() && results[2].is_ok() && results[3].is_ok());
+        assert!(
+            matches!(&results[1], Err(Error::LeaseLost { .. })),
+            "{:?}",
+            results[1]
+        );
+        assert_eq!(*store.chunks.lock().unwrap(), [3]);
+    }
 
     #[test]
     fn padded_lengths_are_few() {

@@ -42,6 +42,7 @@ impl Optimistic {
             held: &held,
             lease: &format!("lock_key = ? AND holder = ? AND version = ? AND {LIVE}"),
             batch_by: "lock_key",
+            batch_check: "version = ? AND holder = ?",
             free: &format!(
                 "UPDATE {t} SET holder = NULL, label = NULL, expire_time = NULL, reentrant_count = 0"
             ),
@@ -157,19 +158,14 @@ impl RowStrategy for Optimistic {
         chunk.iter().all(|l| keys.insert(&l.key))
     }
 
-    /// The key list (primary key) finds the rows; a `CASE` on the key checks
-    /// each row's version (the token).
-    fn batch_tail(places: usize) -> String {
-        format!(
-            " AND CASE lock_key{} ELSE FALSE END",
-            " WHEN ? THEN version = ?".repeat(places)
-        )
-    }
-
+    /// The key list (primary key) finds the rows; the `CASE` on the key
+    /// checks each row's version (the token) and holder.
     fn bind_batch<'q>(query: Query<'q>, leases: &[&'q Lease]) -> Query<'q> {
         let query = leases.iter().fold(query, |q, l| q.bind(l.key.as_bytes()));
-        leases
-            .iter()
-            .fold(query, |q, l| q.bind(l.key.as_bytes()).bind(l.token.get()))
+        leases.iter().fold(query, |q, l| {
+            q.bind(l.key.as_bytes())
+                .bind(l.token.get())
+                .bind(l.owner.as_str().as_bytes())
+        })
     }
 }

@@ -46,9 +46,13 @@ pub(crate) struct Statements {
     /// Extends a live hold: binds (TTL µs, TTL µs), then the lease
     /// ([`RowStrategy::bind_lease`]).
     pub(crate) extend: SqlStr,
-    /// `extend` for many leases of one owner, up to the `(` of its list:
-    /// binds (TTL µs, TTL µs, owner), then the list.
+    /// `extend` for many leases, up to the `(` of its list: binds (TTL µs,
+    /// TTL µs), then the list ([`Statements::extend_batch`] completes it).
     pub(crate) extend_batch: String,
+    /// The column the list names the rows by.
+    batch_by: String,
+    /// One lease's branch of the batch's per-row `CASE`.
+    batch_when: String,
     /// Frees a live hold that is not re-entered: binds the lease.
     pub(crate) release_last: SqlStr,
     /// The slow release's row lock on the lease's row, as
@@ -87,6 +91,10 @@ pub(crate) struct Table<'a> {
     pub(crate) lease: &'a str,
     /// The column a batch renewal lists its leases by (their primary key).
     pub(crate) batch_by: &'a str,
+    /// What a batch renewal checks of the row of each listed lease (all
+    /// of [`Table::lease`] but the list's own column and the liveness), with
+    /// the placeholders [`RowStrategy::bind_batch`] binds after that column.
+    pub(crate) batch_check: &'a str,
     /// The statement that frees a row, up to its `WHERE`.
     pub(crate) free: &'a str,
 }
@@ -103,6 +111,7 @@ impl Statements {
             held,
             lease,
             batch_by,
+            batch_check,
             free,
         } = t;
         // Re-entered holds never have their expiry cut by one entry's extend.
@@ -126,7 +135,9 @@ impl Statements {
             ),
             held_by: sql!("SELECT 1 FROM {name} WHERE lock_key = ? AND {holder} = ? AND {LIVE}"),
             extend: sql!("{renew} WHERE {lease}"),
-            extend_batch: format!("{renew} WHERE {holder} = ? AND {LIVE} AND {batch_by} IN ("),
+            extend_batch: format!("{renew} WHERE {LIVE} AND {batch_by} IN ("),
+            batch_by: batch_by.to_string(),
+            batch_when: format!(" WHEN ? THEN {batch_check}"),
             release_last: sql!("{free} WHERE {lease} AND reentrant_count <= 1"),
             lock_own,
             release_one: sql!(
@@ -279,14 +290,10 @@ pub(crate) trait RowStrategy: Send + Sync + std::fmt::Debug {
         true
     }
 
-    /// The SQL that follows the `)` of a batch renewal's list of `places`
-    /// leases (none by default).
-    fn batch_tail(_places: usize) -> String {
-        String::new()
-    }
-
-    /// Binds a batch renewal's list (and tail) for `leases` (the chunk,
-    /// padded by repeating its last lease), after (TTL µs, TTL µs, owner).
+    /// Binds a batch renewal's list and its `CASE` for `leases` (the chunk,
+    /// padded by repeating its last lease), after (TTL µs, TTL µs): each
+    /// lease's [`Table::batch_by`] value, then per lease that value again
+    /// and what [`Table::batch_check`] checks.
     fn bind_batch<'q>(query: Query<'q>, leases: &[&'q Lease]) -> Query<'q>;
 }
 
@@ -454,16 +461,13 @@ impl<S: RowStrategy> DistributedLock for Polled<S> {
 
 #[async_trait]
 impl<S: RowStrategy> ExtendChunk for Polled<S> {
-    /// One UPDATE on the chunk's rows (found through the primary key).
-    /// Found rows (sqlx sets CLIENT_FOUND_ROWS) equal to the chunk's size
-    /// means every lease was renewed; fewer, and MySQL cannot say which (no
-    /// `RETURNING` on UPDATE): the chunk is renewed again one by one.
-    async fn extend_chunk(
-        &self,
-        owner: &Owner,
-        chunk: &[&Lease],
-        ttl: Duration,
-    ) -> Result<ChunkVerdict> {
+    /// One UPDATE on the chunk's rows (found through the primary key), a
+    /// `CASE` checking each row against its own lease (owner, token): the
+    /// leases of a chunk have different owners as a rule. Found rows (sqlx
+    /// sets CLIENT_FOUND_ROWS) equal to the chunk's size means every lease
+    /// was renewed; fewer, and MySQL cannot say which (no `RETURNING` on
+    /// UPDATE): the chunk is renewed again one by one.
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
         if chunk.is_empty() {
             return Ok(ChunkVerdict::All);
         }
@@ -473,14 +477,17 @@ impl<S: RowStrategy> ExtendChunk for Polled<S> {
         let places = fenced_api::batch::padded_len(chunk.len());
         let padded: Vec<&Lease> = (0..places).map(|p| chunk[p.min(chunk.len() - 1)]).collect();
         let rows = self.0.rows();
-        let mut text = rows.sql.extend_batch.clone();
-        text.push_str(&vec!["?"; places].join(", "));
-        text.push(')');
-        text.push_str(&S::batch_tail(places));
+        let sql = &rows.sql;
+        let text = format!(
+            "{}{}) AND CASE {}{} ELSE FALSE END",
+            sql.extend_batch,
+            vec!["?"; places].join(", "),
+            sql.batch_by,
+            sql.batch_when.repeat(places)
+        );
         let query = sqlx::query(sql!("{text}"))
             .bind(micros(ttl))
-            .bind(micros(ttl))
-            .bind(owner.as_str().as_bytes());
+            .bind(micros(ttl));
         let done = rows
             .conns
             .execute(S::bind_batch(query, &padded))

@@ -128,6 +128,7 @@ impl UniqueKey {
             held: LIVE,
             lease: &format!("id = ? AND owner = ? AND {LIVE}"),
             batch_by: "id",
+            batch_check: "owner = ?",
             free: &format!("DELETE FROM {t}"),
         };
         let lock_own = sql!(
@@ -308,8 +309,12 @@ impl RowStrategy for UniqueKey {
         Ok(current)
     }
 
-    /// The list is the ids (the primary key of the leases' rows).
+    /// The list is the ids (the primary key of the leases' rows); the
+    /// `CASE` on the id checks each row's owner.
     fn bind_batch<'q>(query: Query<'q>, leases: &[&'q Lease]) -> Query<'q> {
-        leases.iter().fold(query, |q, l| q.bind(l.token.get()))
+        let query = leases.iter().fold(query, |q, l| q.bind(l.token.get()));
+        leases.iter().fold(query, |q, l| {
+            q.bind(l.token.get()).bind(l.owner.as_str().as_bytes())
+        })
     }
 }

@@ -130,14 +130,17 @@ impl LeaseRows {
                  AND expire_at > clock_timestamp()",
                 ttl = plus_us!(1),
             ),
-            // Tokens are unique in the table (one sequence), so a row whose
-            // key is listed and whose token is listed is the row of that
-            // lease; `lock_key = ANY` lets the primary key find them.
+            // One row per listed lease, found through the primary key and
+            // checked against that lease's token and owner (a chunk mixes
+            // owners: a client gives each acquisition its own). Tokens are
+            // unique in the table (one sequence): `RETURNING` names the
+            // renewed leases exactly.
             extend_batch: sql!(
-                "UPDATE {t} SET expire_at = CASE WHEN reentrant_count > 1 \
-                 THEN GREATEST(expire_at, {ttl}) ELSE {ttl} END \
-                 WHERE owner = $2 AND lock_key = ANY($3) AND token = ANY($4) \
-                 AND expire_at > clock_timestamp() RETURNING token",
+                "UPDATE {t} AS t SET expire_at = CASE WHEN t.reentrant_count > 1 \
+                 THEN GREATEST(t.expire_at, {ttl}) ELSE {ttl} END \
+                 FROM unnest($2::bytea[], $3::bigint[], $4::bytea[]) AS b(k, tok, own) \
+                 WHERE t.lock_key = b.k AND t.token = b.tok AND t.owner = b.own \
+                 AND t.expire_at > clock_timestamp() RETURNING t.token",
                 ttl = plus_us!(1),
             ),
             // Every SET expression reads the row as it was: the last entry
@@ -275,19 +278,19 @@ impl LeaseRows {
     /// `RETURNING` says exactly which rows.
     pub(crate) async fn extend_chunk(
         &self,
-        owner: &Owner,
         chunk: &[&Lease],
         ttl: Duration,
     ) -> Result<ChunkVerdict> {
         let keys: Vec<&[u8]> = chunk.iter().map(|l| l.key.as_bytes()).collect();
         let tokens: Vec<i64> = chunk.iter().map(|l| stored(l)).collect();
+        let owners: Vec<&[u8]> = chunk.iter().map(|l| l.owner.as_str().as_bytes()).collect();
         let rows = self
             .live(|| {
                 sqlx::query(self.extend_batch.clone())
                     .bind(micros(ttl))
-                    .bind(owner.as_str().as_bytes())
                     .bind(keys.clone())
                     .bind(tokens.clone())
+                    .bind(owners.clone())
                     .fetch_all(&self.pool)
             })
             .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fenced_api::{
     batch::ChunkVerdict, Capabilities, DistributedLock, Lease, LockInfo, LockKey, LockOptions,
-    Owner, ReleaseOutcome, Result,
+    ReleaseOutcome, Result,
 };
 use sqlx::PgPool;
 
@@ -112,12 +112,11 @@ impl Engine {
 
     pub(crate) async fn extend_chunk(
         &self,
-        owner: &Owner,
         chunk: &[&Lease],
         ttl: Duration,
     ) -> Result<ChunkVerdict> {
         match self {
-            Engine::Lease(e) => e.rows.extend_chunk(owner, chunk, ttl).await,
+            Engine::Lease(e) => e.rows.extend_chunk(chunk, ttl).await,
             // Each hold renews on its own connection: one by one.
             Engine::Advisory(_) => Ok(ChunkVerdict::Unknown),
         }

@@ -92,8 +92,9 @@ pub async fn extend_keeps_lock(h: &dyn Harness) -> CaseResult {
 
 /// C6: `extend_many` is `extend` per lease: in one batch it renews the
 /// current leases past their old TTL and refuses — each with `LeaseLost`, in
-/// the order given — a released lease, a taken-over one and a forged one,
-/// leaving those keys' holders alone.
+/// the order given — a released lease, a taken-over one and a forged one
+/// (alone beside a current lease, and after its original), leaving those
+/// keys' holders alone.
 pub async fn extend_many_per_lease(h: &dyn Harness) -> CaseResult {
     let (a, b) = (h.client().await?, h.client().await?);
     let ttl = h.base_ttl();
@@ -148,6 +149,16 @@ pub async fn extend_many_per_lease(h: &dyn Harness) -> CaseResult {
             "current lease {i} in an all-current batch came back as {r:?}"
         );
     }
+    // A forged lease (another owner, the current token) in the same
+    // statement as a current lease on the SQL stores: each row is checked
+    // against its own lease's owner, not one owner for the statement.
+    let mixed = a
+        .extend_many(&[first.clone(), forged.clone()], ttl * 20)
+        .await;
+    ensure!(
+        matches!(mixed.as_slice(), [Ok(l), Err(Error::LeaseLost { .. })] if l.ttl >= ttl * 10),
+        "a batch of a current lease and a forged one came back as {mixed:?}"
+    );
     let batch = [first.clone(), released, second.clone(), overtaken, forged];
     let results = a.extend_many(&batch, ttl * 20).await;
     ensure!(
