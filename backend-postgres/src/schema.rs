@@ -13,15 +13,23 @@ use crate::{
 
 /// The migrations, in order. A `compatible` step is one that processes
 /// built against the previous version tolerate: `connect` applies it itself.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: include_str!("../migrations/0001_initial.sql"),
-    compatible: false,
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: include_str!("../migrations/0001_initial.sql"),
+        compatible: false,
+    },
+    Migration {
+        version: 2,
+        name: "advisory_unlogged",
+        sql: include_str!("../migrations/0002_advisory_unlogged.sql"),
+        compatible: true,
+    },
+];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The first key of the two-key advisory locks fenced takes for its own
 /// housekeeping (`"fenc"`); the second is `hashtext(<what>:<base table>)`.

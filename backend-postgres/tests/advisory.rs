@@ -623,9 +623,11 @@ async fn lock_connections_are_reused_between_holds() {
     drop_tables(&table).await;
 }
 
-/// Tokens come from a sequence: they keep rising across a server crash,
-/// while the held lock ends with its session (the holder's extend is
-/// `LeaseLost`, the key is free after the restart).
+/// Tokens come from a sequence: they keep rising across a server crash
+/// (more grants than the 32 values the sequence logs ahead, most of them
+/// committed without a WAL flush: the registry is unlogged), while the held
+/// lock ends with its session (the holder's extend is `LeaseLost`, the key
+/// is free after the restart) and the registry comes back empty.
 #[tokio::test]
 async fn tokens_keep_rising_across_a_restart_and_holds_end_with_it() {
     let server = PrivatePostgres::start(PostgresOptions::default())
@@ -636,8 +638,8 @@ async fn tokens_keep_rising_across_a_restart_and_holds_end_with_it() {
     let k = LockKey::new("restart/held").unwrap();
     let long = ttl(Duration::from_secs(120));
     let mut before = 0;
-    for i in 0..20 {
-        let other = LockKey::new(format!("restart/churn{i}")).unwrap();
+    for i in 0..100 {
+        let other = LockKey::new(format!("restart/churn{}", i % 10)).unwrap();
         let l = a.try_acquire(&other, &long).await.unwrap().unwrap();
         before = before.max(l.token.get());
         a.release(&l).await.unwrap();
@@ -651,6 +653,12 @@ async fn tokens_keep_rising_across_a_restart_and_holds_end_with_it() {
     );
     let b = PostgresLock::connect(&url).await.unwrap();
     assert!(b.inspect(&k).await.unwrap().is_none());
+    let mut c = PgConnection::connect(&server.url()).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM fenced_restart_advisory")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the unlogged registry after the crash");
     let after = b
         .try_acquire(&k, &long)
         .await
@@ -898,5 +906,61 @@ async fn concurrent_first_uses_of_a_key_are_not_a_collision() {
             let _ = h.release(&granted[0]).await;
         }
     }
+    drop_tables(&table).await;
+}
+
+/// The registry is an unlogged table (schema v2), and `connect` brings a
+/// v1 schema — its registry logged — to v2 itself: older processes read and
+/// write the table the same way, so the step needs no `migrate`.
+#[tokio::test]
+async fn the_registry_is_unlogged_and_connect_upgrades_a_v1_schema() {
+    let (url, table) = fresh("unlogged", "").await;
+    let pool = admin().await;
+    let persistence = |pool: sqlx::PgPool, table: String| async move {
+        let p: i8 = sqlx::query_scalar(
+            "SELECT relpersistence::\"char\" FROM pg_class WHERE oid = $1::regclass",
+        )
+        .bind(format!("\"{table}_advisory\""))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        u8::try_from(p).map(char::from).unwrap()
+    };
+    let a = PostgresLock::connect(&url).await.unwrap();
+    assert_eq!(persistence(pool.clone(), table.clone()).await, 'u');
+    // Back to v1: a logged registry and no record of step 2.
+    common::exec(
+        &pool,
+        &format!(
+            "ALTER TABLE \"{table}_advisory\" SET LOGGED; \
+             DELETE FROM \"{table}_migrations\" WHERE version = 2"
+        ),
+    )
+    .await;
+    assert_eq!(persistence(pool.clone(), table.clone()).await, 'p');
+    let b = PostgresLock::connect(&url).await.unwrap();
+    assert_eq!(persistence(pool.clone(), table.clone()).await, 'u');
+    let versions: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM \"{table}_migrations\" ORDER BY version"
+    )))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(versions, [1, 2]);
+    // Both handles work on it.
+    let k = key("unlogged");
+    let held = a
+        .try_acquire(&k, &ttl(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b
+        .try_acquire(&k, &ttl(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .is_none());
+    a.release(&held).await.unwrap();
+    drop(a);
+    drop(b);
     drop_tables(&table).await;
 }

@@ -37,7 +37,10 @@ pub(super) const HELD_BY_PID: &str = "l.locktype = 'advisory' AND l.granted AND 
 /// flush: for writes nothing relies on after a crash (a crash ends every
 /// session, and with it every lock; the row of a released or renewed hold
 /// only describes it). Grants keep `synchronous_commit = on`: their token
-/// must never be handed out twice.
+/// must never be handed out twice. (The registry is unlogged, so a grant
+/// waits for a flush only when its `nextval` logged the sequence, and then
+/// it must; with the audit triggers of the fault suite, which write a
+/// logged table, every statement here writes WAL.)
 const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
 
 /// The remaining TTL of a row in whole microseconds (may be ≤ 0 for a

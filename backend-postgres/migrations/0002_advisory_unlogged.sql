@@ -1,0 +1,13 @@
+-- fenced PostgreSQL schema v2: the advisory registry becomes UNLOGGED.
+--
+-- Nothing in it needs to outlive a crash: a crash ends every session, and
+-- with them every advisory lock, so after one the holder descriptions are
+-- of past holders and the key<->hash records are written again by the next
+-- grant of each key (a grant re-registers a key whose row is missing). A
+-- write to an unlogged table writes no WAL, so a grant's commit waits for a
+-- WAL flush only when its nextval logged the sequence (once in 32 values,
+-- and then the commit does wait: the token is still never handed out twice).
+-- A standby has no copy of the table; a promoted one starts it empty, as
+-- its sessions start without locks. Older builds read and write the table
+-- the same way: `connect` applies this step itself.
+ALTER TABLE "{base}_advisory" SET UNLOGGED;
