@@ -129,15 +129,9 @@ impl<T> SqlResultExt<T> for std::result::Result<T, sqlx::Error> {
 }
 
 /// Whether a connection that just returned `e` is still in sync with a live
-/// server session and may be reused: yes for errors the server reported
-/// about the statement (duplicate key, lock wait timeout…), no for I/O and
-/// protocol failures or errors that end the session.
+/// server session and may be reused ([`fenced_sql::leaves_session_usable`]).
 pub(crate) fn leaves_session_usable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(_) => !number(e).is_some_and(|n| code::SESSION_ENDED.contains(&n)),
-        sqlx::Error::RowNotFound => true,
-        _ => false,
-    }
+    fenced_sql::leaves_session_usable::<MySqlBackend>(e)
 }
 
 /// How the shared SQL code (`fenced_sql`: the fence, the migration runner)
@@ -159,5 +153,8 @@ impl fenced_sql::SqlBackend for MySqlBackend {
     }
     fn is_missing_column(e: &sqlx::Error) -> bool {
         number(e) == Some(ER_BAD_FIELD)
+    }
+    fn ends_session(e: &sqlx::Error) -> bool {
+        number(e).is_some_and(|n| code::SESSION_ENDED.contains(&n))
     }
 }

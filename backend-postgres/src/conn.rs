@@ -41,9 +41,9 @@ pub(crate) const MIN_VERSION_ADVISORY: i32 = 140_000;
 /// A pooled connection idle for longer than this is pinged before it is
 /// handed out (a server restart or an idle disconnect is found before a
 /// statement is sent on it); a busier one is used as it is, saving a round
-/// trip per operation. sqlx pings every connection given back to the pool
-/// anyway (off the caller's path).
-const FRESH: Duration = Duration::from_secs(2);
+/// trip per operation. The same bound as the hot-connection cache's
+/// ([`fenced_sql::Conns`]), whose stale connections come back this way.
+const FRESH: Duration = fenced_sql::conns::FRESH;
 
 /// The options every connection uses: the URL's, with `application_name`
 /// `fenced` unless the URL set one.

@@ -58,7 +58,6 @@ pub(crate) mod state {
     /// `idle_session_timeout` (57P05) — and 25P03, the
     /// `idle_in_transaction_session_timeout` that ends a transaction-scoped
     /// advisory holder gone silent.
-    #[allow(dead_code)] // for the advisory strategy
     pub(crate) fn ends_session(code: &str) -> bool {
         code.starts_with("08") || code.starts_with("57P") || code == "25P03"
     }
@@ -178,16 +177,9 @@ impl<T> SqlResultExt<T> for std::result::Result<T, sqlx::Error> {
 }
 
 /// Whether a connection that just returned `e` is still in sync with a live
-/// server session and may be reused: yes for errors the server reported
-/// about the statement (duplicate key, lock timeout…), no for I/O and
-/// protocol failures or errors that end the session.
-#[allow(dead_code)] // for the advisory strategy
+/// server session and may be reused ([`fenced_sql::leaves_session_usable`]).
 pub(crate) fn leaves_session_usable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(_) => !sqlstate(e).is_some_and(|c| state::ends_session(&c)),
-        sqlx::Error::RowNotFound => true,
-        _ => false,
-    }
+    fenced_sql::leaves_session_usable::<PostgresBackend>(e)
 }
 
 /// How the shared SQL code (`fenced_sql`: the fence, the migration runner)
@@ -206,6 +198,9 @@ impl fenced_sql::SqlBackend for PostgresBackend {
     }
     fn is_missing_column(e: &sqlx::Error) -> bool {
         has_state(e, state::UNDEFINED_COLUMN)
+    }
+    fn ends_session(e: &sqlx::Error) -> bool {
+        sqlstate(e).is_some_and(|c| state::ends_session(&c))
     }
 }
 

@@ -219,7 +219,7 @@ impl PostgresLock {
     /// expired.
     pub async fn close(&self) {
         self.inner.engine.stop();
-        self.inner.engine.pool().close().await;
+        self.inner.engine.close_pool().await;
     }
 
     pub(crate) fn engine(&self) -> &Engine {

@@ -211,8 +211,8 @@ impl Implementation for FencedImpl {
                  RETURNING token, the token a nextval), a durable commit (the WAL flushed) when \
                  granted, not waited for when refused; release: 1 (UPDATE in a CTE with \
                  pg_notify), committed without waiting for the flush; 2 round trips, 1 WAL flush \
-                 per cycle, each statement on a pooled connection that sqlx checks with one \
-                 more round trip (a Sync) as it is given back, off the caller's path. A waiter \
+                 per cycle, each statement on a hot connection cached in front of the pool \
+                 (no ping per checkout or return). A waiter \
                  tries again when a NOTIFY of the key reaches its process (another process \
                  released) or at once (its own process released), else every 500 ms: every \
                  process's first waiter tries, the first to commit wins"

@@ -57,6 +57,24 @@ pub trait SqlBackend: Send + Sync + 'static {
     fn is_missing_table(e: &sqlx::Error) -> bool;
     /// Whether `e` says that a column does not exist.
     fn is_missing_column(e: &sqlx::Error) -> bool;
+    /// Whether the server error `e` ended the session it came on (the
+    /// server killed or terminated it, or is shutting down): that
+    /// connection is not reused. None by default (SQLite has no session).
+    fn ends_session(_e: &sqlx::Error) -> bool {
+        false
+    }
+}
+
+/// Whether a connection that just returned `e` is still in sync with a live
+/// server session and may be reused: yes for errors the server reported
+/// about the statement (a duplicate key, a lock timeout…) unless
+/// [`SqlBackend::ends_session`], no for I/O and protocol failures.
+pub fn leaves_session_usable<B: SqlBackend>(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(_) => !B::ends_session(e),
+        sqlx::Error::RowNotFound => true,
+        _ => false,
+    }
 }
 
 /// A backend for this crate's tests: any dialect, every error a plain

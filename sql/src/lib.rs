@@ -30,6 +30,7 @@
 //! ```
 
 mod batch;
+pub mod conns;
 mod dialect;
 pub mod fence;
 pub mod migrate;
@@ -42,7 +43,8 @@ mod table;
 pub mod testing;
 
 pub use batch::{extend_refused, in_list, EXTEND_CHUNK};
-pub use dialect::{Dialect, SqlBackend};
+pub use conns::{Conn, Conns};
+pub use dialect::{leaves_session_usable, Dialect, SqlBackend};
 pub use table::TableName;
 
 #[doc(hidden)]

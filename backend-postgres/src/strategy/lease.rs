@@ -23,11 +23,15 @@ use fenced_api::{
     batch::ChunkVerdict, Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner,
     ReleaseOutcome, Result,
 };
-use fenced_sql::sql;
+use fenced_sql::{sql, Conns};
 use sqlx::{PgPool, Row, SqlStr};
 use tokio::time::Instant;
 
-use crate::{config::TableName, conn, error::SqlResultExt};
+use crate::{
+    config::TableName,
+    conn,
+    error::{PostgresBackend, SqlResultExt},
+};
 
 /// `now + $n` on the server's clock, `$n` a TTL in whole microseconds.
 ///
@@ -71,7 +75,9 @@ pub(crate) struct Done<T> {
 /// The statements of one table, built once.
 #[derive(Debug)]
 pub(crate) struct LeaseRows {
-    pool: PgPool,
+    /// Hot connections in front of the statement pool: one statement per
+    /// operation, without the pool's ping per return.
+    conns: Conns<PostgresBackend>,
     /// The `NOTIFY` channel of this table (bound as a value to `pg_notify`).
     channel: String,
     acquire: SqlStr,
@@ -88,7 +94,7 @@ impl LeaseRows {
         let t = &table.quoted("");
         let seq = table.quoted("_token");
         LeaseRows {
-            pool,
+            conns: Conns::new(pool),
             channel: notify_channel(table),
             // A refused attempt still writes: the `DO UPDATE` path locks
             // the row (and `nextval` may log the sequence), so its commit
@@ -172,7 +178,12 @@ impl LeaseRows {
     }
 
     pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
+        self.conns.pool()
+    }
+
+    /// Closes the pool, the hot connections first.
+    pub(crate) async fn close(&self) {
+        self.conns.close().await;
     }
 
     /// Runs one statement, on another connection when the pool handed out
@@ -182,7 +193,7 @@ impl LeaseRows {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
     {
-        conn::on_live_connection(self.pool.options().get_max_connections(), op).await
+        conn::on_live_connection(self.pool().options().get_max_connections(), op).await
     }
 
     /// Same owner already holds the key: re-enter or refuse.
@@ -195,11 +206,12 @@ impl LeaseRows {
         if opts.is_reentrant() {
             let row = self
                 .live(|| {
-                    sqlx::query(self.reenter.clone())
-                        .bind(micros(opts.ttl()))
-                        .bind(key.as_bytes())
-                        .bind(owner.as_str().as_bytes())
-                        .fetch_optional(&self.pool)
+                    self.conns.fetch_optional(
+                        sqlx::query(self.reenter.clone())
+                            .bind(micros(opts.ttl()))
+                            .bind(key.as_bytes())
+                            .bind(owner.as_str().as_bytes()),
+                    )
                 })
                 .await
                 .db()?;
@@ -207,10 +219,11 @@ impl LeaseRows {
         }
         let held = self
             .live(|| {
-                sqlx::query(self.held_by.clone())
-                    .bind(key.as_bytes())
-                    .bind(owner.as_str().as_bytes())
-                    .fetch_optional(&self.pool)
+                self.conns.fetch_optional(
+                    sqlx::query(self.held_by.clone())
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes()),
+                )
             })
             .await
             .db()?;
@@ -230,12 +243,13 @@ impl LeaseRows {
         let sent = Instant::now();
         let row = self
             .live(|| {
-                sqlx::query(self.acquire.clone())
-                    .bind(key.as_bytes())
-                    .bind(owner.as_str().as_bytes())
-                    .bind(micros(ttl))
-                    .bind(opts.label().map(Label::as_str))
-                    .fetch_optional(&self.pool)
+                self.conns.fetch_optional(
+                    sqlx::query(self.acquire.clone())
+                        .bind(key.as_bytes())
+                        .bind(owner.as_str().as_bytes())
+                        .bind(micros(ttl))
+                        .bind(opts.label().map(Label::as_str)),
+                )
             })
             .await
             .db()?;
@@ -258,12 +272,13 @@ impl LeaseRows {
         let sent = Instant::now();
         let done = self
             .live(|| {
-                sqlx::query(self.extend.clone())
-                    .bind(micros(ttl))
-                    .bind(lease.key.as_bytes())
-                    .bind(stored(lease))
-                    .bind(lease.owner.as_str().as_bytes())
-                    .execute(&self.pool)
+                self.conns.execute(
+                    sqlx::query(self.extend.clone())
+                        .bind(micros(ttl))
+                        .bind(lease.key.as_bytes())
+                        .bind(stored(lease))
+                        .bind(lease.owner.as_str().as_bytes()),
+                )
             })
             .await
             .db()?;
@@ -286,12 +301,13 @@ impl LeaseRows {
         let owners: Vec<&[u8]> = chunk.iter().map(|l| l.owner.as_str().as_bytes()).collect();
         let rows = self
             .live(|| {
-                sqlx::query(self.extend_batch.clone())
-                    .bind(micros(ttl))
-                    .bind(keys.clone())
-                    .bind(tokens.clone())
-                    .bind(owners.clone())
-                    .fetch_all(&self.pool)
+                self.conns.fetch_all(
+                    sqlx::query(self.extend_batch.clone())
+                        .bind(micros(ttl))
+                        .bind(keys.clone())
+                        .bind(tokens.clone())
+                        .bind(owners.clone()),
+                )
             })
             .await
             .db()?;
@@ -305,12 +321,13 @@ impl LeaseRows {
     pub(crate) async fn release(&self, lease: &Lease) -> Result<Done<ReleaseOutcome>> {
         let row = self
             .live(|| {
-                sqlx::query(self.release.clone())
-                    .bind(lease.key.as_bytes())
-                    .bind(stored(lease))
-                    .bind(lease.owner.as_str().as_bytes())
-                    .bind(&self.channel)
-                    .fetch_optional(&self.pool)
+                self.conns.fetch_optional(
+                    sqlx::query(self.release.clone())
+                        .bind(lease.key.as_bytes())
+                        .bind(stored(lease))
+                        .bind(lease.owner.as_str().as_bytes())
+                        .bind(&self.channel),
+                )
             })
             .await
             .db()?;
@@ -340,10 +357,11 @@ impl LeaseRows {
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Done<bool>> {
         let row = self
             .live(|| {
-                sqlx::query(self.force.clone())
-                    .bind(key.as_bytes())
-                    .bind(&self.channel)
-                    .fetch_optional(&self.pool)
+                self.conns.fetch_optional(
+                    sqlx::query(self.force.clone())
+                        .bind(key.as_bytes())
+                        .bind(&self.channel),
+                )
             })
             .await
             .db()?;

@@ -62,6 +62,15 @@ impl Engine {
         }
     }
 
+    /// Closes the statement pool (and `lease`'s hot connections in front
+    /// of it), waiting until every connection of it is closed.
+    pub(crate) async fn close_pool(&self) {
+        match self {
+            Engine::Lease(e) => e.rows.close().await,
+            Engine::Advisory(a) => a.pool().close().await,
+        }
+    }
+
     /// The `lease` engine, if that is the strategy.
     pub(crate) fn lease(&self) -> Option<&LeaseEngine> {
         match self {
