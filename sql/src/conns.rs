@@ -68,11 +68,14 @@ impl<B: SqlBackend> std::fmt::Debug for Conns<B> {
     }
 }
 
-/// Counts a caller queued for the pool while alive (also when its future is dropped).
-struct Queued<'a>(&'a AtomicUsize);
+/// Counts a caller queued (for the pool here, or for any slot) while
+/// alive, also when its future is dropped mid-wait.
+#[derive(Debug)]
+pub struct Queued<'a>(&'a AtomicUsize);
 
 impl<'a> Queued<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
+    /// Adds one to `n` until the guard is dropped.
+    pub fn new(n: &'a AtomicUsize) -> Self {
         n.fetch_add(1, Ordering::SeqCst);
         Queued(n)
     }

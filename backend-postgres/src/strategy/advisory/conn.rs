@@ -96,22 +96,6 @@ impl LockConn {
     }
 }
 
-/// Counts a taker waiting for a slot while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    fn enter(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::SeqCst);
-        Waiting(n)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The lock connections of one handle.
 pub(super) struct LockConns {
     options: PgConnectOptions,
@@ -206,7 +190,7 @@ impl LockConns {
             return self.open(permit).await.map(Some);
         }
         let permit = {
-            let _waiting = Waiting::enter(&self.waiting);
+            let _waiting = fenced_sql::conns::Queued::new(&self.waiting);
             // Given back before this taker counted itself: kept idle.
             if let Some(c) = self.pop() {
                 return Ok(Some(c));
