@@ -330,12 +330,13 @@ fn targets(results: &[CellResult]) -> String {
         {
             let _ = writeln!(
                 s,
-                "| {f}: hand-off between processes p99 ≤ 5 ms ({}: {} processes, hold {} ms) | p50 {} / p99 {} ms | {} |",
+                "| {f}: hand-off between processes p99 ≤ 5 ms ({}: {} processes, hold {} ms) | p50 {} / p99 {} ms of {} | {} |",
                 r.scenario.name,
                 r.scenario.tasks,
                 r.scenario.hold.as_millis(),
                 opt(r.handoff_p50_ms, 2),
                 opt(r.handoff_p99_ms, 2),
+                r.handoff_samples,
                 verdict(r.handoff_p99_ms.map(|g| g <= 5.0))
             );
         }
@@ -384,9 +385,10 @@ fn targets(results: &[CellResult]) -> String {
             };
             let _ = writeln!(
                 s,
-                "| {f}: hand-off gap p99 ≤ {bound} ms (16 tasks, hold 20) | p50 {} / p99 {} ms | {} |",
+                "| {f}: hand-off gap p99 ≤ {bound} ms (16 tasks, hold 20) | p50 {} / p99 {} ms of {} | {} |",
                 opt(r.handoff_p50_ms, 2),
                 opt(r.handoff_p99_ms, 2),
+                r.handoff_samples,
                 verdict(r.handoff_p99_ms.map(|g| g <= bound))
             );
         }
