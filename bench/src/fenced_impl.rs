@@ -220,11 +220,12 @@ impl Implementation for FencedImpl {
             "fenced/postgres-advisory" => {
                 "acquire: 1 statement on a connection held for the lock (kept in a small idle \
                  cache between locks): pg_try_advisory_lock(hash) and, granted, the token \
-                 (nextval) and the holder row, a durable commit; taken: then \
+                 (nextval) and the holder row (an unlogged table: the commit waits for a WAL \
+                 flush only when nextval logs the sequence ahead, 1 grant in 32); taken: then \
                  pg_advisory_lock(hash) in the server's FIFO queue (lock_timeout = the wait \
-                 bound) and the token statement (durable); release: 1 (the holder row cleared, \
-                 pg_advisory_unlock), committed without waiting for the flush; 2 round trips, 1 \
-                 WAL flush per cycle uncontended; a key's first use registers it (1 more)"
+                 bound) and the token statement; release: 1 (the holder row cleared, \
+                 pg_advisory_unlock), committed without waiting for the flush; 2 round trips \
+                 per cycle uncontended; a key's first use registers it (1 more)"
             }
             _ => "",
         }
