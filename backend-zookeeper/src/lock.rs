@@ -276,9 +276,10 @@ impl ZkLock {
 impl DistributedLock for ZkLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
-        let sent = Instant::now();
-        let attempt = Attempt::enter(self.parts(), key, &owner, opts.ttl(), opts.label()).await?;
-        match attempt.place().await? {
+        let mut attempt =
+            Attempt::enter(self.parts(), key, &owner, opts.ttl(), opts.label()).await?;
+        let (place, sent) = attempt.place().await?;
+        match place {
             Place::First => {
                 let lease = attempt.grant(&self.inner.tracker, key, owner, sent);
                 Ok(Some(lease.await?))

@@ -49,6 +49,10 @@ pub(crate) struct Attempt {
     /// The label written in the entry's data.
     label: Option<Label>,
     armed: bool,
+    /// The queue's children as read right after the create, and when that
+    /// read was sent: the first [`place`](Attempt::place) needs no round
+    /// trip of its own.
+    first_look: Option<(Instant, Vec<String>)>,
 }
 
 impl Drop for Attempt {
@@ -178,19 +182,30 @@ impl Attempt {
             name: None,
             czxid: 0,
             armed: true,
+            first_look: None,
             session,
         };
         let prefix = format!("{}/{}", attempt.queue, entry_prefix(&attempt.nonce));
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let s = Arc::clone(&attempt.session);
         for _ in 0..3 {
-            match s
-                .run("create", s.client().create(&prefix, data, &options))
-                .await?
-            {
+            // The children read goes out right behind the create, without
+            // waiting for its reply: the client sends requests in the order
+            // they are made and the server runs a session's requests in that
+            // order, so the read sees the new entry. One round trip finds
+            // the entry's place.
+            let sent = Instant::now();
+            let create = s.client().create(&prefix, data, &options);
+            let look = s.client().list_children(&attempt.queue);
+            match s.run("create", create).await? {
                 Ok((stat, sequence)) => {
                     attempt.name = Some(format!("{}{sequence}", entry_prefix(&attempt.nonce)));
                     attempt.czxid = stat.czxid;
+                    // A failed read only costs the first place a read of
+                    // its own.
+                    if let Ok(Ok(children)) = s.run("get children", look).await {
+                        attempt.first_look = Some((sent, children));
+                    }
                     return Ok(attempt);
                 }
                 Err(e) if kind(&e) == Kind::NoNode => {
@@ -250,27 +265,37 @@ impl Attempt {
         format!("{}/{name}", self.queue)
     }
 
-    /// Where the entry stands now (one children read).
-    pub(crate) async fn place(&self) -> Result<Place> {
-        let s = &self.session;
-        let children = match s
-            .run("get children", s.client().list_children(&self.queue))
-            .await?
-        {
-            Ok(c) => in_order(c),
-            Err(e) if kind(&e) == Kind::NoNode => return Ok(Place::Gone),
-            Err(e) => return Err(error::map(e)),
+    /// Where the entry stands now (one children read; none the first time,
+    /// which uses the read sent with the create), and the send time of that
+    /// read: a grant counts its lease from it.
+    pub(crate) async fn place(&mut self) -> Result<(Place, Instant)> {
+        let (sent, children) = match self.first_look.take() {
+            Some(look) => look,
+            None => {
+                let s = &self.session;
+                let sent = Instant::now();
+                match s
+                    .run("get children", s.client().list_children(&self.queue))
+                    .await?
+                {
+                    Ok(c) => (sent, c),
+                    Err(e) if kind(&e) == Kind::NoNode => return Ok((Place::Gone, sent)),
+                    Err(e) => return Err(error::map(e)),
+                }
+            }
         };
+        let children = in_order(children);
         let Some(i) = children.iter().position(|c| c == self.name()) else {
-            return Ok(Place::Gone);
+            return Ok((Place::Gone, sent));
         };
         if i == 0 {
-            return Ok(Place::First);
+            return Ok((Place::First, sent));
         }
-        Ok(Place::Behind {
+        let place = Place::Behind {
             predecessor: children[i - 1].clone(),
             holder: children[0].clone(),
-        })
+        };
+        Ok((place, sent))
     }
 
     /// The data of the entry `name` of this queue; `None` if it is gone.

@@ -27,12 +27,12 @@ pub(crate) async fn acquire(parts: Parts<'_>, key: &LockKey, opts: &LockOptions)
     };
     let owner = opts.owner_or_random();
     // Dropped on every early return: the entry leaves the queue.
-    let attempt = Attempt::enter(parts, key, &owner, opts.ttl(), opts.label()).await?;
+    let mut attempt = Attempt::enter(parts, key, &owner, opts.ttl(), opts.label()).await?;
     let mut checked_reentry = opts.owner().is_none();
     loop {
-        let sent = Instant::now();
+        let (place, sent) = attempt.place().await?;
         let (predecessor, holder) =
-            match attempt.place().await? {
+            match place {
                 Place::First => return attempt.grant(parts.tracker, key, owner, sent).await,
                 Place::Behind {
                     predecessor,

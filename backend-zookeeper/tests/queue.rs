@@ -270,3 +270,72 @@ async fn herd(wakes: Wakes) {
 async fn a_release_wakes_only_the_successor() {
     herd(wakes()).await;
 }
+
+/// The packets the server has received on the one client session it
+/// serves (`cons`: the probe's own connection has no session id).
+async fn received_by_the_client(server: &str) -> (u64, String) {
+    let cons = four_letter(server, "cons").await;
+    let lines: Vec<&str> = cons
+        .lines()
+        .filter(|l| l.contains("sid=0x") && !l.contains("lop=NA"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one client session expected:\n{cons}");
+    let recved = lines[0]
+        .split(&['(', ','][..])
+        .find_map(|f| f.strip_prefix("recved="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no recved= in {}", lines[0]));
+    (recved, lines[0].to_owned())
+}
+
+/// Entering the queue is one round trip: the children read goes out right
+/// behind the create, without waiting for the create's reply. With every
+/// reply held back, the server still receives both requests; a client that
+/// waited for the create's reply would send the read never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_children_read_goes_out_before_the_create_is_answered() {
+    let zk = PrivateZooKeeper::start(ZooKeeperOptions::default())
+        .await
+        .expect("a private ZooKeeper starts (binaries from scripts/services.sh)");
+    let server = zk.members()[0].hostport();
+    let proxy = common::Blackhole::start(&server).await;
+    // Pings only after 10 s of silence (a third of the session), and no
+    // operation timeout within the test's few seconds.
+    let url = format!(
+        "zk://{}/pipelined?session_timeout=30s&connect_timeout=5s&timeout=25s",
+        proxy.hostport()
+    );
+    let store = ZkLock::connect(&url).await.unwrap();
+    let k = LockKey::new("k").unwrap();
+    // The namespace and the queue exist from here on: the next acquire
+    // sends its create and its read, nothing else.
+    let lease = store.acquire(&k, &opts(TTL, WAIT)).await.unwrap();
+    assert_eq!(
+        store.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let (before, _) = received_by_the_client(&server).await;
+    proxy.mute_replies();
+    let trying = tokio::spawn({
+        let (store, k) = (store.clone(), k.clone());
+        async move { store.try_acquire(&k, &opts(TTL, WAIT)).await }
+    });
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (now, line) = received_by_the_client(&server).await;
+        if now >= before + 2 {
+            assert!(
+                line.contains("lop=GETC"),
+                "the second request is the children read: {line}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "only {} request(s) reached the server while the create's reply was held back: {line}",
+            now - before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    trying.abort();
+}

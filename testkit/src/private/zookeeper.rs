@@ -207,7 +207,7 @@ impl PrivateZooKeeper {
         let mut cfg = format!(
             "tickTime={}\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={}\n\
              clientPortAddress=127.0.0.1\nmaxSessionTimeout={}\n\
-             4lw.commands.whitelist=srvr,ruok,mntr,stat,wchp,wchc\nadmin.enableServer=false\n",
+             4lw.commands.whitelist=srvr,ruok,mntr,stat,wchp,wchc,cons\nadmin.enableServer=false\n",
             o.tick_ms,
             m.dir.display(),
             m.client,
