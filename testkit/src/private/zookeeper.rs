@@ -269,10 +269,24 @@ impl PrivateZooKeeper {
         Ok(cmd)
     }
 
+    /// Waits until member `i` answers on its client port and, when it
+    /// serves TLS, accepts connections on its secure port too: Netty opens
+    /// that one separately, and on a loaded machine a moment later.
     async fn wait_serving(&self, i: usize) -> Result<()> {
         let url = format!("zk://{}", self.members[i].hostport());
         self.procs[i]
             .wait_until_up("ZooKeeper", || services::probe_zookeeper(&url))
+            .await?;
+        let Some(secure) = self.members[i].secure_hostport() else {
+            return Ok(());
+        };
+        self.procs[i]
+            .wait_until_up("ZooKeeper (TLS port)", || async {
+                tokio::net::TcpStream::connect(&secure)
+                    .await
+                    .map(drop)
+                    .map_err(|e| format!("{secure}: {e}"))
+            })
             .await
     }
 }
