@@ -201,10 +201,15 @@ impl Attempt {
                 Ok((stat, sequence)) => {
                     attempt.name = Some(format!("{}{sequence}", entry_prefix(&attempt.nonce)));
                     attempt.czxid = stat.czxid;
-                    // A failed read only costs the first place a read of
-                    // its own.
-                    if let Ok(Ok(children)) = s.run("get children", look).await {
-                        attempt.first_look = Some((sent, children));
+                    match s.run("get children", look).await? {
+                        Ok(children) => attempt.first_look = Some((sent, children)),
+                        // The queue vanished (force-deleted with the
+                        // entry): the first place reads again and finds
+                        // the entry gone.
+                        Err(e) if kind(&e) == Kind::NoNode => {}
+                        // No list, no place: the caller gives up and the
+                        // dropped attempt deletes its entry.
+                        Err(e) => return Err(error::map(e)),
                     }
                     return Ok(attempt);
                 }
