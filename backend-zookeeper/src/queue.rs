@@ -115,6 +115,26 @@ async fn remove(session: &Session, queue: &str, nonce: &str, name: Option<&str>)
     }
 }
 
+/// The name of the entry of `queue` carrying `nonce`, if there is one. A
+/// create whose reply was lost may have been committed after a lagging
+/// server answered: the read follows a sync, so it sees that create.
+async fn find_by_nonce(session: &Session, queue: &str, nonce: &str) -> Result<Option<String>> {
+    if let Err(e) = session.run("sync", session.client().sync(queue)).await? {
+        return Err(error::map(e));
+    }
+    let children = match session
+        .run("get children", session.client().list_children(queue))
+        .await?
+    {
+        Ok(c) => c,
+        Err(e) if kind(&e) == Kind::NoNode => return Ok(None),
+        Err(e) => return Err(error::map(e)),
+    };
+    Ok(children
+        .into_iter()
+        .find(|c| c.starts_with(&entry_prefix(nonce))))
+}
+
 /// One try: `Ok(true)` when the entry is gone (deleted now or before),
 /// `Ok(false)` when the entry of a lost create reply was not found.
 async fn remove_once(
@@ -125,28 +145,10 @@ async fn remove_once(
 ) -> Result<bool> {
     let name = match name {
         Some(n) => n.to_owned(),
-        None => {
-            // A create whose reply was lost may have been committed after a
-            // lagging server answered: sync first, so the read sees it.
-            if let Err(e) = session.run("sync", session.client().sync(queue)).await? {
-                return Err(error::map(e));
-            }
-            let children = match session
-                .run("get children", session.client().list_children(queue))
-                .await?
-            {
-                Ok(c) => c,
-                Err(e) if kind(&e) == Kind::NoNode => return Ok(false),
-                Err(e) => return Err(error::map(e)),
-            };
-            match children
-                .into_iter()
-                .find(|c| c.starts_with(&entry_prefix(nonce)))
-            {
-                Some(n) => n,
-                None => return Ok(false),
-            }
-        }
+        None => match find_by_nonce(session, queue, nonce).await? {
+            Some(n) => n,
+            None => return Ok(false),
+        },
     };
     let path = format!("{queue}/{name}");
     match session
@@ -238,21 +240,7 @@ impl Attempt {
     /// Looks for this attempt's node among the queue's children (after a
     /// sync, so a lagging server cannot hide a committed create).
     async fn find(&mut self) -> Result<bool> {
-        let s = Arc::clone(&self.session);
-        if let Err(e) = s.run("sync", s.client().sync(&self.queue)).await? {
-            return Err(error::map(e));
-        }
-        let children = match s
-            .run("get children", s.client().list_children(&self.queue))
-            .await?
-        {
-            Ok(c) => c,
-            Err(e) if kind(&e) == Kind::NoNode => return Ok(false),
-            Err(e) => return Err(error::map(e)),
-        };
-        self.name = children
-            .into_iter()
-            .find(|c| c.starts_with(&entry_prefix(&self.nonce)));
+        self.name = find_by_nonce(&self.session, &self.queue, &self.nonce).await?;
         Ok(self.name.is_some())
     }
 
