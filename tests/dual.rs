@@ -84,7 +84,7 @@ impl Harness for DualHarness {
 fenced_conformance::conformance_tests!(DualHarness::new().await, skips = [
     c07_tokens_increase_after_restart: "durable only if both halves are; the shared Redis keeps nothing on disk",
     c08_waiters_served_in_order: "DualLock declares no fifo: a waiter queues on each store in turn",
-]);
+], without_semaphores = "DualLock migrates mutexes only: it has no semaphores");
 
 /// The migration, phase by phase, with two live "nodes" contending on one key
 /// in each phase: never both inside, tokens strictly increasing throughout.

@@ -63,3 +63,101 @@ pub trait Harness: Send + Sync {
         Duration::from_secs(1)
     }
 }
+
+/// Runs the suite on a store's semaphores (its
+/// [`SemaphoreStore`](fenced_api::SemaphoreStore)) through another
+/// harness: every client is the inner client's
+/// [`semaphores`](DistributedLock::semaphores), so the mutex cases C1–C20
+/// check the semaphore of one permit — the line, its tokens, expiry,
+/// waiting and cancellation — with the cases written for mutexes.
+///
+/// A semaphore store's own `semaphores` are itself, so the family cases run
+/// on it unchanged. A harness whose store has no semaphores fails every
+/// case with a message that says so.
+#[derive(Debug)]
+pub struct SemaphoresAsMutex<H>(pub H);
+
+fn semaphores_of(lock: Arc<dyn DistributedLock>) -> Result<Arc<dyn DistributedLock>> {
+    match lock.semaphores() {
+        Some(s) => Ok(s),
+        None => Err(fenced_api::Error::Unsupported {
+            backend: lock.capabilities().backend_name(),
+            what: "semaphores (SemaphoresAsMutex needs a store that has them)".into(),
+        }),
+    }
+}
+
+#[async_trait]
+impl<H: Harness> Harness for SemaphoresAsMutex<H> {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        semaphores_of(self.0.client().await?)
+    }
+
+    async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
+        semaphores_of(self.0.client_in_namespace(suffix).await?)
+    }
+
+    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
+        Some(self.0.unreachable_client().await?.and_then(semaphores_of))
+    }
+
+    fn in_process(&self) -> bool {
+        self.0.in_process()
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        self.0.connect_timeout()
+    }
+
+    async fn restart_store(&self) -> Option<Result<()>> {
+        self.0.restart_store().await
+    }
+
+    async fn private_store(&self) -> Option<Result<Box<dyn Harness>>> {
+        Some(
+            self.0
+                .private_store()
+                .await?
+                .map(|h| Box::new(SemaphoresAsMutex(h)) as Box<dyn Harness>),
+        )
+    }
+
+    fn base_ttl(&self) -> Duration {
+        self.0.base_ttl()
+    }
+}
+
+#[async_trait]
+impl Harness for Box<dyn Harness> {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        (**self).client().await
+    }
+
+    async fn client_in_namespace(&self, suffix: &str) -> Result<Arc<dyn DistributedLock>> {
+        (**self).client_in_namespace(suffix).await
+    }
+
+    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
+        (**self).unreachable_client().await
+    }
+
+    fn in_process(&self) -> bool {
+        (**self).in_process()
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        (**self).connect_timeout()
+    }
+
+    async fn restart_store(&self) -> Option<Result<()>> {
+        (**self).restart_store().await
+    }
+
+    async fn private_store(&self) -> Option<Result<Box<dyn Harness>>> {
+        (**self).private_store().await
+    }
+
+    fn base_ttl(&self) -> Duration {
+        (**self).base_ttl()
+    }
+}

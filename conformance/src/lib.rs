@@ -58,7 +58,7 @@ mod memory;
 pub mod services;
 
 pub use check::{CaseResult, Failure, Outcome};
-pub use harness::Harness;
+pub use harness::{Harness, SemaphoresAsMutex};
 pub use memory::MemoryHarness;
 
 /// The one list of cases: `test name: module::function, "contract";`.
@@ -111,6 +111,29 @@ macro_rules! __with_cases {
             c18_wildcards_are_literal: input::wildcards_are_literal, "C18";
             c19_unreachable_store_fails_fast: input::unreachable_store_fails_fast, "C19";
             c20_namespaces_isolate: basic::namespaces_isolate, "C20";
+            s01_permits_bound_holders: semaphore::permits_bound_holders, "S1, S3";
+            s01_contention_never_exceeds_permits: semaphore::contention_never_exceeds_permits, "S1";
+            s02_capacity_mismatch_rejected: semaphore::capacity_mismatch_rejected, "S2";
+            s03_tokens_rise_with_every_grant: semaphore::tokens_rise_with_every_grant, "S3";
+            s04_waiters_granted_in_order: semaphore::waiters_granted_in_order, "S4";
+            s05_dead_holder_permit_returns: semaphore::dead_holder_permit_returns, "S5";
+            s05_cancelled_waiter_leaves_line: semaphore::cancelled_waiter_leaves_line, "S5";
+            s06_permits_are_released_one_by_one: semaphore::permits_are_released_one_by_one, "S6";
+            s07_holders_shows_everyone: semaphore::holders_shows_everyone, "S7";
+            s08_client_guard_learns_of_loss: semaphore::client_guard_learns_of_loss, "S5, C14";
+            rw01_readers_share_writer_excludes: rwlock::readers_share_writer_excludes, "S1";
+            rw02_waiting_writer_holds_back_new_readers: rwlock::waiting_writer_holds_back_new_readers, "S4, S3";
+            rw03_writer_token_above_every_earlier_grant: rwlock::writer_token_above_every_earlier_grant, "S3";
+            rw04_writer_not_starved_by_readers: rwlock::writer_not_starved_by_readers, "S4";
+            rw05_dead_writer_expires: rwlock::dead_writer_expires, "S5";
+            rw06_client_rw_lock: rwlock::client_rw_lock, "S1, S2, C12";
+            m01_multi_all_or_nothing: multi::multi_all_or_nothing, "M";
+            m02_multi_opposite_orders_never_deadlock: multi::multi_opposite_orders_never_deadlock, "M";
+            m03_multi_timeout_releases_taken_keys: multi::multi_timeout_releases_taken_keys, "M, C9";
+            m04_multi_lost_with_any_member: multi::multi_lost_with_any_member, "M, C14";
+            e01_election_one_leader_rising_terms: multi::election_one_leader_rising_terms, "E";
+            e02_election_observe_sees_changes: multi::election_observe_sees_changes, "E";
+            e03_election_leader_learns_of_loss: multi::election_leader_learns_of_loss, "E, C14";
         }
     };
 }
@@ -141,7 +164,12 @@ macro_rules! __expand_cases {
             #[doc = concat!("Conformance case `", stringify!($name), "` (", $contract, ").")]
             #[test]
             fn $name() {
-                $crate::__private::run_test(stringify!($name), SKIPS, || async { $make });
+                $crate::__private::run_test(
+                    stringify!($name),
+                    SKIPS,
+                    WITHOUT_SEMAPHORES,
+                    || async { $make },
+                );
             }
         )*
     };
@@ -188,7 +216,7 @@ macro_rules! __expand_cases {
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($make:expr, skips = [$($skip:ident : $why:literal),* $(,)?] $(,)?) => {
+    (@module $make:expr, [$($skip:ident : $why:literal),*], $none:expr) => {
         mod conformance {
             #[allow(unused_imports)]
             use super::*;
@@ -197,6 +225,9 @@ macro_rules! conformance_tests {
             const SKIPS: &[$crate::DeclaredSkip] = &[
                 $($crate::DeclaredSkip::new(stringify!($skip), $why),)*
             ];
+            /// Why the store has no semaphores, when it has none: every
+            /// semaphore and reader-writer case is then declared skipped.
+            const WITHOUT_SEMAPHORES: Option<&str> = $none;
             $(
                 const _: () = ::core::assert!(
                     $crate::__private::is_case(stringify!($skip)),
@@ -206,6 +237,16 @@ macro_rules! conformance_tests {
 
             $crate::__with_cases!(@tests $make);
         }
+    };
+    (
+        $make:expr,
+        skips = [$($skip:ident : $why:literal),* $(,)?],
+        without_semaphores = $none:literal $(,)?
+    ) => {
+        $crate::conformance_tests!(@module $make, [$($skip: $why),*], Some($none));
+    };
+    ($make:expr, skips = [$($skip:ident : $why:literal),* $(,)?] $(,)?) => {
+        $crate::conformance_tests!(@module $make, [$($skip: $why),*], None);
     };
     ($make:expr $(,)?) => {
         $crate::conformance_tests!($make, skips = []);
@@ -266,6 +307,16 @@ pub fn judge(case: &str, result: CaseResult, declared: &[DeclaredSkip]) -> CaseR
 }
 
 type CaseFuture<'a> = Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
+
+/// Whether `case` checks semaphores or reader-writer locks (its contract
+/// names an `S` item): the cases a store without semaphores declares
+/// skipped all at once (`without_semaphores = "…"` in [`conformance_tests!`]).
+pub fn is_semaphore_case(case: &str) -> bool {
+    CASES
+        .iter()
+        .find(|c| c.name == case)
+        .is_some_and(|c| c.contract.split(", ").any(|x| x.starts_with('S')))
+}
 
 /// One conformance case.
 #[derive(Clone, Copy)]
@@ -432,12 +483,27 @@ pub mod __private {
     /// Body of every generated test: builds the harness on a fresh runtime,
     /// runs the case, judges the result against the declared skips and
     /// panics with the failure message.
-    pub fn run_test<H, F, Fut>(name: &str, declared: &[DeclaredSkip], make: F)
-    where
+    pub fn run_test<H, F, Fut>(
+        name: &str,
+        declared: &[DeclaredSkip],
+        without_semaphores: Option<&'static str>,
+        make: F,
+    ) where
         H: Harness,
         F: FnOnce() -> Fut,
         Fut: Future<Output = H>,
     {
+        let mut declared = declared.to_vec();
+        if let Some(why) = without_semaphores.filter(|_| crate::is_semaphore_case(name)) {
+            declared.push(DeclaredSkip::new(
+                crate::CASES
+                    .iter()
+                    .find(|c| c.name == name)
+                    .map_or("", |c| c.name),
+                why,
+            ));
+        }
+        let declared = declared.as_slice();
         let rt = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

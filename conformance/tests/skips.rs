@@ -160,7 +160,7 @@ fn report_problems_judge_every_case_and_every_declaration() {
 fn a_generated_test_fails_on_an_undeclared_skip() {
     let run = |declared: &'static [DeclaredSkip]| {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
-            fenced_conformance::__private::run_test(FIFO, declared, || async { no_fifo() })
+            fenced_conformance::__private::run_test(FIFO, declared, None, || async { no_fifo() })
         }))
     };
     let panic = run(&[]).expect_err("an undeclared skip must fail the test");
@@ -172,4 +172,35 @@ fn a_generated_test_fails_on_an_undeclared_skip() {
     );
     const DECLARED: &[DeclaredSkip] = &[DeclaredSkip::new(FIFO, "no fifo declared")];
     assert!(run(DECLARED).is_ok(), "a declared skip must pass");
+}
+
+/// `without_semaphores` declares every semaphore and reader-writer case of
+/// a store that has none skipped, and nothing else.
+#[test]
+fn without_semaphores_covers_exactly_the_semaphore_cases() {
+    const S01: &str = "s01_permits_bound_holders";
+    let run = |case: &'static str, none: Option<&'static str>| {
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            fenced_conformance::__private::run_test(case, &[], none, || async { no_fifo() })
+        }))
+    };
+    assert!(
+        run(S01, None).is_err(),
+        "a store without semaphores must fail s01 undeclared"
+    );
+    assert!(run(S01, Some("no semaphores here")).is_ok());
+    assert!(run("rw03_writer_token_above_every_earlier_grant", Some("none")).is_ok());
+    assert!(
+        run(FIFO, Some("no semaphores here")).is_err(),
+        "it must not cover other cases"
+    );
+    let semaphore_cases: Vec<&str> = CASES
+        .iter()
+        .map(|c| c.name)
+        .filter(|n| fenced_conformance::is_semaphore_case(n))
+        .collect();
+    assert!(semaphore_cases.len() >= 16, "{semaphore_cases:?}");
+    assert!(semaphore_cases
+        .iter()
+        .all(|n| n.starts_with('s') || n.starts_with("rw")));
 }

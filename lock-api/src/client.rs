@@ -4,7 +4,7 @@ use std::{
     collections::HashMap,
     fmt,
     future::Future,
-    sync::{Arc, Mutex, Weak},
+    sync::{Arc, Mutex, OnceLock, Weak},
     time::Duration,
 };
 
@@ -15,9 +15,10 @@ use crate::{
     guard::{run_until_lost, Held},
     holder::Holder,
     DistributedLock, Error, IntoLockKey, Label, LeaseHandle, LockGuard, LockKey, LockOptions,
-    Result, SafetyMargin, WaitPolicy,
+    Permits, Result, SafetyMargin, SemaphoreStore, WaitPolicy,
 };
 
+#[derive(Clone)]
 pub(crate) struct ClientConfig {
     pub(crate) ttl: Duration,
     pub(crate) wait: WaitPolicy,
@@ -37,9 +38,66 @@ pub(crate) struct ClientInner {
     held: Mutex<HashMap<(LockKey, Holder), Weak<Held>>>,
     /// The watchdogs' renewals, batched (renewer.rs).
     pub(crate) renewer: crate::renewer::Renewer,
+    /// On the client of a store's semaphores (`lock` is then that
+    /// semaphore store): where permits are asked for.
+    pub(crate) semaphores: Option<Arc<dyn SemaphoreStore>>,
+    /// The client of this store's semaphores, made on first use: same
+    /// policy, its own holds and renewals (permit leases are renewed and
+    /// released through the semaphore store).
+    permit_side: OnceLock<Arc<ClientInner>>,
+}
+
+/// What an acquisition asks the store for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// The key's mutex.
+    Mutex,
+    /// Permits of the key's semaphore or reader-writer lock.
+    Permits(Permits),
 }
 
 impl ClientInner {
+    fn new(lock: Arc<dyn DistributedLock>, config: ClientConfig) -> Self {
+        ClientInner {
+            backend: lock.capabilities().backend_name(),
+            renewer: crate::renewer::Renewer::new(config.ttl),
+            lock,
+            config,
+            held: Mutex::new(HashMap::new()),
+            semaphores: None,
+            permit_side: OnceLock::new(),
+        }
+    }
+
+    /// The client of this store's semaphores (see `permit_side`).
+    ///
+    /// A permit is never re-entered: a task asking again for a key it holds
+    /// permits of gets [`Error::AlreadyHeld`] at once (a reader asking again
+    /// behind a waiting writer, or a writer asking to read, would otherwise
+    /// wait on itself).
+    pub(crate) fn permit_side(self: &Arc<Self>) -> Result<Arc<ClientInner>> {
+        if self.semaphores.is_some() {
+            return Ok(Arc::clone(self));
+        }
+        if let Some(side) = self.permit_side.get() {
+            return Ok(Arc::clone(side));
+        }
+        let Some(store) = self.lock.semaphores() else {
+            return Err(Error::Unsupported {
+                backend: self.backend,
+                what: "semaphores or reader-writer locks".into(),
+            });
+        };
+        let lock: Arc<dyn DistributedLock> = store.clone();
+        let config = ClientConfig {
+            reentrant: false,
+            ..self.config.clone()
+        };
+        let mut side = ClientInner::new(lock, config);
+        side.semaphores = Some(store);
+        Ok(Arc::clone(self.permit_side.get_or_init(|| Arc::new(side))))
+    }
+
     /// Removes a finished hold from the reentrancy map (if it is still the entry).
     pub(crate) fn forget(&self, held: &Arc<Held>) {
         let mut map = self.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -149,9 +207,9 @@ impl ClientInner {
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    inner: Arc<ClientInner>,
+    pub(crate) inner: Arc<ClientInner>,
     /// Stored with every acquisition of this handle (see [`with_label`](Self::with_label)).
-    label: Option<Label>,
+    pub(crate) label: Option<Label>,
 }
 
 impl LockClient {
@@ -260,7 +318,7 @@ impl LockClient {
     /// wrapped in a guard, never renewed, and expires after its TTL.
     pub async fn acquire_with(&self, key: impl IntoLockKey, wait: WaitPolicy) -> Result<LockGuard> {
         let key = key.into_lock_key()?;
-        match self.take(key.clone(), Some(wait)).await? {
+        match self.take(key.clone(), Some(wait), Request::Mutex).await? {
             Some(guard) => Ok(guard),
             // `take` with a wait policy never reports plain contention.
             None => Err(Error::Timeout {
@@ -285,7 +343,7 @@ impl LockClient {
     /// once the future has completed).
     pub async fn try_acquire(&self, key: impl IntoLockKey) -> Result<Option<LockGuard>> {
         let key = key.into_lock_key()?;
-        self.take(key, None).await
+        self.take(key, None, Request::Mutex).await
     }
 
     /// Runs `work` while holding `key`, then releases it.
@@ -349,7 +407,12 @@ impl LockClient {
         }
     }
 
-    async fn take(&self, key: LockKey, wait: Option<WaitPolicy>) -> Result<Option<LockGuard>> {
+    pub(crate) async fn take(
+        &self,
+        key: LockKey,
+        wait: Option<WaitPolicy>,
+        request: Request,
+    ) -> Result<Option<LockGuard>> {
         let cfg = &self.inner.config;
         let holder = Holder::current();
         if let Some(held) = crate::holder::scoped_hold(&self.inner, &key, holder) {
@@ -387,7 +450,7 @@ impl LockClient {
                 )),
                 _ => wait,
             };
-            let Some(lease) = self.acquire_once(&key, round).await? else {
+            let Some(lease) = self.acquire_once(&key, round, request).await? else {
                 return Ok(None);
             };
             if let Some(lease) = self.confirm(lease).await? {
@@ -447,6 +510,7 @@ impl LockClient {
         &self,
         key: &LockKey,
         wait: Option<WaitPolicy>,
+        request: Request,
     ) -> Result<Option<crate::Lease>> {
         let cfg = &self.inner.config;
         let backend = self.inner.backend;
@@ -460,10 +524,22 @@ impl LockClient {
             opts = opts.label(label.as_str());
         }
         let opts = opts.build()?;
+        let store = &self.inner.lock;
+        let acquire = || async {
+            match (request, &self.inner.semaphores) {
+                (Request::Permits(p), Some(sem)) => sem.acquire_permits(key, p, &opts).await,
+                _ => store.acquire(key, &opts).await,
+            }
+        };
         let lease = async {
             match wait {
-                None => self.inner.lock.try_acquire(key, &opts).await,
-                Some(WaitPolicy::NoWait) => self.inner.lock.acquire(key, &opts).await.map(Some),
+                None => match (request, &self.inner.semaphores) {
+                    (Request::Permits(p), Some(sem)) => {
+                        sem.try_acquire_permits(key, p, &opts).await
+                    }
+                    _ => store.try_acquire(key, &opts).await,
+                },
+                Some(WaitPolicy::NoWait) => acquire().await.map(Some),
                 // The policy allows waiting: the store's acquire is the wait.
                 Some(w) => {
                     let timeout_ms = match w {
@@ -472,12 +548,7 @@ impl LockClient {
                     };
                     let waiting =
                         tracing::debug_span!("fenced.wait", key = %key, backend, timeout_ms);
-                    self.inner
-                        .lock
-                        .acquire(key, &opts)
-                        .instrument(waiting)
-                        .await
-                        .map(Some)
+                    acquire().instrument(waiting).await.map(Some)
                 }
             }
         }
@@ -655,21 +726,16 @@ impl LockClientBuilder {
         let renew_interval = self
             .watchdog
             .then(|| self.renew_interval.unwrap_or(self.ttl / 3));
+        let config = ClientConfig {
+            ttl: self.ttl,
+            wait: self.wait,
+            renew_interval,
+            max_hold: self.max_hold,
+            reentrant: self.reentrant,
+            margin: self.margin,
+        };
         LockClient {
-            inner: Arc::new(ClientInner {
-                backend: self.lock.capabilities().backend_name(),
-                lock: self.lock,
-                config: ClientConfig {
-                    ttl: self.ttl,
-                    wait: self.wait,
-                    renew_interval,
-                    max_hold: self.max_hold,
-                    reentrant: self.reentrant,
-                    margin: self.margin,
-                },
-                held: Mutex::new(HashMap::new()),
-                renewer: crate::renewer::Renewer::new(self.ttl),
-            }),
+            inner: Arc::new(ClientInner::new(self.lock, config)),
             label,
         }
     }

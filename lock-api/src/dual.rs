@@ -74,6 +74,11 @@ pub enum TokenSource {
 /// dual.release(&lease).await?;
 /// # Ok(()) }
 /// ```
+///
+/// It migrates mutexes only: [`semaphores`](DistributedLock::semaphores) is
+/// `None`, so semaphores and reader-writer locks are refused during a
+/// migration ([`Error::Unsupported`](crate::Error::Unsupported)) rather than
+/// held in one store while the other nodes look in the other.
 pub struct DualLock {
     old: Arc<dyn DistributedLock>,
     new: Arc<dyn DistributedLock>,

@@ -56,6 +56,20 @@ pub enum Error {
         key: LockKey,
     },
 
+    /// The key is in use as another kind of lock: a semaphore with another
+    /// number of permits, or a semaphore where a reader-writer lock was asked
+    /// for (see [`Permits`](crate::Permits)). Every holder of a key must ask
+    /// for the same kind; the request changed nothing.
+    #[error("lock `{key}` is in use as {held_as}, not as {asked_as}; every holder of a key must ask for the same kind of lock")]
+    KindMismatch {
+        /// The key.
+        key: LockKey,
+        /// What the key's current holders and waiters agreed on, e.g. `a semaphore of 4 permits`.
+        held_as: String,
+        /// What this request asked for.
+        asked_as: String,
+    },
+
     /// The key failed validation (see [`LockKey`]). Nothing was sent to the store.
     #[error("invalid lock key: {reason}")]
     InvalidKey {

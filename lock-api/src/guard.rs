@@ -421,6 +421,12 @@ impl LeaseHandle {
     pub fn lost_token(&self) -> CancellationToken {
         self.held.lost.child_token()
     }
+
+    /// A token cancelled when the hold ends for any reason (released,
+    /// dropped, lost): what a helper task watching the hold stops on.
+    pub(crate) fn ended_token(&self) -> CancellationToken {
+        self.held.stop.child_token()
+    }
 }
 
 impl fmt::Debug for LeaseHandle {

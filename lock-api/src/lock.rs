@@ -234,6 +234,17 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The store's semaphores and reader-writer locks, when it has them
+    /// (see [`SemaphoreStore`](crate::SemaphoreStore)); `None`, the default,
+    /// otherwise. Their keys are a namespace of their own, beside this
+    /// store's mutex keys.
+    ///
+    /// [`LockClient::semaphore`](crate::LockClient::semaphore) and
+    /// [`LockClient::rw_lock`](crate::LockClient::rw_lock) go through it.
+    fn semaphores(&self) -> Option<Arc<dyn crate::SemaphoreStore>> {
+        None
+    }
+
     /// What this backend can promise.
     fn capabilities(&self) -> Capabilities;
 }
@@ -276,6 +287,9 @@ macro_rules! forward_impl {
             }
             fn loss_signal(&self, lease: &Lease) -> Option<CancellationToken> {
                 (**self).loss_signal(lease)
+            }
+            fn semaphores(&self) -> Option<Arc<dyn crate::SemaphoreStore>> {
+                (**self).semaphores()
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()

@@ -56,6 +56,9 @@ pub struct MemoryLock {
 #[derive(Debug, Default)]
 struct Store {
     state: Mutex<State>,
+    /// The semaphores and reader-writer locks (permits.rs): a namespace of
+    /// their own.
+    permits: Mutex<permits::PermitState>,
     available: AtomicBool,
     next_waiter: AtomicU64,
 }
@@ -537,7 +540,14 @@ impl DistributedLock for MemoryLock {
             .fencing(true)
             .reentrant(true)
     }
+
+    fn semaphores(&self) -> Option<Arc<dyn crate::SemaphoreStore>> {
+        Some(Arc::new(self.memory_semaphores()))
+    }
 }
+
+mod permits;
+pub use permits::MemorySemaphores;
 
 #[cfg(test)]
 mod tests;

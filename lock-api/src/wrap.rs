@@ -102,6 +102,13 @@ pub trait WrapLock: Send + Sync + std::fmt::Debug {
     fn capabilities(&self) -> Capabilities {
         self.inner().capabilities()
     }
+
+    /// [`DistributedLock::semaphores`]; by default the inner store's, which
+    /// the overrides above do not touch: a wrapper that must change
+    /// semaphores too overrides this.
+    fn semaphores(&self) -> Option<std::sync::Arc<dyn crate::SemaphoreStore>> {
+        self.inner().semaphores()
+    }
 }
 
 /// Makes a [`WrapLock`] type a [`DistributedLock`] (every call goes to its
@@ -163,6 +170,11 @@ macro_rules! wrap_lock {
             }
             fn capabilities(&self) -> $crate::Capabilities {
                 $crate::WrapLock::capabilities(self)
+            }
+            fn semaphores(
+                &self,
+            ) -> Option<::std::sync::Arc<dyn $crate::SemaphoreStore>> {
+                $crate::WrapLock::semaphores(self)
             }
         }
     )+};

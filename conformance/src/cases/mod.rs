@@ -17,7 +17,10 @@ pub mod expiry;
 pub mod fencing;
 pub mod input;
 pub mod label;
+pub mod multi;
 pub mod owner;
+pub mod rwlock;
+pub mod semaphore;
 pub mod waiting;
 
 /// A key unique to this case invocation, so cases never meet even when
