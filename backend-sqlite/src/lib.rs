@@ -7,6 +7,7 @@ mod error;
 pub mod fence;
 mod list;
 mod lock;
+mod permits;
 mod pool;
 mod schema;
 mod unique_key;
@@ -17,6 +18,7 @@ pub use config::{
     DEFAULT_TABLE,
 };
 pub use lock::{SqliteLock, SqliteLockBuilder};
+pub use permits::SqlitePermits;
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;
 

@@ -67,7 +67,7 @@ impl Scans {
     }
 }
 
-fn info_from_row(key: &LockKey, row: &SqliteRow) -> Result<LockInfo> {
+pub(crate) fn info_from_row(key: &LockKey, row: &SqliteRow) -> Result<LockInfo> {
     let owner: Vec<u8> = row.try_get(0).db()?;
     let id: i64 = row.try_get(1).db()?;
     let count: i64 = row.try_get(2).db()?;

@@ -20,6 +20,7 @@ use crate::{
     config::{self, SqliteConfig, Synchronous, TableName},
     error,
     list::Scans,
+    permits::SqlitePermits,
     pool,
     schema::{self, Upgrade},
     unique_key::UniqueKey,
@@ -41,6 +42,7 @@ struct Inner {
     engine: UniqueKey,
     scans: Scans,
     polling: Polling,
+    permits: SqlitePermits,
 }
 
 impl fmt::Debug for SqliteLock {
@@ -152,10 +154,12 @@ impl SqliteLockBuilder {
             pool.close().await;
             return Err(e);
         }
+        let polling = wait::polling(&config).await;
         let inner = Inner {
             engine: UniqueKey::new(pool.clone(), &config.table),
+            permits: SqlitePermits::new(pool.clone(), &config.table, polling.scope()),
             scans: Scans::new(pool, &config.table),
-            polling: wait::polling(&config).await,
+            polling,
             config,
         };
         Ok(SqliteLock {
@@ -296,6 +300,10 @@ impl DistributedLock for SqliteLock {
             .durable(true)
             .fencing(true)
             .reentrant(true)
+    }
+
+    fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
+        Some(Arc::new(self.inner.permits.clone()))
     }
 }
 

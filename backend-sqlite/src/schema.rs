@@ -26,10 +26,16 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0002_holder_label.sql"),
         compatible: true,
     },
+    Migration {
+        version: 3,
+        name: "permits",
+        sql: include_str!("../migrations/0003_permits.sql"),
+        compatible: true,
+    },
 ];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// What to do when the tables of a name are older than this build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

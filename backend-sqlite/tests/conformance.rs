@@ -9,4 +9,4 @@ use common::SqliteHarness;
 
 fenced_conformance::conformance_tests!(SqliteHarness::new().await, skips = [
     c08_waiters_served_in_order: "SQLite has no native wait: waiters poll and declare no fifo",
-], without_semaphores = "SQLite has no semaphores yet (issue 18)");
+]);

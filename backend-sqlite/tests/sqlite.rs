@@ -502,7 +502,7 @@ async fn concurrent_first_opens_of_a_new_file_all_succeed() {
 async fn schema_is_created_on_connect_and_migrate_is_idempotent() {
     let file = fresh_file("schema");
     let url = url_for(&file, "fenced_schema", "");
-    assert_eq!(SqliteLock::migrate(&url).await.unwrap(), vec![1, 2]);
+    assert_eq!(SqliteLock::migrate(&url).await.unwrap(), vec![1, 2, 3]);
     assert!(SqliteLock::migrate(&url).await.unwrap().is_empty());
     let other = url_for(&file, "fenced_other", "");
     SqliteLock::connect(&other).await.unwrap();

@@ -740,3 +740,152 @@ async fn run_fits_the_grace_to_a_lease_granted_shorter_than_asked() {
     ]);
     assert_success(&out, "the default grace fits the granted lease");
 }
+
+/// Runs `procs` processes × `rounds` of `fenced run --key KEY MODE… -- script`,
+/// the script logging `start end token role`; returns the intervals.
+fn contend_family(
+    url: &str,
+    dir: &Path,
+    key: &str,
+    modes: &[&[&str]],
+    rounds: usize,
+) -> Vec<(u128, u128, u64, String)> {
+    let log = dir.join(format!("{key}.log"));
+    let mut children = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let role = format!("{}{i}", mode.join(""));
+        let script = format!(
+            "s=$(date +%s%N); sleep 0.1; e=$(date +%s%N); echo \"$s $e $FENCED_TOKEN {role}\" >> {l}",
+            l = log.display()
+        );
+        let (url, key) = (url.to_owned(), key.to_owned());
+        let mode: Vec<String> = mode.iter().map(|s| (*s).to_owned()).collect();
+        children.push(std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let mut args = vec![
+                    "--url", &url, "run", "--key", &key, "--ttl", "10s", "--wait", "60s",
+                ];
+                args.extend(mode.iter().map(String::as_str));
+                args.extend(["--", "sh", "-c", &script]);
+                assert_success(&fenced(&args), "fenced run failed");
+            }
+        }));
+    }
+    for c in children {
+        c.join().unwrap();
+    }
+    std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Vec<&str> = l.split_whitespace().collect();
+            (
+                v[0].parse().unwrap(),
+                v[1].parse().unwrap(),
+                v[2].parse().unwrap(),
+                v[3].to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The most intervals that overlap at one instant.
+fn most_at_once(intervals: &[(u128, u128, u64, String)]) -> usize {
+    let mut edges: Vec<(u128, i32)> = intervals
+        .iter()
+        .flat_map(|(s, e, _, _)| [(*s, 1), (*e, -1)])
+        .collect();
+    // Ends before starts at the same instant: touching is not overlapping.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    usize::try_from(most).unwrap()
+}
+
+/// `--permits 2`: four processes × 3 rounds never run more than 2 at once,
+/// and they do share (2 at once happens); every permit has its own token.
+/// Another number of permits on the key, or a reader, is refused (78).
+#[test]
+fn permits_bound_concurrent_commands() {
+    let (dir, url) = sqlite_store("permits");
+    let sem: &[&str] = &["--permits", "2"];
+    let runs = contend_family(&url, dir.as_ref(), "pool", &[sem, sem, sem, sem], 3);
+    assert_eq!(runs.len(), 12);
+    let most = most_at_once(&runs);
+    assert!(most <= 2, "{most} commands ran at once under --permits 2");
+    assert_eq!(most, 2, "the semaphore never let two commands share it");
+    let mut tokens: Vec<u64> = runs.iter().map(|r| r.2).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 12, "permits shared a token");
+
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args([
+            "--url",
+            &url,
+            "run",
+            "--key",
+            "pool",
+            "--permits",
+            "2",
+            "--",
+            "sleep",
+            "5",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    status_once_held(&url, &["pool"], Duration::from_secs(10));
+    for other in [
+        &["--permits", "3"][..],
+        &["--shared"][..],
+        &["--exclusive"][..],
+    ] {
+        let mut args = vec!["--url", &url, "run", "--key", "pool"];
+        args.extend(other);
+        args.extend(["--", "true"]);
+        let out = fenced(&args);
+        assert_exit(&out, 78);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("in use as a semaphore of 2 permits"),
+            "{other:?}: {err}"
+        );
+    }
+    let v = status_json(&url, &["pool"]);
+    assert_eq!(v[0]["lock"], "permit", "{v}");
+    assert_eq!(v[0]["permits"], 2, "{v}");
+    terminate(&mut holder, "the permit holder");
+}
+
+/// `--shared` and `--exclusive`: readers run together, a writer never
+/// beside anyone, and each writer's token is above every run before it.
+#[test]
+fn readers_share_and_writers_run_alone() {
+    let (dir, url) = sqlite_store("rw");
+    let r: &[&str] = &["--shared"];
+    let w: &[&str] = &["--exclusive"];
+    let runs = contend_family(&url, dir.as_ref(), "config", &[r, r, r, w], 3);
+    assert_eq!(runs.len(), 12);
+    assert!(most_at_once(&runs) >= 2, "readers never ran together");
+    for (ws, we, wt, role) in runs.iter().filter(|r| r.3.starts_with("--exclusive")) {
+        for (s, e, t, other) in &runs {
+            if t == wt {
+                continue;
+            }
+            assert!(
+                e <= ws || s >= we,
+                "{other} ({s}..{e}) ran beside the writer {role} ({ws}..{we})"
+            );
+            if e <= ws {
+                assert!(
+                    t < wt,
+                    "a run before the writer has token {t} ≥ the writer's {wt}"
+                );
+            }
+        }
+    }
+}

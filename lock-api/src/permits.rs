@@ -37,7 +37,9 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 
-use crate::{DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, Result};
+use crate::{
+    DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions, Owner, Result,
+};
 
 /// What one acquisition asks of a key in a [`SemaphoreStore`]: the key's
 /// capacity, which every holder of the key must agree on, and this request's
@@ -309,6 +311,209 @@ pub trait SemaphoreStore: DistributedLock {
 /// or gone) leaves the line after at most one TTL.
 pub fn waiter_refresh(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
+}
+
+/// What a store with no native wait does on the first look at a line:
+/// see [`LineStore`].
+#[derive(Debug)]
+pub enum Arrival {
+    /// Granted at once (or re-entered): the lease.
+    Granted(Lease),
+    /// An entry was put at the end of the line with this token; it is not
+    /// granted yet.
+    Queued(FencingToken),
+    /// Not granted, and not queued (the caller asked not to).
+    Busy,
+}
+
+/// What a later look at a queued entry finds: see [`LineStore`].
+#[derive(Debug)]
+pub enum Look {
+    /// The entry is granted; its lease starts with this look.
+    Granted(Lease),
+    /// Still waiting (its place renewed if asked).
+    Waiting,
+    /// The entry is gone: its place expired or was force-released.
+    Gone,
+}
+
+/// The steps of the line model for stores without a native wait (the SQL
+/// stores): [`acquire_in_line`] and [`try_acquire_in_line`] build
+/// `SemaphoreStore`'s acquisitions from them, polling with backoff and woken
+/// early by releases in the same process.
+///
+/// Each step must be atomic on the store: `arrive` decides the grant (no
+/// entry may be added before an earlier one it did not count) and `look`
+/// may rely on entries before a granted one only ever leaving.
+#[async_trait]
+pub trait LineStore: Send + Sync {
+    /// Purges the key's expired entries, checks the capacity and re-entry,
+    /// and grants `permits` if everything in line plus them fits; otherwise
+    /// queues an entry when `queue`.
+    async fn arrive(
+        &self,
+        key: &LockKey,
+        permits: Permits,
+        opts: &LockOptions,
+        owner: &Owner,
+        queue: bool,
+    ) -> Result<Arrival>;
+
+    /// Looks at the entry `token` of `owner`: granted (its lease starts
+    /// now, for `opts.ttl()`), waiting (its place renewed for `opts.ttl()`
+    /// when `renew`), or gone.
+    async fn look(
+        &self,
+        key: &LockKey,
+        opts: &LockOptions,
+        owner: &Owner,
+        token: FencingToken,
+        renew: bool,
+    ) -> Result<Look>;
+
+    /// Takes a waiting entry out of the line (timeout, cancellation).
+    async fn leave(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<()>;
+}
+
+/// `SemaphoreStore::try_acquire_permits` from a [`LineStore`].
+///
+/// # Errors
+///
+/// Those of [`LineStore::arrive`].
+pub async fn try_acquire_in_line<L: LineStore + ?Sized>(
+    store: &L,
+    key: &LockKey,
+    permits: Permits,
+    opts: &LockOptions,
+) -> Result<Option<Lease>> {
+    let owner = opts.owner_or_random();
+    match store.arrive(key, permits, opts, &owner, false).await? {
+        Arrival::Granted(lease) => Ok(Some(lease)),
+        Arrival::Queued(token) => {
+            // A store that queued anyway: leave again, report contention.
+            store.leave(key, &owner, token).await?;
+            Ok(None)
+        }
+        Arrival::Busy => Ok(None),
+    }
+}
+
+/// `SemaphoreStore::acquire_permits` from a [`LineStore`]: takes a place in
+/// line, then looks again after each local release in `scope` (see
+/// [`Polling`](crate::wait::Polling) for scopes) or after a backoff delay,
+/// renewing the place every third of its TTL. A waiter that times out, or
+/// whose future is dropped, leaves the line (dropped: by a spawned `leave`
+/// inside a tokio runtime, else at its TTL).
+///
+/// # Errors
+///
+/// [`Error::Timeout`] at the wait bound; the errors of the store's steps
+/// (the entry then expires after its TTL).
+pub async fn acquire_in_line<L: LineStore + Clone + 'static>(
+    store: &L,
+    scope: &str,
+    key: &LockKey,
+    permits: Permits,
+    opts: &LockOptions,
+    backoff: crate::wait::Backoff,
+) -> Result<Lease> {
+    let start = tokio::time::Instant::now();
+    let deadline = crate::wait::wait_deadline(opts.wait(), start);
+    let timeout = || Error::Timeout {
+        key: key.clone(),
+        waited: start.elapsed(),
+    };
+    let owner = opts.owner_or_random();
+    let queue = deadline.is_none_or(|d| d > start);
+    let mut token = match store.arrive(key, permits, opts, &owner, queue).await? {
+        Arrival::Granted(lease) => return Ok(lease),
+        Arrival::Busy => return Err(timeout()),
+        Arrival::Queued(token) => token,
+    };
+    let mut place = Place {
+        store: store.clone(),
+        key: key.clone(),
+        owner: owner.clone(),
+        token: Some(token),
+    };
+    let line = crate::wait::line(scope, key);
+    let refresh = waiter_refresh(opts.ttl());
+    let mut renewed_at = tokio::time::Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        let changed = line.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let now = tokio::time::Instant::now();
+        let renew = now >= renewed_at + refresh;
+        match store.look(key, opts, &owner, token, renew).await? {
+            Look::Granted(lease) => {
+                place.token = None;
+                return Ok(lease);
+            }
+            Look::Waiting => {
+                if renew {
+                    renewed_at = now;
+                }
+            }
+            Look::Gone => {
+                // Force-released (or not renewed in time): line up again.
+                match store.arrive(key, permits, opts, &owner, true).await? {
+                    Arrival::Granted(lease) => {
+                        place.token = None;
+                        return Ok(lease);
+                    }
+                    Arrival::Busy => return Err(timeout()),
+                    Arrival::Queued(again) => {
+                        token = again;
+                        place.token = Some(again);
+                        renewed_at = tokio::time::Instant::now();
+                    }
+                }
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            place.token = None;
+            store.leave(key, &owner, token).await?;
+            return Err(timeout());
+        }
+        let mut wake = (now + backoff.delay(attempt)).min(renewed_at + refresh);
+        if let Some(d) = deadline {
+            wake = wake.min(d);
+        }
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            _ = &mut changed => attempt = 0,
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+/// A queued entry that leaves the line when its `acquire` ends without a
+/// grant, including when the future is dropped.
+struct Place<L: LineStore + Clone + 'static> {
+    store: L,
+    key: LockKey,
+    owner: Owner,
+    token: Option<FencingToken>,
+}
+
+impl<L: LineStore + Clone + 'static> Drop for Place<L> {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        // Without a runtime the entry expires after its TTL.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (store, key, owner) = (self.store.clone(), self.key.clone(), self.owner.clone());
+            rt.spawn(async move {
+                if let Err(e) = store.leave(&key, &owner, token).await {
+                    tracing::debug!(key = %key, error = %e, "a cancelled waiter could not leave the line; it expires after its ttl");
+                }
+            });
+        }
+    }
 }
 
 macro_rules! forward_semaphores {

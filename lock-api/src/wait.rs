@@ -84,10 +84,10 @@ pub fn wait_deadline(policy: WaitPolicy, start: Instant) -> Option<Instant> {
 /// and a release by a local holder goes to the longest-waiting local task
 /// instead of whichever poll happens to land first.
 #[derive(Default)]
-struct Line {
+pub(crate) struct Line {
     state: Mutex<LineState>,
     /// Signalled when the head leaves the line or the key is released locally.
-    changed: Notify,
+    pub(crate) changed: Notify,
 }
 
 #[derive(Default)]
@@ -162,7 +162,7 @@ fn registry() -> &'static Mutex<Registry> {
 /// `scope` identifies the store and namespace (e.g. `"mysql://db1/test#locks"`):
 /// instances that share a store must use the same scope so that a release by
 /// one wakes the waiters of another.
-fn line(scope: &str, key: &LockKey) -> Arc<Line> {
+pub(crate) fn line(scope: &str, key: &LockKey) -> Arc<Line> {
     let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     let id = (scope.to_owned(), key.clone());
     if let Some(l) = reg.lines.get(&id) {

@@ -130,6 +130,8 @@ const EXAMPLES: &str = "\
 Examples:
   fenced run --key nightly-report -- ./report.sh --full
   fenced run --key deploy --wait 5m --ttl 30s --max-hold 1h -- make deploy
+  fenced run --key gpu-pool --permits 4 --wait forever -- ./train.sh
+  fenced run --key config --shared -- ./read-config.sh      # --exclusive for the writer
   FENCED_URL=mysql://app:pw@db/app fenced run --key orders:1001 -- ./fix-order 1001
   fenced status                                  # every held lock (SQLite, memory)
   fenced status --url redis://127.0.0.1 nightly-report deploy --json
@@ -148,6 +150,9 @@ Exit codes of `run`: the command's own code (128+N if killed by signal N);
 const RUN_HELP: &str = "\
 Examples:
   fenced run --key nightly-report -- ./report.sh --full
+  fenced run --key gpu-pool --permits 4 --wait forever -- ./train.sh   # one of at most 4
+  fenced run --key config --shared --wait 1m -- ./read-config.sh        # readers together
+  fenced run --key config --exclusive --wait 1m -- ./rewrite-config.sh  # the writer, alone
   fenced run --key deploy --wait 5m --ttl 30s --max-hold 1h -- make deploy
   fenced run --key cron:cleanup --wait 0s -- sh -c 'echo token $FENCED_TOKEN; ./cleanup'
   FENCED_URL=redis://127.0.0.1:6379 fenced run --key orders:1001 --label \"$(hostname) cleanup\" -- ./fix-order 1001
@@ -283,6 +288,18 @@ pub(crate) struct RunArgs {
     /// margin (a longer one is refused). [default: 10s, or the largest that fits --ttl if less]
     #[arg(long, value_parser = parse_duration)]
     pub(crate) grace: Option<Duration>,
+    /// Run as one of at most N holders of KEY's semaphore (every holder of KEY must give
+    /// the same N). Semaphores and reader-writer locks are a namespace apart from plain keys.
+    #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive"],
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(fenced::Permits::MAX_PERMITS)))]
+    pub(crate) permits: Option<u32>,
+    /// Run as a reader of KEY's reader-writer lock: beside other readers, never beside its writer.
+    #[arg(long, conflicts_with = "exclusive")]
+    pub(crate) shared: bool,
+    /// Run as the writer of KEY's reader-writer lock: alone, after the readers before it;
+    /// readers that come later wait for it.
+    #[arg(long)]
+    pub(crate) exclusive: bool,
     /// A human-readable label stored with the lock and shown by `fenced status`
     /// (also FENCED_LABEL for the command). Default: host:pid of fenced.
     #[arg(long, value_name = "TEXT")]
@@ -418,33 +435,119 @@ async fn status(url: Option<String>, args: StatusArgs) -> u8 {
     }
 }
 
-/// Each key with its holder, or — with no keys — every held lock up to
-/// `limit`, in key order, with a note when there are more.
+/// One line of `status`: a key's mutex (held or free), or one holder of
+/// its semaphore or reader-writer lock.
+#[derive(Debug, Clone)]
+pub(crate) struct StatusRow {
+    pub(crate) key: LockKey,
+    /// `mutex`, `permit`, `reader` or `writer`.
+    pub(crate) lock: &'static str,
+    /// A semaphore's number of permits.
+    pub(crate) permits: Option<u32>,
+    pub(crate) info: Option<LockInfo>,
+}
+
+impl StatusRow {
+    fn mutex(key: LockKey, info: Option<LockInfo>) -> Self {
+        StatusRow {
+            key,
+            lock: "mutex",
+            permits: None,
+            info,
+        }
+    }
+
+    /// `mutex`, `reader`, `writer`, `permit/4` (one of 4).
+    fn lock_column(&self) -> String {
+        match self.permits {
+            Some(n) => format!("{}/{n}", self.lock),
+            None => self.lock.to_owned(),
+        }
+    }
+}
+
+/// The holders of `key`'s semaphore or reader-writer lock, and a note when
+/// some wait.
+async fn permit_rows(
+    sem: &dyn fenced::SemaphoreStore,
+    key: &LockKey,
+    rows: &mut Vec<StatusRow>,
+    notes: &mut Vec<String>,
+) -> Result<(), Error> {
+    let Some(line) = sem.holders(key).await? else {
+        return Ok(());
+    };
+    for h in line.holders {
+        rows.push(StatusRow {
+            key: key.clone(),
+            lock: h.permits.role(),
+            permits: (!h.permits.is_rw()).then_some(line.capacity),
+            info: Some(h.info),
+        });
+    }
+    if line.waiting > 0 {
+        notes.push(format!(
+            "`{key}` ({}): {} waiting",
+            fenced::Permits::describe_capacity(line.capacity),
+            line.waiting
+        ));
+    }
+    Ok(())
+}
+
+/// Each key with its holders (its mutex, held or free, and the holders of
+/// its semaphore or reader-writer lock), or — with no keys — every held
+/// lock up to `limit`, in key order, with a note when there are more.
 async fn status_rows(
     store: &dyn fenced::DistributedLock,
     keys: Vec<LockKey>,
     limit: usize,
-) -> Result<(Vec<(LockKey, Option<LockInfo>)>, Option<String>), Error> {
+) -> Result<(Vec<StatusRow>, Option<String>), Error> {
+    let sem = store.semaphores();
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
     if !keys.is_empty() {
         for key in keys {
             let info = store.inspect(&key).await?;
-            rows.push((key, info));
+            let held = info.is_some();
+            let at = rows.len();
+            rows.push(StatusRow::mutex(key.clone(), info));
+            if let Some(sem) = &sem {
+                permit_rows(sem.as_ref(), &key, &mut rows, &mut notes).await?;
+                // A free mutex beside a held semaphore is noise.
+                if !held && rows.len() > at + 1 {
+                    rows.remove(at);
+                }
+            }
         }
-        return Ok((rows, None));
+        return Ok((rows, (!notes.is_empty()).then(|| notes.join("; "))));
     }
-    let mut held = store.list(limit.saturating_add(1)).await?;
-    held.sort_by(|a, b| a.key.cmp(&b.key));
-    let mut note = None;
-    if held.len() > limit {
-        held.truncate(limit);
-        note = Some(format!(
+    let held = store.list(limit.saturating_add(1)).await?;
+    rows.extend(
+        held.into_iter()
+            .map(|i| StatusRow::mutex(i.key.clone(), Some(i))),
+    );
+    if let Some(sem) = &sem {
+        let mut keys: Vec<LockKey> = sem
+            .list(limit.saturating_add(1))
+            .await?
+            .into_iter()
+            .map(|i| i.key)
+            .collect();
+        keys.dedup();
+        for key in keys {
+            permit_rows(sem.as_ref(), &key, &mut rows, &mut notes).await?;
+        }
+    }
+    rows.sort_by(|a, b| a.key.cmp(&b.key));
+    if rows.len() > limit {
+        rows.truncate(limit);
+        notes.push(format!(
             "showing {limit} of the held locks (SQL stores and etcd: the first in key order; \
              Redis: the first its scan found); raise --limit to see more"
         ));
     }
-    rows.extend(held.into_iter().map(|i| (i.key.clone(), Some(i))));
-    Ok((rows, note))
+    Ok((rows, (!notes.is_empty()).then(|| notes.join("; "))))
 }
 
 /// What `status` says for a store without `list`: every built-in store
@@ -456,21 +559,31 @@ fn cannot_list(backend: &str) -> String {
     )
 }
 
-/// `[{"key", "held", "owner", "label", "token", "remaining_ms", "hold_count"}…]`
-/// (`label` null when the holder gave none or the store keeps none)
-/// (only `key` and `held` for a free key), one line.
-fn status_json(rows: &[(LockKey, Option<LockInfo>)]) -> String {
+/// `[{"key", "lock", "held", "owner", "label", "token", "remaining_ms", "hold_count"}…]`,
+/// one line: `lock` is `mutex`, `permit` (with `permits`, the semaphore's
+/// number), `reader` or `writer`; `label` null when the holder gave none or
+/// the store keeps none; only `key`, `lock` and `held` for a free key.
+fn status_json(rows: &[StatusRow]) -> String {
     let list: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(k, info)| match info {
-            Some(i) => serde_json::json!({
-                "key": k.as_str(), "held": true, "owner": i.owner.as_str(),
-                "label": i.label.as_ref().map(|l| l.as_str()),
-                "token": i.token.get(),
-                "remaining_ms": u64::try_from(i.remaining_ttl.as_millis()).unwrap_or(u64::MAX),
-                "hold_count": i.hold_count,
-            }),
-            None => serde_json::json!({ "key": k.as_str(), "held": false }),
+        .map(|row| {
+            let mut v = match &row.info {
+                Some(i) => serde_json::json!({
+                    "key": row.key.as_str(), "lock": row.lock, "held": true,
+                    "owner": i.owner.as_str(),
+                    "label": i.label.as_ref().map(|l| l.as_str()),
+                    "token": i.token.get(),
+                    "remaining_ms": u64::try_from(i.remaining_ttl.as_millis()).unwrap_or(u64::MAX),
+                    "hold_count": i.hold_count,
+                }),
+                None => {
+                    serde_json::json!({ "key": row.key.as_str(), "lock": row.lock, "held": false })
+                }
+            };
+            if let (Some(n), Some(obj)) = (row.permits, v.as_object_mut()) {
+                obj.insert("permits".into(), n.into());
+            }
+            v
         })
         .collect();
     let mut out = serde_json::Value::Array(list).to_string();
@@ -478,25 +591,27 @@ fn status_json(rows: &[(LockKey, Option<LockInfo>)]) -> String {
     out
 }
 
-fn status_table(rows: &[(LockKey, Option<LockInfo>)]) -> String {
+fn status_table(rows: &[StatusRow]) -> String {
     // The label last: it is free text of any width.
-    let line = |k: &str, holder: &str, token: &str, ttl: &str, label: &str| {
-        format!("{k:<32} {holder:<38} {token:>12} {ttl:>10}  {label}")
+    let line = |k: &str, lock: &str, holder: &str, token: &str, ttl: &str, label: &str| {
+        format!("{k:<32} {lock:<12} {holder:<38} {token:>12} {ttl:>10}  {label}")
             .trim_end()
             .to_owned()
             + "\n"
     };
-    let mut out = line("KEY", "HOLDER", "TOKEN", "TTL", "LABEL");
-    for (k, info) in rows {
-        out.push_str(&match info {
+    let mut out = line("KEY", "LOCK", "HOLDER", "TOKEN", "TTL", "LABEL");
+    for row in rows {
+        let lock = row.lock_column();
+        out.push_str(&match &row.info {
             Some(i) => line(
-                k.as_str(),
+                row.key.as_str(),
+                &lock,
                 i.owner.as_str(),
                 &i.token.get().to_string(),
                 &format!("{:.1}s", i.remaining_ttl.as_secs_f64()),
                 i.label.as_ref().map_or("-", |l| l.as_str()),
             ),
-            None => line(k.as_str(), "-", "-", "free", ""),
+            None => line(row.key.as_str(), &lock, "-", "-", "free", ""),
         });
     }
     out
@@ -608,7 +723,7 @@ mod tests {
         // Named keys still work on it.
         let (rows, _) = status_rows(&store, vec![key.clone()], 10).await.unwrap();
         assert_eq!(rows.len(), 1);
-        assert!(rows[0].1.is_some());
+        assert!(rows[0].info.is_some());
     }
 
     #[tokio::test]
@@ -622,7 +737,7 @@ mod tests {
                 .unwrap();
         }
         let (rows, note) = status_rows(&store, vec![], 10).await.unwrap();
-        let keys: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+        let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(keys, ["a", "b", "c"]);
         assert!(note.is_none());
         let (rows, note) = status_rows(&store, vec![], 2).await.unwrap();

@@ -190,7 +190,22 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         say(&msg);
         return EXIT_CONFIG;
     }
-    let guard = match client.acquire(args.key.as_str()).await {
+    let taken = match (args.permits, args.shared, args.exclusive) {
+        (Some(n), _, _) => match client.semaphore(args.key.as_str(), n) {
+            Ok(pool) => pool.acquire().await,
+            Err(e) => Err(e),
+        },
+        (None, true, _) => match client.rw_lock(args.key.as_str()) {
+            Ok(rw) => rw.read().await,
+            Err(e) => Err(e),
+        },
+        (None, false, true) => match client.rw_lock(args.key.as_str()) {
+            Ok(rw) => rw.write().await,
+            Err(e) => Err(e),
+        },
+        (None, false, false) => client.acquire(args.key.as_str()).await,
+    };
+    let guard = match taken {
         Ok(g) => g,
         Err(Error::Timeout { key, waited }) => {
             say(&format!(

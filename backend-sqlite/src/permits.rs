@@ -1,0 +1,503 @@
+//! Semaphores and reader-writer locks in a SQLite file: the line model of
+//! [`fenced_api::permits`] on the table `<table>_permits`.
+//!
+//! * One row per entry of a key's line, holder or waiter. Its
+//!   `AUTOINCREMENT` id is both its place in line and its fencing token: ids
+//!   only grow, and SQLite runs one writer at a time, so ids are handed out
+//!   in the order entries join.
+//! * Joining the line is one `BEGIN IMMEDIATE` transaction: drop the key's
+//!   expired entries, read the rest (capacity, re-entry, total weight),
+//!   then insert.
+//! * An entry is granted once the weights of the live entries up to it fit
+//!   the capacity. Entries before it only ever leave, so a waiter can check
+//!   that with a plain read and then start its lease with an `UPDATE` that
+//!   requires the entry to be still live.
+//! * Waiters poll with backoff ([`fenced_api::permits::acquire_in_line`]),
+//!   renew their place every third of the TTL, and are woken at once by a
+//!   release in the same process.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fenced_api::{
+    permits::{self, Arrival, KeyHolders, LineStore, Look, PermitHolder, Permits, SemaphoreStore},
+    wait::{Backoff, Polling},
+    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
+    LockOptions, Owner, ReleaseOutcome, Result,
+};
+use fenced_sql::{rows::stored_key, sql, sqlite::NOW_US as NOW};
+use sqlx::{sqlite::SqliteRow, Row, SqlStr, SqlitePool};
+use tokio::time::Instant;
+
+use crate::{
+    config::TableName,
+    error::{self, SqlResultExt, SqliteBackend},
+    list::info_from_row,
+    unique_key::{token, RESOLUTION_US},
+};
+
+/// The store's semaphores: what [`SqliteLock::semaphores`](fenced_api::DistributedLock::semaphores)
+/// returns. Cheap to clone.
+#[derive(Clone)]
+pub struct SqlitePermits {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: SqlitePool,
+    sql: Sql,
+    /// Local waiters' wake-ups: the mutex scope with `#permits`.
+    polling: Polling,
+    capabilities: Capabilities,
+}
+
+impl std::fmt::Debug for SqlitePermits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlitePermits")
+            .field("scope", &self.inner.polling.scope())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Sql {
+    purge: SqlStr,
+    line: SqlStr,
+    reenter: SqlStr,
+    insert: SqlStr,
+    look: SqlStr,
+    start: SqlStr,
+    renew: SqlStr,
+    leave: SqlStr,
+    extend: SqlStr,
+    release_last: SqlStr,
+    release_one: SqlStr,
+    holders: SqlStr,
+    force: SqlStr,
+    list: SqlStr,
+}
+
+/// `ttl` as whole microseconds plus the clock's resolution (see unique_key.rs).
+fn expiry_us(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_micros())
+        .unwrap_or(i64::MAX / 2)
+        .saturating_add(RESOLUTION_US)
+}
+
+fn row_id(token: FencingToken) -> i64 {
+    i64::try_from(token.get()).unwrap_or(i64::MAX)
+}
+
+/// The columns `info_from_row` reads (0–4), then capacity and weight (5, 6).
+const INFO: &str = "owner, id, reentrant_count, expire_at - ({NOW} + {RESOLUTION_US}), label, \
+                    capacity, weight";
+
+impl Sql {
+    fn new(table: &TableName) -> Self {
+        let t = &table.quoted("_permits");
+        let info = INFO
+            .replace("{NOW}", NOW)
+            .replace("{RESOLUTION_US}", &RESOLUTION_US.to_string());
+        // The weight of the live entries of `e`'s key up to `e`.
+        let prefix = format!(
+            "(SELECT SUM(x.weight) FROM {t} x WHERE x.lock_key = e.lock_key AND x.id <= e.id \
+             AND x.expire_at > {NOW})"
+        );
+        Sql {
+            purge: sql!("DELETE FROM {t} WHERE lock_key = ?1 AND expire_at <= {NOW}"),
+            line: sql!(
+                "SELECT id, owner, capacity, weight FROM {t} WHERE lock_key = ?1 ORDER BY id"
+            ),
+            reenter: sql!(
+                "UPDATE {t} SET reentrant_count = reentrant_count + 1, \
+                 expire_at = MAX(expire_at, {NOW} + ?1) WHERE id = ?2"
+            ),
+            insert: sql!(
+                "INSERT INTO {t} (lock_key, owner, capacity, weight, reentrant_count, expire_at, \
+                 created_at, label) VALUES (?1, ?2, ?3, ?4, 1, {NOW} + ?5, {NOW}, ?6) RETURNING id"
+            ),
+            look: sql!(
+                "SELECT {prefix} <= e.capacity FROM {t} e \
+                 WHERE e.id = ?1 AND e.owner = ?2 AND e.expire_at > {NOW}"
+            ),
+            start: sql!(
+                "UPDATE {t} SET expire_at = {NOW} + ?1 \
+                 WHERE id = ?2 AND owner = ?3 AND expire_at > {NOW}"
+            ),
+            renew: sql!(
+                "UPDATE {t} SET expire_at = {NOW} + ?1 \
+                 WHERE id = ?2 AND owner = ?3 AND expire_at > {NOW}"
+            ),
+            leave: sql!("DELETE FROM {t} WHERE id = ?1 AND owner = ?2"),
+            // Re-entered: never cut the expiry another entry relies on.
+            extend: sql!(
+                "UPDATE {t} SET expire_at = CASE WHEN reentrant_count > 1 \
+                 THEN MAX(expire_at, {NOW} + ?1) ELSE {NOW} + ?1 END \
+                 WHERE id = ?2 AND owner = ?3 AND expire_at > {NOW}"
+            ),
+            release_last: sql!(
+                "DELETE FROM {t} WHERE id = ?1 AND owner = ?2 AND reentrant_count <= 1 \
+                 AND expire_at > {NOW}"
+            ),
+            release_one: sql!(
+                "UPDATE {t} SET reentrant_count = reentrant_count - 1 \
+                 WHERE id = ?1 AND owner = ?2 AND reentrant_count > 1 AND expire_at > {NOW} \
+                 RETURNING reentrant_count"
+            ),
+            holders: sql!(
+                "SELECT {info} FROM {t} WHERE lock_key = ?1 AND expire_at > {NOW} ORDER BY id"
+            ),
+            force: sql!("DELETE FROM {t} WHERE lock_key = ?1 RETURNING expire_at > {NOW}"),
+            list: sql!(
+                "SELECT {info}, lock_key FROM (SELECT *, SUM(weight) OVER \
+                 (PARTITION BY lock_key ORDER BY id) AS upto FROM {t} WHERE expire_at > {NOW}) \
+                 WHERE upto <= capacity ORDER BY lock_key, id LIMIT ?1"
+            ),
+        }
+    }
+}
+
+impl SqlitePermits {
+    pub(crate) fn new(pool: SqlitePool, table: &TableName, mutex_scope: &str) -> Self {
+        SqlitePermits {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Sql::new(table),
+                polling: Polling::new(format!("{mutex_scope}#permits")),
+                capabilities: Capabilities::none()
+                    .backend(error::BACKEND)
+                    .durable(true)
+                    .fencing(true)
+                    .reentrant(true)
+                    // Granted strictly in order of joining the line.
+                    .fifo(true),
+            }),
+        }
+    }
+
+    fn lease(key: &LockKey, owner: &Owner, id: i64, ttl: Duration, sent: Instant) -> Lease {
+        Lease::new(key.clone(), owner.clone(), token(id), ttl, sent)
+    }
+}
+
+#[async_trait]
+impl LineStore for SqlitePermits {
+    async fn arrive(
+        &self,
+        key: &LockKey,
+        permits: Permits,
+        opts: &LockOptions,
+        owner: &Owner,
+        queue: bool,
+    ) -> Result<Arrival> {
+        let sql = &self.inner.sql;
+        let sent = Instant::now();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
+        sqlx::query(sql.purge.clone())
+            .bind(key.as_bytes())
+            .execute(&mut *tx)
+            .await
+            .db()?;
+        let rows = sqlx::query(sql.line.clone())
+            .bind(key.as_bytes())
+            .fetch_all(&mut *tx)
+            .await
+            .db()?;
+        let mut total: i64 = 0;
+        let mut mine: Option<(i64, bool, i64)> = None;
+        for row in &rows {
+            let id: i64 = row.try_get(0).db()?;
+            let who: Vec<u8> = row.try_get(1).db()?;
+            let capacity: i64 = row.try_get(2).db()?;
+            let weight: i64 = row.try_get(3).db()?;
+            if capacity != i64::from(permits.capacity()) {
+                let held = u32::try_from(capacity).unwrap_or(u32::MAX);
+                return Err(permits.mismatch(key, held));
+            }
+            total += weight;
+            if who == owner.as_str().as_bytes() {
+                let granted = total <= capacity;
+                mine = Some((id, granted, weight));
+            }
+        }
+        if let Some((id, granted, weight)) = mine {
+            if !(opts.is_reentrant() && granted && weight == i64::from(permits.weight())) {
+                return Err(Error::AlreadyHeld { key: key.clone() });
+            }
+            sqlx::query(sql.reenter.clone())
+                .bind(expiry_us(opts.ttl()))
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+            tx.commit().await.db()?;
+            return Ok(Arrival::Granted(Self::lease(
+                key,
+                owner,
+                id,
+                opts.ttl(),
+                sent,
+            )));
+        }
+        let fits = total + i64::from(permits.weight()) <= i64::from(permits.capacity());
+        if !fits && !queue {
+            tx.rollback().await.db()?;
+            return Ok(Arrival::Busy);
+        }
+        let id: i64 = sqlx::query(sql.insert.clone())
+            .bind(key.as_bytes())
+            .bind(owner.as_str().as_bytes())
+            .bind(i64::from(permits.capacity()))
+            .bind(i64::from(permits.weight()))
+            .bind(expiry_us(opts.ttl()))
+            .bind(opts.label().map(Label::as_str))
+            .fetch_one(&mut *tx)
+            .await
+            .db()?
+            .try_get(0)
+            .db()?;
+        tx.commit().await.db()?;
+        Ok(if fits {
+            Arrival::Granted(Self::lease(key, owner, id, opts.ttl(), sent))
+        } else {
+            Arrival::Queued(token(id))
+        })
+    }
+
+    async fn look(
+        &self,
+        key: &LockKey,
+        opts: &LockOptions,
+        owner: &Owner,
+        token: FencingToken,
+        renew: bool,
+    ) -> Result<Look> {
+        let sql = &self.inner.sql;
+        let id = row_id(token);
+        let owner_bytes = owner.as_str().as_bytes();
+        let row = sqlx::query(sql.look.clone())
+            .bind(id)
+            .bind(owner_bytes)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .db()?;
+        let Some(row) = row else {
+            return Ok(Look::Gone);
+        };
+        let granted: bool = row.try_get(0).db()?;
+        if !granted && !renew {
+            return Ok(Look::Waiting);
+        }
+        let sent = Instant::now();
+        let statement = if granted { &sql.start } else { &sql.renew };
+        let done = sqlx::query(statement.clone())
+            .bind(expiry_us(opts.ttl()))
+            .bind(id)
+            .bind(owner_bytes)
+            .execute(&self.inner.pool)
+            .await
+            .db()?;
+        Ok(match (done.rows_affected(), granted) {
+            (0, _) => Look::Gone,
+            (_, true) => Look::Granted(Self::lease(key, owner, id, opts.ttl(), sent)),
+            (_, false) => Look::Waiting,
+        })
+    }
+
+    async fn leave(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<()> {
+        let done = sqlx::query(self.inner.sql.leave.clone())
+            .bind(row_id(token))
+            .bind(owner.as_str().as_bytes())
+            .execute(&self.inner.pool)
+            .await
+            .db()?;
+        if done.rows_affected() > 0 {
+            // Those behind it may be granted now.
+            self.inner.polling.freed(key);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SemaphoreStore for SqlitePermits {
+    async fn try_acquire_permits(
+        &self,
+        key: &LockKey,
+        permits: Permits,
+        opts: &LockOptions,
+    ) -> Result<Option<Lease>> {
+        permits::try_acquire_in_line(self, key, permits, opts).await
+    }
+
+    async fn acquire_permits(
+        &self,
+        key: &LockKey,
+        permits: Permits,
+        opts: &LockOptions,
+    ) -> Result<Lease> {
+        let scope = self.inner.polling.scope();
+        permits::acquire_in_line(self, scope, key, permits, opts, Backoff::default()).await
+    }
+
+    async fn holders(&self, key: &LockKey) -> Result<Option<KeyHolders>> {
+        let rows = sqlx::query(self.inner.sql.holders.clone())
+            .bind(key.as_bytes())
+            .fetch_all(&self.inner.pool)
+            .await
+            .db()?;
+        holders_from_rows(key, &rows)
+    }
+}
+
+/// The line of `key` (live entries in id order) as holders and waiters.
+fn holders_from_rows(key: &LockKey, rows: &[SqliteRow]) -> Result<Option<KeyHolders>> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let capacity = u32::try_from(first.try_get::<i64, _>(5).db()?).unwrap_or(u32::MAX);
+    let mut sum: i64 = 0;
+    let mut holders = Vec::new();
+    for row in rows {
+        let weight: i64 = row.try_get(6).db()?;
+        sum += weight;
+        if sum > i64::from(capacity) {
+            break;
+        }
+        holders.push(holder_from_row(key, row)?);
+    }
+    let waiting = rows.len() - holders.len();
+    Ok(Some(KeyHolders::new(
+        key.clone(),
+        capacity,
+        holders,
+        waiting,
+    )))
+}
+
+fn holder_from_row(key: &LockKey, row: &SqliteRow) -> Result<PermitHolder> {
+    let capacity: i64 = row.try_get(5).db()?;
+    let weight: i64 = row.try_get(6).db()?;
+    let permits = Permits::from_parts(
+        u32::try_from(capacity).unwrap_or(0),
+        u32::try_from(weight).unwrap_or(0),
+    )
+    .map_err(|_| {
+        Error::backend(
+            error::BACKEND,
+            false,
+            format!("an entry of `{key}` has capacity {capacity} and weight {weight}; was the table edited by hand?"),
+        )
+    })?;
+    Ok(PermitHolder::new(info_from_row(key, row)?, permits))
+}
+
+#[async_trait]
+impl DistributedLock for SqlitePermits {
+    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.try_acquire_permits(key, Permits::semaphore(1)?, opts)
+            .await
+    }
+
+    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
+        self.acquire_permits(key, Permits::semaphore(1)?, opts)
+            .await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = LockOptions::validate_ttl(ttl)?;
+        let sent = Instant::now();
+        let done = sqlx::query(self.inner.sql.extend.clone())
+            .bind(expiry_us(ttl))
+            .bind(row_id(lease.token))
+            .bind(lease.owner.as_str().as_bytes())
+            .execute(&self.inner.pool)
+            .await
+            .db()?;
+        if done.rows_affected() == 0 {
+            return Err(Error::lease_lost(
+                &lease.key,
+                lease.token,
+                "the permit expired or was force-released",
+            ));
+        }
+        Ok(lease.renewed(ttl, sent))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        let sql = &self.inner.sql;
+        let (id, owner) = (row_id(lease.token), lease.owner.as_str().as_bytes());
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
+        let gone = sqlx::query(sql.release_last.clone())
+            .bind(id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await
+            .db()?;
+        let outcome = if gone.rows_affected() == 1 {
+            ReleaseOutcome::Released
+        } else {
+            match sqlx::query(sql.release_one.clone())
+                .bind(id)
+                .bind(owner)
+                .fetch_optional(&mut *tx)
+                .await
+                .db()?
+            {
+                Some(row) => ReleaseOutcome::StillHeld {
+                    remaining: u32::try_from(row.try_get::<i64, _>(0).db()?).unwrap_or(u32::MAX),
+                },
+                None => ReleaseOutcome::NotHeld,
+            }
+        };
+        tx.commit().await.db()?;
+        Ok(self.inner.polling.released(&lease.key, outcome))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        Ok(self
+            .holders(key)
+            .await?
+            .and_then(|k| k.holders.into_iter().next())
+            .map(|h| h.info))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let rows = sqlx::query(self.inner.sql.force.clone())
+            .bind(key.as_bytes())
+            .fetch_all(&self.inner.pool)
+            .await
+            .db()?;
+        let mut live = false;
+        for row in &rows {
+            live |= row.try_get::<bool, _>(0).db()?;
+        }
+        if live {
+            tracing::warn!(key = %key, "semaphore force-released");
+        }
+        Ok(self.inner.polling.force_released(key, live))
+    }
+
+    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+        let rows = sqlx::query(self.inner.sql.list.clone())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.pool)
+            .await
+            .db()?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let raw: Vec<u8> = row.try_get(7).db()?;
+            let key = stored_key::<SqliteBackend>(&raw)?;
+            held.push(info_from_row(&key, row)?);
+        }
+        Ok(held)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities
+    }
+
+    /// Itself: a semaphore store's mutex is its semaphore of one permit.
+    fn semaphores(&self) -> Option<Arc<dyn SemaphoreStore>> {
+        Some(Arc::new(self.clone()))
+    }
+}
