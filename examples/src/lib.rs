@@ -4,10 +4,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod family;
 mod jobs;
 mod migration;
 mod resource;
 
+pub use family::{family, FamilyReport};
 pub use jobs::{cron_job, cron_node, quickstart, swap_by_config};
 pub use migration::{migrate_mysql_to_redis, Phase};
 pub use resource::{fenced_resource, transactional_row_lock, FencedResource};

@@ -157,6 +157,22 @@ async fn cron_job_runs_exactly_once_per_tick_across_processes() {
     }
 }
 
+/// The family example on every store that has semaphores: two permits at
+/// most, fenced writers, both members of the multi-lock, both leaders seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn family_on_every_store_with_semaphores() {
+    let dir = scratch();
+    for url in [sqlite_url(&dir), "memory://".to_owned()] {
+        let r = fenced_examples::family(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(r.most_at_once, 2, "{url}: {r:?}");
+        assert!(r.writers_fenced, "{url}: {r:?}");
+        assert_eq!(r.transfer_tokens.len(), 2, "{url}: {r:?}");
+        assert_eq!(r.leaders_seen, ["node-a", "node-b"], "{url}: {r:?}");
+    }
+}
+
 /// Every example program's `main`, as `cargo run -p fenced-examples
 /// --example NAME` runs it (with fresh stores, so runs never collide).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,6 +192,17 @@ async fn every_example_program_runs() {
     assert!(out.contains("12 job runs"), "{out}");
     let out = run_example("cron_job", &[], &[("FENCED_URL", &url)]);
     assert!(out.contains("[1, 1, 1, 1, 1]"), "{out}");
+    let out = run_example("family", &[], &[("FENCED_URL", &url)]);
+    for line in [
+        "semaphore of 2: at most 2 jobs at once",
+        "writer's token above every reader's = true",
+        "leaders seen in order [\"node-a\", \"node-b\"]",
+    ] {
+        assert!(
+            out.contains(line),
+            "the family example did not print {line:?}:\n{out}"
+        );
+    }
     let out = run_example("tour", &[], &[]);
     for line in [
         "inspect shows the holder labelled Some(\"tour worker\")",
