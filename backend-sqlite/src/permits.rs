@@ -20,7 +20,10 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    permits::{self, Arrival, KeyHolders, LineStore, Look, PermitHolder, Permits, SemaphoreStore},
+    permits::{
+        self, Arrival, Decision, KeyHolders, LineEntry, LineStore, Look, PermitHolder, Permits,
+        SemaphoreStore,
+    },
     wait::{Backoff, Polling},
     Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
     LockOptions, Owner, ReleaseOutcome, Result,
@@ -202,47 +205,36 @@ impl LineStore for SqlitePermits {
             .fetch_all(&mut *tx)
             .await
             .db()?;
-        let mut total: i64 = 0;
-        let mut mine: Option<(i64, bool, i64)> = None;
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut line = Vec::with_capacity(rows.len());
         for row in &rows {
-            let id: i64 = row.try_get(0).db()?;
+            ids.push(row.try_get::<i64, _>(0).db()?);
             let who: Vec<u8> = row.try_get(1).db()?;
-            let capacity: i64 = row.try_get(2).db()?;
-            let weight: i64 = row.try_get(3).db()?;
-            if capacity != i64::from(permits.capacity()) {
-                let held = u32::try_from(capacity).unwrap_or(u32::MAX);
-                return Err(permits.mismatch(key, held));
-            }
-            total += weight;
-            if who == owner.as_str().as_bytes() {
-                let granted = total <= capacity;
-                mine = Some((id, granted, weight));
-            }
+            line.push(LineEntry {
+                capacity: u32::try_from(row.try_get::<i64, _>(2).db()?).unwrap_or(0),
+                weight: u32::try_from(row.try_get::<i64, _>(3).db()?).unwrap_or(u32::MAX),
+                mine: who == owner.as_str().as_bytes(),
+            });
         }
-        if let Some((id, granted, weight)) = mine {
-            if !(opts.is_reentrant() && granted && weight == i64::from(permits.weight())) {
-                return Err(Error::AlreadyHeld { key: key.clone() });
+        let fits = match permits::decide(key, &line, permits, opts, queue)? {
+            Decision::Reenter { at } => {
+                sqlx::query(sql.reenter.clone())
+                    .bind(expiry_us(opts.ttl()))
+                    .bind(ids[at])
+                    .execute(&mut *tx)
+                    .await
+                    .db()?;
+                tx.commit().await.db()?;
+                let lease = Self::lease(key, owner, ids[at], opts.ttl(), sent);
+                return Ok(Arrival::Granted(lease));
             }
-            sqlx::query(sql.reenter.clone())
-                .bind(expiry_us(opts.ttl()))
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .db()?;
-            tx.commit().await.db()?;
-            return Ok(Arrival::Granted(Self::lease(
-                key,
-                owner,
-                id,
-                opts.ttl(),
-                sent,
-            )));
-        }
-        let fits = total + i64::from(permits.weight()) <= i64::from(permits.capacity());
-        if !fits && !queue {
-            tx.rollback().await.db()?;
-            return Ok(Arrival::Busy);
-        }
+            Decision::Busy => {
+                tx.rollback().await.db()?;
+                return Ok(Arrival::Busy);
+            }
+            Decision::Grant => true,
+            Decision::Queue => false,
+        };
         let id: i64 = sqlx::query(sql.insert.clone())
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
@@ -355,16 +347,15 @@ fn holders_from_rows(key: &LockKey, rows: &[SqliteRow]) -> Result<Option<KeyHold
         return Ok(None);
     };
     let capacity = u32::try_from(first.try_get::<i64, _>(5).db()?).unwrap_or(u32::MAX);
-    let mut sum: i64 = 0;
-    let mut holders = Vec::new();
+    let mut weights = Vec::with_capacity(rows.len());
     for row in rows {
-        let weight: i64 = row.try_get(6).db()?;
-        sum += weight;
-        if sum > i64::from(capacity) {
-            break;
-        }
-        holders.push(holder_from_row(key, row)?);
+        weights.push(u32::try_from(row.try_get::<i64, _>(6).db()?).unwrap_or(u32::MAX));
     }
+    let granted = permits::granted_count(weights, capacity);
+    let holders = rows[..granted]
+        .iter()
+        .map(|row| holder_from_row(key, row))
+        .collect::<Result<Vec<_>>>()?;
     let waiting = rows.len() - holders.len();
     Ok(Some(KeyHolders::new(
         key.clone(),

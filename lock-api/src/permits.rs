@@ -375,6 +375,93 @@ pub trait LineStore: Send + Sync {
     async fn leave(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<()>;
 }
 
+/// One entry of a key's line as a [`LineStore`] read it, in line order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineEntry {
+    /// The capacity the entry was made with.
+    pub capacity: u32,
+    /// Its weight.
+    pub weight: u32,
+    /// Whether its owner is the one now asking.
+    pub mine: bool,
+}
+
+/// What an arrival does, decided from the live entries of the line (see
+/// [`decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The asker holds entry number `at` (granted, same weight) and may
+    /// re-enter it.
+    Reenter {
+        /// Its index in the line.
+        at: usize,
+    },
+    /// Put a granted entry at the end.
+    Grant,
+    /// Put a waiting entry at the end.
+    Queue,
+    /// Neither: it does not fit and the asker does not queue.
+    Busy,
+}
+
+/// The arrival rule of the line model, for stores that read the line and
+/// then write (inside one transaction, or under a lock on the key):
+/// refuses another capacity ([`Error::KindMismatch`]) and a second entry
+/// of the same owner ([`Error::AlreadyHeld`], unless `opts` is reentrant
+/// and that entry is granted with the same weight), and grants when the
+/// whole line plus `permits` fits.
+///
+/// # Errors
+///
+/// [`Error::KindMismatch`], [`Error::AlreadyHeld`], as above.
+pub fn decide(
+    key: &LockKey,
+    line: &[LineEntry],
+    permits: Permits,
+    opts: &LockOptions,
+    queue: bool,
+) -> Result<Decision> {
+    let mut total = 0u64;
+    let mut mine = None;
+    for (at, e) in line.iter().enumerate() {
+        if e.capacity != permits.capacity() {
+            return Err(permits.mismatch(key, e.capacity));
+        }
+        total += u64::from(e.weight);
+        if e.mine {
+            mine = Some((at, total <= u64::from(e.capacity), e.weight));
+        }
+    }
+    if let Some((at, granted, weight)) = mine {
+        if opts.is_reentrant() && granted && weight == permits.weight() {
+            return Ok(Decision::Reenter { at });
+        }
+        return Err(Error::AlreadyHeld { key: key.clone() });
+    }
+    Ok(
+        if total + u64::from(permits.weight()) <= u64::from(permits.capacity()) {
+            Decision::Grant
+        } else if queue {
+            Decision::Queue
+        } else {
+            Decision::Busy
+        },
+    )
+}
+
+/// How many entries from the front of a line with these weights are
+/// granted under `capacity`.
+pub fn granted_count(weights: impl IntoIterator<Item = u32>, capacity: u32) -> usize {
+    let mut sum = 0u64;
+    weights
+        .into_iter()
+        .take_while(|w| {
+            sum += u64::from(*w);
+            sum <= u64::from(capacity)
+        })
+        .count()
+}
+
 /// `SemaphoreStore::try_acquire_permits` from a [`LineStore`].
 ///
 /// # Errors

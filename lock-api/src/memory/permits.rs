@@ -14,7 +14,10 @@ use tokio::{sync::Notify, time::Instant};
 use super::{MemoryLock, Store};
 use crate::{
     lease::deadline_after,
-    permits::{waiter_refresh, KeyHolders, PermitHolder, Permits, SemaphoreStore},
+    permits::{
+        self, waiter_refresh, Decision, KeyHolders, LineEntry, PermitHolder, Permits,
+        SemaphoreStore,
+    },
     wait::wait_deadline,
     Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
     LockOptions, Owner, ReleaseOutcome, Result,
@@ -77,21 +80,10 @@ impl Line {
 
     /// How many entries, from the front, are granted.
     fn granted(&self) -> usize {
-        let mut sum = 0u64;
-        self.entries
-            .iter()
-            .take_while(|e| {
-                sum += u64::from(e.permits.weight());
-                sum <= u64::from(self.capacity)
-            })
-            .count()
-    }
-
-    fn weight(&self) -> u64 {
-        self.entries
-            .iter()
-            .map(|e| u64::from(e.permits.weight()))
-            .sum()
+        permits::granted_count(
+            self.entries.iter().map(|e| e.permits.weight()),
+            self.capacity,
+        )
     }
 
     fn position(&self, token: FencingToken) -> Option<usize> {
@@ -182,27 +174,32 @@ impl MemorySemaphores {
         if line.entries.is_empty() {
             line.capacity = permits.capacity();
         }
-        if line.capacity != permits.capacity() {
-            return Err(permits.mismatch(key, line.capacity));
-        }
-        if let Some(i) = line.entries.iter().position(|e| e.owner == *owner) {
-            let granted = i < line.granted();
-            let e = &mut line.entries[i];
-            if !(opts.is_reentrant() && granted && e.permits == permits) {
-                return Err(Error::AlreadyHeld { key: key.clone() });
+        let entries: Vec<LineEntry> = line
+            .entries
+            .iter()
+            .map(|e| LineEntry {
+                capacity: line.capacity,
+                weight: e.permits.weight(),
+                mine: e.owner == *owner,
+            })
+            .collect();
+        let fits = match permits::decide(key, &entries, permits, opts, queue)? {
+            Decision::Reenter { at } => {
+                let e = &mut line.entries[at];
+                e.count = e.count.saturating_add(1);
+                e.expires_at = e.expires_at.max(deadline_after(now, opts.ttl()));
+                let lease = Lease::new(key.clone(), owner.clone(), e.token, opts.ttl(), sent);
+                return Ok((Some(Look::Granted(lease)), None));
             }
-            e.count = e.count.saturating_add(1);
-            e.expires_at = e.expires_at.max(deadline_after(now, opts.ttl()));
-            let lease = Lease::new(key.clone(), owner.clone(), e.token, opts.ttl(), sent);
-            return Ok((Some(Look::Granted(lease)), None));
-        }
-        let fits = line.weight() + u64::from(permits.weight()) <= u64::from(line.capacity);
-        if !fits && !queue {
-            if line.entries.is_empty() {
-                lines.remove(&slot);
+            Decision::Busy => {
+                if line.entries.is_empty() {
+                    lines.remove(&slot);
+                }
+                return Ok((Some(Look::Wait), None));
             }
-            return Ok((Some(Look::Wait), None));
-        }
+            Decision::Grant => true,
+            Decision::Queue => false,
+        };
         *last_token += 1;
         let token = FencingToken::new(*last_token);
         line.entries.push(Entry {
