@@ -109,7 +109,7 @@ impl Harness for PollingHarness {
 fenced_conformance::conformance_tests!(PollingHarness::new(), skips = [
     c07_tokens_increase_after_restart: "the polling wrapper is MemoryLock underneath: not durable",
     c08_waiters_served_in_order: "a poll-only store declares no fifo: waiters across processes race for the key",
-]);
+], without_semaphores = "this store exists to test the mutex's Polling helper; semaphores wait through LineStore, tested on SQLite");
 
 /// With time paused, a waiter deep in its backoff is granted the key at the
 /// very instant of a local release — not at its next poll.
