@@ -8,6 +8,7 @@ mod error;
 pub mod fence;
 mod list;
 mod lock;
+mod permits;
 mod reaper;
 mod schema;
 mod strategy;
@@ -20,6 +21,7 @@ pub use config::{
     DEFAULT_TABLE,
 };
 pub use lock::{PostgresLock, PostgresLockBuilder};
+pub use permits::PostgresPermits;
 pub use reaper::{ReaperHandle, DEFAULT_REAP_GRACE, MIN_REAP_GRACE};
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;

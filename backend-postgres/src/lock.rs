@@ -14,6 +14,7 @@ use fenced_api::{
 use crate::{
     config::{PostgresConfig, Strategy, TableName},
     conn, error,
+    permits::PostgresPermits,
     schema::{self, Upgrade},
     strategy::Engine,
 };
@@ -32,6 +33,7 @@ pub struct PostgresLock {
 struct Inner {
     config: PostgresConfig,
     engine: Engine,
+    permits: PostgresPermits,
 }
 
 impl fmt::Debug for PostgresLock {
@@ -170,7 +172,11 @@ impl PostgresLockBuilder {
         let engine = ensured.and_then(|_| Engine::new(&config, pool.clone()));
         match engine {
             Ok(engine) => Ok(PostgresLock {
-                inner: Arc::new(Inner { config, engine }),
+                inner: Arc::new(Inner {
+                    permits: PostgresPermits::new(&config, pool),
+                    config,
+                    engine,
+                }),
             }),
             Err(e) => {
                 pool.close().await;
@@ -219,6 +225,7 @@ impl PostgresLock {
     /// expired.
     pub async fn close(&self) {
         self.inner.engine.stop();
+        self.inner.permits.stop();
         self.inner.engine.close_pool().await;
     }
 
@@ -288,6 +295,10 @@ impl DistributedLock for PostgresLock {
 
     fn capabilities(&self) -> Capabilities {
         self.engine().capabilities()
+    }
+
+    fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
+        Some(Arc::new(self.inner.permits.clone()))
     }
 }
 

@@ -26,10 +26,16 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0002_advisory_unlogged.sql"),
         compatible: true,
     },
+    Migration {
+        version: 3,
+        name: "permits",
+        sql: include_str!("../migrations/0003_permits.sql"),
+        compatible: true,
+    },
 ];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The first key of the two-key advisory locks fenced takes for its own
 /// housekeeping (`"fenc"`); the second is `hashtext(<what>:<base table>)`.

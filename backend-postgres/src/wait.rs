@@ -89,14 +89,25 @@ impl Waiting {
     /// names both, so handles of this process on one table share one line
     /// per key and one local release signal.
     pub(crate) fn new(config: &PostgresConfig) -> Self {
+        let scope = format!("{}#{}", config.display_url, config.table);
+        Self::on(config, scope, notify_channel(&config.table))
+    }
+
+    /// The waiting of a handle's semaphores (`permits.rs`): the same
+    /// machinery on a scope and a channel of their own.
+    pub(crate) fn for_permits(config: &PostgresConfig, channel: String) -> Self {
+        let scope = format!("{}#{}#permits", config.display_url, config.table);
+        Self::on(config, scope, channel)
+    }
+
+    fn on(config: &PostgresConfig, scope: String, channel: String) -> Self {
         let recheck = config.recheck_interval;
-        let polling = Polling::new(format!("{}#{}", config.display_url, config.table))
-            .with_backoff(Backoff::new(recheck, recheck));
+        let polling = Polling::new(scope).with_backoff(Backoff::new(recheck, recheck));
         let listener = Arc::new(Listener {
             connect: conn::connect_options(config),
             connect_timeout: config.connect_timeout,
             operation_timeout: config.operation_timeout,
-            channel: notify_channel(&config.table),
+            channel,
             polling: polling.clone(),
             waiting: Mutex::default(),
             state: watch::Sender::new(State::Down),
@@ -142,6 +153,22 @@ impl Waiting {
             }
         }
         self.polling.acquire(lock, key, opts).await
+    }
+
+    /// Registers a waiter of `key` and starts the listener, waiting (at
+    /// most the connect timeout, or the wait bound) for its first session:
+    /// a semaphore waiter holds the returned guard while in line, so a
+    /// notification for `key` wakes it through its line's release signal.
+    pub(crate) async fn listen_for(&self, key: &LockKey, opts: &LockOptions) -> impl Drop + '_ {
+        let waiting = self.listener.wait_for(key);
+        self.listener.start();
+        if *self.listener.state.borrow() == State::Starting {
+            let start = Instant::now();
+            let limit = start + self.listener.connect_timeout;
+            let bound = wait_deadline(opts.wait(), start).map_or(limit, |d| d.min(limit));
+            self.listener.settled(bound).await;
+        }
+        waiting
     }
 
     /// Stops listening (the handle is closing).

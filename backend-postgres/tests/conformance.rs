@@ -10,7 +10,7 @@ mod lease {
     use fenced_postgres::Strategy;
     fenced_conformance::conformance_tests!(PgHarness::new(Strategy::Lease).await, skips = [
         c08_waiters_served_in_order: "lease waiters of different processes race for a freed key (no fifo)",
-    ], without_semaphores = "PostgreSQL has no semaphores yet (issue 18)");
+    ]);
 }
 
 mod advisory {
@@ -18,5 +18,5 @@ mod advisory {
     use fenced_postgres::Strategy;
     fenced_conformance::conformance_tests!(PgHarness::new(Strategy::Advisory).await, skips = [
         c07_tokens_increase_after_restart: "an advisory lock lives in its session: a restart ends every session and its lock (not durable; the token sequence is, see tests/advisory.rs)",
-    ], without_semaphores = "PostgreSQL has no semaphores yet (issue 18)");
+    ]);
 }

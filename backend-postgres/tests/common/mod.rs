@@ -158,7 +158,8 @@ pub async fn drop_tables(base: &str) {
     exec(
         &pool,
         &format!(
-            "DROP TABLE IF EXISTS \"{base}\", \"{base}_advisory\", \"{base}_migrations\"; \
+            "DROP TABLE IF EXISTS \"{base}\", \"{base}_advisory\", \"{base}_migrations\", \
+             \"{base}_permits\", \"{base}_permit_keys\"; \
              DROP SEQUENCE IF EXISTS \"{base}_token\""
         ),
     )

@@ -547,7 +547,8 @@ pub async fn drop_namespace(url: &str) {
         return;
     };
     let _ = sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS \"{t}\", \"{t}_advisory\", \"{t}_audit\", \"{t}_migrations\" CASCADE; \
+        "DROP TABLE IF EXISTS \"{t}\", \"{t}_advisory\", \"{t}_audit\", \"{t}_migrations\", \
+         \"{t}_permits\", \"{t}_permit_keys\" CASCADE; \
          DROP SEQUENCE IF EXISTS \"{t}_token\"; \
          DROP FUNCTION IF EXISTS \"{t}_audit_lease\"(), \"{t}_audit_advisory\"()"
     )))
