@@ -14,6 +14,7 @@ mod error;
 pub mod fence;
 mod list;
 mod lock;
+mod permits;
 mod reaper;
 mod schema;
 mod stats;
@@ -25,6 +26,7 @@ pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TABLE,
 };
 pub use lock::{MySqlLock, MySqlLockBuilder};
+pub use permits::MySqlPermits;
 pub use reaper::ReaperHandle;
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;

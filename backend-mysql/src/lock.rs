@@ -13,6 +13,7 @@ use sqlx::mysql::{MySqlArguments, MySqlPoolOptions, MySqlRow};
 
 use crate::config::{self, MySqlConfig, Strategy, TableName};
 use crate::error::{self, SqlResultExt};
+use crate::permits::MySqlPermits;
 use crate::schema;
 use crate::sql::EXTEND_CHUNK;
 use crate::strategy::{
@@ -32,6 +33,7 @@ pub struct MySqlLock {
 struct Inner {
     config: MySqlConfig,
     engine: Engine,
+    permits: MySqlPermits,
 }
 
 enum Engine {
@@ -190,6 +192,7 @@ impl MySqlLockBuilder {
         schema::check(&pool, &b.config.table).await?;
         let cfg = b.config;
         let t = &cfg.table;
+        let permits = MySqlPermits::new(&cfg, pool.clone(), wait::polling(&cfg).scope());
         let engine = match cfg.strategy {
             Strategy::UniqueKey => {
                 unique_key::check_autoinc_mode(&pool, &cfg.display_url).await?;
@@ -224,6 +227,7 @@ impl MySqlLockBuilder {
             inner: Arc::new(Inner {
                 config: cfg,
                 engine,
+                permits,
             }),
         })
     }
@@ -416,6 +420,10 @@ impl DistributedLock for MySqlLock {
 
     fn capabilities(&self) -> Capabilities {
         self.engine().capabilities()
+    }
+
+    fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
+        Some(Arc::new(self.inner.permits.clone()))
     }
 }
 

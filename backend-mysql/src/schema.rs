@@ -31,6 +31,7 @@ const MIGRATIONS: &[Migration] = &[
         "holder_label",
         include_str!("../migrations/0004_holder_label.sql"),
     ),
+    step(5, "permits", include_str!("../migrations/0005_permits.sql")),
 ];
 
 const fn step(version: u32, name: &'static str, sql: &'static str) -> Migration {
@@ -43,7 +44,7 @@ const fn step(version: u32, name: &'static str, sql: &'static str) -> Migration 
 }
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// How long `migrate` waits for another node's migration of the same tables.
 const MIGRATE_LOCK_WAIT_S: u32 = 120;

@@ -8,7 +8,8 @@ mod unique_key {
     use fenced_mysql::Strategy;
     fenced_conformance::conformance_tests!(MySqlHarness::new(Strategy::UniqueKey).await, skips = [
         c08_waiters_served_in_order: "unique_key waiters poll and declare no fifo",
-    ], without_semaphores = "MySQL/MariaDB has no semaphores yet (issue 18)");
+
+    ]);
 }
 
 mod row_lock {
@@ -17,7 +18,8 @@ mod row_lock {
     fenced_conformance::conformance_tests!(MySqlHarness::new(Strategy::RowLock).await, skips = [
         c07_tokens_increase_after_restart: "a row lock is an open transaction: it ends with the server (not durable)",
         c08_waiters_served_in_order: "InnoDB grants row-lock waits in no promised order (no fifo)",
-    ], without_semaphores = "MySQL/MariaDB has no semaphores yet (issue 18)");
+
+    ]);
 }
 
 /// `row_lock` with the portable two-statement grant (MySQL's path; on
@@ -30,7 +32,8 @@ mod row_lock_two_statements {
         skips = [
             c07_tokens_increase_after_restart: "a row lock is an open transaction: it ends with the server (not durable)",
             c08_waiters_served_in_order: "InnoDB grants row-lock waits in no promised order (no fifo)",
-        ], without_semaphores = "MySQL/MariaDB has no semaphores yet (issue 18)");
+
+    ]);
 }
 
 mod optimistic {
@@ -38,5 +41,6 @@ mod optimistic {
     use fenced_mysql::Strategy;
     fenced_conformance::conformance_tests!(MySqlHarness::new(Strategy::Optimistic).await, skips = [
         c08_waiters_served_in_order: "optimistic waiters poll and declare no fifo",
-    ], without_semaphores = "MySQL/MariaDB has no semaphores yet (issue 18)");
+
+    ]);
 }

@@ -403,7 +403,7 @@ async fn upgrade_to_v3_keeps_held_locks_and_tokens() {
         Err(Error::Config { reason }) => assert!(reason.contains("version 2"), "{reason}"),
         other => panic!("a v2 schema must be refused until migrated, got {other:?}"),
     }
-    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3, 4]);
+    assert_eq!(MySqlLock::migrate(&url).await.unwrap(), vec![3, 4, 5]);
     let lock = MySqlLock::connect(&url).await.unwrap();
     let info = lock.inspect(&held).await.unwrap().expect("the v2 holder");
     assert_eq!(info.owner.as_str(), "v2-holder");

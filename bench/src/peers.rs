@@ -312,7 +312,8 @@ pub(crate) async fn drop_tables(servers: &Servers, bases: &[&str]) -> Result<(),
         exec(
             &mut conn,
             &format!(
-                "DROP TABLE IF EXISTS `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, `{base}_migrations`"
+                "DROP TABLE IF EXISTS `{base}`, `{base}_optimistic`, `{base}_rows`, `{base}_fence`, \
+                 `{base}_live`, `{base}_migrations`, `{base}_permits`, `{base}_permit_keys`"
             ),
         )
         .await?;

@@ -349,7 +349,8 @@ async fn cleanup(url: &str) {
     if let Ok(mut c) = sqlx::MySqlConnection::connect(base).await {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP TABLE IF EXISTS `{table}`, `{table}_migrations`, `{table}_audit`, \
-             `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`"
+             `{table}_optimistic`, `{table}_rows`, `{table}_fence`, `{table}_live`, \
+             `{table}_permits`, `{table}_permit_keys`"
         )))
         .execute(&mut c)
         .await;
