@@ -19,6 +19,9 @@ pub(crate) struct Keys {
     pub(crate) lock: String,
     /// Waiters in arrival order: zset of entry → arrival time (µs, server clock).
     pub(crate) queue: String,
+    /// The key's semaphore or reader-writer lock: a hash of its line (see
+    /// `scripts/permits.lua`).
+    pub(crate) permits: String,
 }
 
 impl Keys {
@@ -33,7 +36,14 @@ impl Keys {
         let mut queue = lock.clone();
         queue.pop();
         queue.push('q');
-        Keys { lock, queue }
+        let mut permits = lock.clone();
+        permits.pop();
+        permits.push('p');
+        Keys {
+            lock,
+            queue,
+            permits,
+        }
     }
 
     /// The names of the lock whose state key is `lock` (as a hand-over
@@ -46,6 +56,7 @@ impl Keys {
         Some(Keys {
             lock: lock.to_owned(),
             queue: format!("{tag}:q"),
+            permits: format!("{tag}:p"),
         })
     }
 }

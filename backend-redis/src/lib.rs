@@ -9,6 +9,7 @@ pub mod fence;
 mod keys;
 mod list;
 mod lock;
+mod permits;
 mod persistence;
 mod scripts;
 mod wait;
@@ -18,6 +19,7 @@ pub use config::{
     DEFAULT_RECHECK_INTERVAL,
 };
 pub use lock::{RedisLock, RedisLockBuilder};
+pub use permits::RedisPermits;
 pub use persistence::Persistence;
 pub use redis;
 

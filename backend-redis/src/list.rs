@@ -35,19 +35,29 @@ pub(crate) fn glob_escape(literal: &str) -> String {
 
 /// The `MATCH` pattern of every state key under `prefix`: `{prefix/*}:l`.
 pub(crate) fn state_pattern(prefix: &Prefix) -> String {
+    role_pattern(prefix, "l")
+}
+
+/// The SCAN pattern of every name of `role` (`l`, `p`) under `prefix`.
+pub(crate) fn role_pattern(prefix: &Prefix, role: &str) -> String {
     format!(
         "{}*{}",
         glob_escape(&format!("{{{}/", prefix.as_str())),
-        glob_escape("}:l")
+        glob_escape(&format!("}}:{role}"))
     )
 }
 
 /// The key whose state key is `name`, or `None` for a name this crate
 /// never writes under `prefix`.
 pub(crate) fn key_of(prefix: &Prefix, name: &[u8]) -> Option<LockKey> {
+    key_of_role(prefix, name, "l")
+}
+
+/// The lock key of the name `name` of `role`, or `None` for another name.
+pub(crate) fn key_of_role(prefix: &Prefix, name: &[u8], role: &str) -> Option<LockKey> {
     let head = format!("{{{}/", prefix.as_str());
     let rest = name.strip_prefix(head.as_bytes())?;
-    let key = rest.strip_suffix(b"}:l")?;
+    let key = rest.strip_suffix(format!("}}:{role}").as_bytes())?;
     LockKey::new(std::str::from_utf8(key).ok()?).ok()
 }
 

@@ -15,6 +15,7 @@ use crate::{
     conn::{granted, Conn},
     error::{self, BACKEND},
     keys, list,
+    permits::RedisPermits,
     persistence::{self, Persistence},
     scripts::{self, Attempt},
     wait::{self, Router},
@@ -35,6 +36,7 @@ struct Inner {
     conn: Conn,
     router: Arc<Router>,
     persistence: Persistence,
+    permits: RedisPermits,
 }
 
 impl fmt::Debug for RedisLock {
@@ -161,11 +163,13 @@ impl RedisLockBuilder {
         tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
         let conn = Conn::new(manager, config);
         router.attach(conn.clone());
+        let permits = RedisPermits::new(conn.clone(), capabilities_for(&persistence));
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 conn,
                 router,
                 persistence,
+                permits,
             }),
         })
     }
@@ -313,13 +317,22 @@ impl DistributedLock for RedisLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-            .backend(BACKEND)
-            .native_wait(true)
-            .fifo(true)
-            .durable(self.inner.persistence.is_durable())
-            .fencing(true)
-            .reentrant(true)
-            .min_ttl(Duration::from_millis(1))
+        capabilities_for(&self.inner.persistence)
     }
+
+    fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
+        Some(Arc::new(self.inner.permits.clone()))
+    }
+}
+
+/// What a client on a server with `persistence` can promise.
+fn capabilities_for(persistence: &Persistence) -> Capabilities {
+    Capabilities::none()
+        .backend(BACKEND)
+        .native_wait(true)
+        .fifo(true)
+        .durable(persistence.is_durable())
+        .fencing(true)
+        .reentrant(true)
+        .min_ttl(Duration::from_millis(1))
 }

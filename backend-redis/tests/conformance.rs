@@ -7,4 +7,4 @@ use common::RedisHarness;
 
 fenced_conformance::conformance_tests!(RedisHarness::new().await, skips = [
     c07_tokens_increase_after_restart: "the shared Redis keeps nothing on disk (not durable); tests/restart.rs runs this case on a private AOF server",
-], without_semaphores = "Redis has no semaphores yet (issue 18)");
+]);
