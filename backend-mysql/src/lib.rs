@@ -26,7 +26,6 @@ pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TABLE,
 };
 pub use lock::{MySqlLock, MySqlLockBuilder};
-pub use permits::MySqlPermits;
 pub use reaper::ReaperHandle;
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;

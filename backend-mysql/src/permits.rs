@@ -5,14 +5,18 @@
 //! * `<table>_permit_keys` has one row per key with the key's last token.
 //!   Joining the line is one transaction that locks that row first
 //!   (`SELECT … FOR UPDATE`), so arrivals on a key take turns: each reads
-//!   every earlier entry (a locking read sees the latest committed rows),
+//!   every earlier entry (READ COMMITTED, after that row lock: every earlier
+//!   arrival has committed),
 //!   checks capacity and re-entry, and inserts its entry with the next token
 //!   of the key. The counter is a durable InnoDB row committed with the
 //!   entry, so a key's tokens only grow, across crashes and restarts.
 //! * An entry is granted once the weights of the live entries up to it fit
-//!   the capacity; entries before it only ever leave, so a waiter checks
-//!   with a plain read and starts its lease with an `UPDATE` that requires
-//!   its entry to be still live.
+//!   the capacity; entries before it only ever leave. A waiter first deletes
+//!   the earlier entries that have expired — a locking `DELETE` waits for a
+//!   renewal of such an entry that is still in flight and judges the row as
+//!   that renewal left it, where a plain read would see it expired until the
+//!   renewal commits — then counts every earlier entry left, and starts its
+//!   lease with an `UPDATE` that requires its own entry to be still live.
 //! * Waiters poll with backoff ([`fenced_api::permits::acquire_in_line`]),
 //!   renew their place every third of the TTL, and are woken at once by a
 //!   release in the same process. MySQL has no notification: between
@@ -24,16 +28,13 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    permits::{
-        self, Arrival, Decision, KeyHolders, LineEntry, LineStore, Look, PermitHolder, Permits,
-        SemaphoreStore,
-    },
-    wait::{Backoff, Polling},
-    Capabilities, DistributedLock, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions,
-    Owner, ReleaseOutcome, Result,
+    permits::{self, Arrival, Decision, LineEntry, LineRow, LineStore, Look, Permits},
+    wait::Polling,
+    Capabilities, FencingToken, Lease, LockInfo, LockKey, LockOptions, Owner, ReleaseOutcome,
+    Result,
 };
 use fenced_sql::{rows::stored_key, sql};
-use sqlx::{mysql::MySqlRow, MySqlPool, Row, SqlStr};
+use sqlx::{MySqlPool, Row, SqlStr};
 use tokio::time::Instant;
 
 use crate::{
@@ -42,11 +43,12 @@ use crate::{
     list::info_from_row,
 };
 
-/// The store's semaphores: what
+/// The line steps of the store's semaphores;
 /// [`MySqlLock::semaphores`](fenced_api::DistributedLock::semaphores)
-/// returns. Cheap to clone.
+/// returns them as [`LineSemaphores`](fenced_api::permits::LineSemaphores).
+/// Cheap to clone.
 #[derive(Clone)]
-pub struct MySqlPermits {
+pub(crate) struct MySqlPermits {
     inner: Arc<Inner>,
 }
 
@@ -73,6 +75,7 @@ struct Sql {
     line: SqlStr,
     reenter: SqlStr,
     insert: SqlStr,
+    clear_before: SqlStr,
     look: SqlStr,
     start: SqlStr,
     leave: SqlStr,
@@ -119,8 +122,15 @@ impl Sql {
                  expire_time, create_time, label) \
                  VALUES (?, ?, ?, ?, ?, 1, {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)"
             ),
+            // A locking statement: waits for a renewal of an earlier entry
+            // still in flight and judges the row as that renewal left it.
+            clear_before: sql!(
+                "DELETE FROM {t} WHERE lock_key = ? AND id < ? AND expire_time <= {NOW}"
+            ),
+            // After `clear_before`: every earlier entry left is counted.
             look: sql!(
-                "SELECT CAST({prefix} <= e.capacity AS SIGNED) FROM {t} e \
+                "SELECT CAST((SELECT SUM(x.weight) FROM {t} x WHERE x.lock_key = e.lock_key \
+                 AND x.id <= e.id) <= e.capacity AS SIGNED) FROM {t} e \
                  WHERE e.lock_key = ? AND e.id = ? AND e.owner = ? AND e.expire_time > {NOW}"
             ),
             start: sql!(
@@ -320,6 +330,12 @@ impl MySqlPermits {
     ) -> Result<Look> {
         let (sql, pool) = (&self.inner.sql, &self.inner.pool);
         let (k, id, who) = (key.as_bytes(), token.get(), owner.as_str().as_bytes());
+        sqlx::query(sql.clear_before.clone())
+            .bind(k)
+            .bind(id)
+            .execute(pool)
+            .await
+            .db()?;
         let row = sqlx::query(sql.look.clone())
             .bind(k)
             .bind(id)
@@ -441,89 +457,8 @@ impl LineStore for MySqlPermits {
         }
         Ok(())
     }
-}
 
-#[async_trait]
-impl SemaphoreStore for MySqlPermits {
-    async fn try_acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Option<Lease>> {
-        permits::try_acquire_in_line(self, key, permits, opts).await
-    }
-
-    async fn acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Lease> {
-        let scope = self.inner.polling.scope();
-        permits::acquire_in_line(self, scope, key, permits, opts, Backoff::default()).await
-    }
-
-    async fn holders(&self, key: &LockKey) -> Result<Option<KeyHolders>> {
-        let rows = self
-            .bounded("holders", async {
-                sqlx::query(self.inner.sql.holders.clone())
-                    .bind(key.as_bytes())
-                    .fetch_all(&self.inner.pool)
-                    .await
-                    .db()
-            })
-            .await?;
-        let Some(first) = rows.first() else {
-            return Ok(None);
-        };
-        let capacity: u32 = first.try_get(5).db()?;
-        let mut weights = Vec::with_capacity(rows.len());
-        for row in &rows {
-            weights.push(row.try_get::<u32, _>(6).db()?);
-        }
-        let granted = permits::granted_count(weights, capacity);
-        let holders = rows[..granted]
-            .iter()
-            .map(|row| holder_from_row(key, row))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(KeyHolders::new(
-            key.clone(),
-            capacity,
-            holders,
-            rows.len() - granted,
-        )))
-    }
-}
-
-fn holder_from_row(key: &LockKey, row: &MySqlRow) -> Result<PermitHolder> {
-    let capacity: u32 = row.try_get(5).db()?;
-    let weight: u32 = row.try_get(6).db()?;
-    let permits = Permits::from_parts(capacity, weight).map_err(|_| {
-        Error::backend(
-            error::BACKEND,
-            false,
-            format!("an entry of `{key}` has capacity {capacity} and weight {weight}; was the table edited by hand?"),
-        )
-    })?;
-    Ok(PermitHolder::new(info_from_row(key, row)?, permits))
-}
-
-#[async_trait]
-impl DistributedLock for MySqlPermits {
-    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.try_acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        self.acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = LockOptions::validate_ttl(ttl)?;
-        let sent = Instant::now();
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let done = self
             .bounded("extend", async {
                 sqlx::query(self.inner.sql.extend.clone())
@@ -537,58 +472,56 @@ impl DistributedLock for MySqlPermits {
                     .db()
             })
             .await?;
-        if done.rows_affected() == 0 {
-            return Err(Error::lease_lost(
-                &lease.key,
-                lease.token,
-                "the permit expired or was force-released",
-            ));
-        }
-        Ok(lease.renewed(ttl, sent))
+        Ok(done.rows_affected() > 0)
     }
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let outcome = self
-            .bounded("release", self.release_unbounded(lease))
-            .await?;
-        Ok(self.inner.polling.released(&lease.key, outcome))
+    async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        self.bounded("release", self.release_unbounded(lease)).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        Ok(self
-            .holders(key)
-            .await?
-            .and_then(|k| k.holders.into_iter().next())
-            .map(|h| h.info))
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let live = self
-            .bounded("force_release", async {
-                let mut tx = self.inner.pool.begin().await.db()?;
-                let live: i64 = sqlx::query(self.inner.sql.force.clone())
+    async fn read_line(&self, key: &LockKey) -> Result<Vec<LineRow>> {
+        let rows = self
+            .bounded("holders", async {
+                sqlx::query(self.inner.sql.holders.clone())
                     .bind(key.as_bytes())
-                    .fetch_one(&mut *tx)
+                    .fetch_all(&self.inner.pool)
                     .await
-                    .db()?
-                    .try_get(0)
-                    .db()?;
-                sqlx::query(self.inner.sql.force_delete.clone())
-                    .bind(key.as_bytes())
-                    .execute(&mut *tx)
-                    .await
-                    .db()?;
-                tx.commit().await.db()?;
-                Ok(live > 0)
+                    .db()
             })
             .await?;
-        if live {
-            tracing::warn!(key = %key, "semaphore force-released");
-        }
-        Ok(self.inner.polling.force_released(key, live))
+        rows.iter()
+            .map(|row| {
+                Ok(LineRow::new(
+                    info_from_row(key, row)?,
+                    row.try_get(5).db()?,
+                    row.try_get(6).db()?,
+                ))
+            })
+            .collect()
     }
 
-    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+    async fn clear(&self, key: &LockKey) -> Result<bool> {
+        self.bounded("force_release", async {
+            let mut tx = self.inner.pool.begin().await.db()?;
+            let live: i64 = sqlx::query(self.inner.sql.force.clone())
+                .bind(key.as_bytes())
+                .fetch_one(&mut *tx)
+                .await
+                .db()?
+                .try_get(0)
+                .db()?;
+            sqlx::query(self.inner.sql.force_delete.clone())
+                .bind(key.as_bytes())
+                .execute(&mut *tx)
+                .await
+                .db()?;
+            tx.commit().await.db()?;
+            Ok(live > 0)
+        })
+        .await
+    }
+
+    async fn list_granted(&self, limit: usize) -> Result<Vec<LockInfo>> {
         let rows = self
             .bounded("list", async {
                 sqlx::query(self.inner.sql.list.clone())
@@ -607,7 +540,11 @@ impl DistributedLock for MySqlPermits {
         Ok(held)
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn polling(&self) -> &Polling {
+        &self.inner.polling
+    }
+
+    fn line_capabilities(&self) -> Capabilities {
         Capabilities::none()
             .backend(error::BACKEND)
             .durable(true)
@@ -615,10 +552,5 @@ impl DistributedLock for MySqlPermits {
             .reentrant(true)
             // Granted strictly in order of joining the line.
             .fifo(true)
-    }
-
-    /// Itself: a semaphore store's mutex is its semaphore of one permit.
-    fn semaphores(&self) -> Option<Arc<dyn SemaphoreStore>> {
-        Some(Arc::new(self.clone()))
     }
 }

@@ -21,7 +21,6 @@ pub use config::{
     DEFAULT_TABLE,
 };
 pub use lock::{PostgresLock, PostgresLockBuilder};
-pub use permits::PostgresPermits;
 pub use reaper::{ReaperHandle, DEFAULT_REAP_GRACE, MIN_REAP_GRACE};
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;

@@ -298,7 +298,9 @@ impl DistributedLock for PostgresLock {
     }
 
     fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
-        Some(Arc::new(self.inner.permits.clone()))
+        Some(Arc::new(fenced_api::permits::LineSemaphores::new(
+            self.inner.permits.clone(),
+        )))
     }
 }
 

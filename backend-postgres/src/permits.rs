@@ -13,9 +13,12 @@
 //!   order of arrival, and every id below an entry's belongs to an entry
 //!   that was committed before it.
 //! * An entry is granted once the weights of the live entries up to it fit
-//!   the capacity; entries before it only ever leave, so a waiter checks
-//!   with a plain read, then starts its lease with an `UPDATE` that
-//!   requires its entry to be still live.
+//!   the capacity; entries before it only ever leave. A waiter first deletes
+//!   the earlier entries that have expired — a `DELETE` waits for a renewal
+//!   of such an entry that is still in flight and judges the row as that
+//!   renewal left it, where a plain read would see it expired until the
+//!   renewal commits — then counts every earlier entry left, and starts its
+//!   lease with an `UPDATE` that requires its own entry to be still live.
 //! * Waiting: [`fenced_api::permits::acquire_in_line`], woken across
 //!   processes by `NOTIFY <table>_permits` (sent by every release, leave and
 //!   force-release, payload the key in hex) through the same listener
@@ -28,16 +31,13 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    permits::{
-        self, Arrival, Decision, KeyHolders, LineEntry, LineStore, Look, PermitHolder, Permits,
-        SemaphoreStore,
-    },
-    wait::Backoff,
-    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
-    LockOptions, Owner, ReleaseOutcome, Result, WaitPolicy,
+    permits::{self, Arrival, Decision, LineEntry, LineRow, LineStore, Look, Permits},
+    wait::{Backoff, Polling},
+    Capabilities, FencingToken, Label, Lease, LockInfo, LockKey, LockOptions, Owner,
+    ReleaseOutcome, Result,
 };
 use fenced_sql::{rows::stored_key, sql};
-use sqlx::{postgres::PgRow, PgPool, Row, SqlStr};
+use sqlx::{PgPool, Row, SqlStr};
 use tokio::time::Instant;
 
 use crate::{
@@ -60,11 +60,12 @@ macro_rules! plus_us {
 const REMAINING_US: &str =
     "(EXTRACT(EPOCH FROM (expire_at - clock_timestamp())) * 1000000)::bigint";
 
-/// The store's semaphores: what
+/// The line steps of the store's semaphores;
 /// [`PostgresLock::semaphores`](fenced_api::DistributedLock::semaphores)
-/// returns. Cheap to clone.
+/// returns them as [`LineSemaphores`](fenced_api::permits::LineSemaphores).
+/// Cheap to clone.
 #[derive(Clone)]
-pub struct PostgresPermits {
+pub(crate) struct PostgresPermits {
     inner: Arc<Inner>,
 }
 
@@ -90,6 +91,7 @@ struct Sql {
     line: SqlStr,
     reenter: SqlStr,
     insert: SqlStr,
+    clear_before: SqlStr,
     look: SqlStr,
     start: SqlStr,
     leave: SqlStr,
@@ -112,10 +114,6 @@ impl Sql {
         let keys = &table.quoted("_permit_keys");
         let seq = table.quoted("_token");
         let info = info_columns();
-        let prefix = format!(
-            "(SELECT SUM(x.weight) FROM {t} x WHERE x.lock_key = e.lock_key AND x.id <= e.id \
-             AND x.expire_at > clock_timestamp())"
-        );
         let notify = "pg_notify($4, encode(lock_key, 'hex'))::text";
         Sql {
             // Locks the key's row: arrivals on one key take turns.
@@ -139,8 +137,15 @@ impl Sql {
                  RETURNING id",
                 ttl = plus_us!(5)
             ),
+            // Waits for a renewal of an earlier entry still in flight and
+            // judges its row as that renewal left it (READ COMMITTED).
+            clear_before: sql!(
+                "DELETE FROM {t} WHERE lock_key = $1 AND id < $2 AND expire_at <= clock_timestamp()"
+            ),
+            // After `clear_before`: every earlier entry left is counted.
             look: sql!(
-                "SELECT {prefix} <= e.capacity FROM {t} e \
+                "SELECT (SELECT SUM(x.weight) FROM {t} x WHERE x.lock_key = e.lock_key \
+                 AND x.id <= e.id) <= e.capacity FROM {t} e \
                  WHERE e.id = $1 AND e.owner = $2 AND e.expire_at > clock_timestamp()"
             ),
             start: sql!(
@@ -236,7 +241,13 @@ impl PostgresPermits {
         let (sql, pool) = (&self.inner.sql, &self.inner.pool);
         let sent = Instant::now();
         let max = pool.options().get_max_connections();
-        let mut tx = conn::on_live_connection(max, || pool.begin()).await.db()?;
+        // READ COMMITTED whatever the server's default: after the key row
+        // lock, each statement sees every earlier arrival (committed).
+        let mut tx = conn::on_live_connection(max, || {
+            pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        })
+        .await
+        .db()?;
         sqlx::query(sql.key_row.clone())
             .bind(key.as_bytes())
             .execute(&mut *tx)
@@ -313,6 +324,12 @@ impl PostgresPermits {
         let (sql, pool) = (&self.inner.sql, &self.inner.pool);
         let id = row_id(token);
         let owner_bytes = owner.as_str().as_bytes();
+        sqlx::query(sql.clear_before.clone())
+            .bind(key.as_bytes())
+            .bind(id)
+            .execute(pool)
+            .await
+            .db()?;
         let row = sqlx::query(sql.look.clone())
             .bind(id)
             .bind(owner_bytes)
@@ -414,111 +431,8 @@ impl LineStore for PostgresPermits {
         })
         .await
     }
-}
 
-#[async_trait]
-impl SemaphoreStore for PostgresPermits {
-    async fn try_acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Option<Lease>> {
-        permits::try_acquire_in_line(self, key, permits, opts).await
-    }
-
-    async fn acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Lease> {
-        if opts.wait() == WaitPolicy::NoWait {
-            return match self.try_acquire_permits(key, permits, opts).await? {
-                Some(lease) => Ok(lease),
-                None => Err(Error::Timeout {
-                    key: key.clone(),
-                    waited: Duration::ZERO,
-                }),
-            };
-        }
-        // Listening before joining the line: a release after the join is heard.
-        let _listening = self.inner.waiting.listen_for(key, opts).await;
-        let scope = self.inner.waiting.polling().scope();
-        let recheck = self.inner.waiting.polling().backoff().max;
-        let backoff = Backoff::new(Duration::from_millis(5), recheck);
-        permits::acquire_in_line(self, scope, key, permits, opts, backoff).await
-    }
-
-    async fn holders(&self, key: &LockKey) -> Result<Option<KeyHolders>> {
-        let rows = self
-            .bounded("holders", async {
-                sqlx::query(self.inner.sql.holders.clone())
-                    .bind(key.as_bytes())
-                    .fetch_all(&self.inner.pool)
-                    .await
-                    .db()
-            })
-            .await?;
-        holders_from_rows(key, &rows)
-    }
-}
-
-/// The line of `key` (live entries in id order) as holders and waiters.
-fn holders_from_rows(key: &LockKey, rows: &[PgRow]) -> Result<Option<KeyHolders>> {
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let capacity = u32::try_from(first.try_get::<i32, _>(5).db()?).unwrap_or(u32::MAX);
-    let mut weights = Vec::with_capacity(rows.len());
-    for row in rows {
-        weights.push(u32::try_from(row.try_get::<i32, _>(6).db()?).unwrap_or(u32::MAX));
-    }
-    let granted = permits::granted_count(weights, capacity);
-    let holders = rows[..granted]
-        .iter()
-        .map(|row| holder_from_row(key, row))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some(KeyHolders::new(
-        key.clone(),
-        capacity,
-        holders,
-        rows.len() - granted,
-    )))
-}
-
-fn holder_from_row(key: &LockKey, row: &PgRow) -> Result<PermitHolder> {
-    let capacity: i32 = row.try_get(5).db()?;
-    let weight: i32 = row.try_get(6).db()?;
-    let permits = Permits::from_parts(
-        u32::try_from(capacity).unwrap_or(0),
-        u32::try_from(weight).unwrap_or(0),
-    )
-    .map_err(|_| {
-        Error::backend(
-            error::BACKEND,
-            false,
-            format!("an entry of `{key}` has capacity {capacity} and weight {weight}; was the table edited by hand?"),
-        )
-    })?;
-    Ok(PermitHolder::new(info_from_row(key, row)?, permits))
-}
-
-#[async_trait]
-impl DistributedLock for PostgresPermits {
-    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.try_acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        self.acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = LockOptions::validate_ttl(ttl)?;
-        let sent = Instant::now();
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let done = self
             .bounded("extend", async {
                 sqlx::query(self.inner.sql.extend.clone())
@@ -530,32 +444,35 @@ impl DistributedLock for PostgresPermits {
                     .db()
             })
             .await?;
-        if done.rows_affected() == 0 {
-            return Err(Error::lease_lost(
-                &lease.key,
-                lease.token,
-                "the permit expired or was force-released",
-            ));
-        }
-        Ok(lease.renewed(ttl, sent))
+        Ok(done.rows_affected() > 0)
     }
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let outcome = self
-            .bounded("release", self.release_unbounded(lease))
+    async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        self.bounded("release", self.release_unbounded(lease)).await
+    }
+
+    async fn read_line(&self, key: &LockKey) -> Result<Vec<LineRow>> {
+        let rows = self
+            .bounded("holders", async {
+                sqlx::query(self.inner.sql.holders.clone())
+                    .bind(key.as_bytes())
+                    .fetch_all(&self.inner.pool)
+                    .await
+                    .db()
+            })
             .await?;
-        Ok(self.inner.waiting.polling().released(&lease.key, outcome))
+        rows.iter()
+            .map(|row| {
+                Ok(LineRow::new(
+                    info_from_row(key, row)?,
+                    u32::try_from(row.try_get::<i32, _>(5).db()?).unwrap_or(0),
+                    u32::try_from(row.try_get::<i32, _>(6).db()?).unwrap_or(0),
+                ))
+            })
+            .collect()
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        Ok(self
-            .holders(key)
-            .await?
-            .and_then(|k| k.holders.into_iter().next())
-            .map(|h| h.info))
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+    async fn clear(&self, key: &LockKey) -> Result<bool> {
         let row = self
             .bounded("force_release", async {
                 sqlx::query(self.inner.sql.force.clone())
@@ -566,14 +483,10 @@ impl DistributedLock for PostgresPermits {
                     .db()
             })
             .await?;
-        let live: bool = row.try_get(0).db()?;
-        if live {
-            tracing::warn!(key = %key, "semaphore force-released");
-        }
-        Ok(self.inner.waiting.polling().force_released(key, live))
+        row.try_get(0).db()
     }
 
-    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+    async fn list_granted(&self, limit: usize) -> Result<Vec<LockInfo>> {
         let rows = self
             .bounded("list", async {
                 sqlx::query(self.inner.sql.list.clone())
@@ -592,7 +505,11 @@ impl DistributedLock for PostgresPermits {
         Ok(held)
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn polling(&self) -> &Polling {
+        self.inner.waiting.polling()
+    }
+
+    fn line_capabilities(&self) -> Capabilities {
         Capabilities::none()
             .backend(error::BACKEND)
             .durable(true)
@@ -602,8 +519,17 @@ impl DistributedLock for PostgresPermits {
             .fifo(true)
     }
 
-    /// Itself: a semaphore store's mutex is its semaphore of one permit.
-    fn semaphores(&self) -> Option<Arc<dyn SemaphoreStore>> {
-        Some(Arc::new(self.clone()))
+    /// Quick first looks, then at most the recheck interval: `NOTIFY`
+    /// wakes waiters across processes, the looks are the fallback.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(
+            Duration::from_millis(5),
+            self.inner.waiting.polling().backoff().max,
+        )
+    }
+
+    /// Listening before joining the line: a release after the join is heard.
+    async fn waiting_for<'a>(&'a self, key: &LockKey, opts: &LockOptions) -> Box<dyn Send + 'a> {
+        Box::new(self.inner.waiting.listen_for(key, opts).await)
     }
 }

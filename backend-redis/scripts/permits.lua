@@ -6,15 +6,26 @@
 --            x expiry (server ms), c hold count, l label}
 -- An entry is granted once the weights of the live entries up to it (in
 -- token order) fit the capacity. Times come from the server's clock.
+-- Tokens are max(last token + 1, server time in µs), as for the mutexes
+-- (prelude.lua): the last token keeps them rising while Redis keeps the
+-- hash, the clock when Redis lost it (a restart without persistence).
 -- ARGV[1] is the operation; the rest depend on it (see below).
 
 local key = KEYS[1]
 local op = ARGV[1]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local MAX_TOKEN = 9007199254740992
+
+-- Tokens are 16-digit numbers: always written with %.0f (Lua's own
+-- conversion keeps 14 digits).
+local function field(t)
+  return 't' .. string.format('%.0f', t)
+end
 
 local function save(e)
-  redis.call('HSET', key, 't' .. e.t, cjson.encode({o = e.o, w = e.w, x = e.x, c = e.c, l = e.l}))
+  redis.call('HSET', key, field(e.t), cjson.encode({o = e.o, w = e.w, x = e.x, c = e.c, l = e.l}))
 end
 
 -- The live entries in token order (expired ones deleted), the capacity,
@@ -89,8 +100,14 @@ if op == 'arrive' then
   end
   local fits = total + weight <= cap
   if not fits and ARGV[8] ~= '1' then return {'busy'} end
-  last = last + 1
-  redis.call('HSET', key, 'n', last, 'c', cap)
+  if now_us > last then
+    last = now_us
+  elseif last + 1 >= MAX_TOKEN then
+    return redis.error_reply('fenced: the fencing token of ' .. key .. ' would exceed 2^53')
+  else
+    last = last + 1
+  end
+  redis.call('HSET', key, 'n', string.format('%.0f', last), 'c', cap)
   save({t = last, o = owner, w = weight, x = now + ttl, c = 1, l = label})
   if fits then return {'granted', last} end
   return {'queued', last}
@@ -116,7 +133,7 @@ elseif op == 'leave' then
   local entries = line()
   local i = find(entries, ARGV[2], tonumber(ARGV[3]))
   if not i then return 0 end
-  redis.call('HDEL', key, 't' .. entries[i].t)
+  redis.call('HDEL', key, field(entries[i].t))
   if #entries == 1 then redis.call('HDEL', key, 'c') end
   return 1
 elseif op == 'extend' then
@@ -140,24 +157,23 @@ elseif op == 'release' then
     save(e)
     return {2, e.c}
   end
-  redis.call('HDEL', key, 't' .. e.t)
+  redis.call('HDEL', key, field(e.t))
   if #entries == 1 then redis.call('HDEL', key, 'c') end
   return {1}
-elseif op == 'holders' then
-  -- {capacity, waiting, then per holder: owner, token, remaining ms, count, label, weight}
+elseif op == 'line' then
+  -- {capacity, then per live entry in line order: owner, token, remaining
+  -- ms, count, label, weight}; {} for an empty line
   local entries, cap = line()
   if #entries == 0 then return {} end
-  local g = granted(entries, cap)
-  local out = {cap, #entries - g}
-  for i = 1, g do
-    local e = entries[i]
+  local out = {cap}
+  for _, e in ipairs(entries) do
     for _, v in ipairs({e.o, e.t, e.x - now, e.c, e.l, e.w}) do out[#out + 1] = v end
   end
   return out
 elseif op == 'force' then
   -- 1 when a live holder was removed; the last token stays
   local entries, cap = line()
-  for _, e in ipairs(entries) do redis.call('HDEL', key, 't' .. e.t) end
+  for _, e in ipairs(entries) do redis.call('HDEL', key, field(e.t)) end
   redis.call('HDEL', key, 'c')
   if #entries > 0 then return 1 end
   return 0

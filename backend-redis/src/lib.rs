@@ -19,7 +19,6 @@ pub use config::{
     DEFAULT_RECHECK_INTERVAL,
 };
 pub use lock::{RedisLock, RedisLockBuilder};
-pub use permits::RedisPermits;
 pub use persistence::Persistence;
 pub use redis;
 

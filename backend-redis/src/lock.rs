@@ -321,7 +321,9 @@ impl DistributedLock for RedisLock {
     }
 
     fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
-        Some(Arc::new(self.inner.permits.clone()))
+        Some(Arc::new(fenced_api::permits::LineSemaphores::new(
+            self.inner.permits.clone(),
+        )))
     }
 }
 

@@ -15,14 +15,18 @@
 //!   release in the same process; between processes the hand-off waits for
 //!   the waiter's next poll.
 
-use std::{collections::BTreeMap, sync::Arc, sync::LazyLock, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use fenced_api::{
-    permits::{self, Arrival, KeyHolders, LineStore, Look, PermitHolder, Permits, SemaphoreStore},
-    wait::{Backoff, Polling},
-    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
-    LockOptions, Owner, ReleaseOutcome, Result,
+    permits::{self, Arrival, LineRow, LineStore, Look, Permits},
+    wait::Polling,
+    Capabilities, Error, FencingToken, Label, Lease, LockInfo, LockKey, LockOptions, Owner,
+    ReleaseOutcome, Result,
 };
 use redis::{Script, Value};
 use tokio::time::Instant;
@@ -32,11 +36,12 @@ use crate::{conn::Conn, error, list, scripts::millis_ceil};
 static PERMITS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/permits.lua")));
 
-/// The store's semaphores: what
+/// The line steps of the store's semaphores;
 /// [`RedisLock::semaphores`](fenced_api::DistributedLock::semaphores)
-/// returns. Cheap to clone.
+/// returns them as [`LineSemaphores`](fenced_api::permits::LineSemaphores).
+/// Cheap to clone.
 #[derive(Clone)]
-pub struct RedisPermits {
+pub(crate) struct RedisPermits {
     inner: Arc<Inner>,
 }
 
@@ -223,100 +228,8 @@ impl LineStore for RedisPermits {
         }
         Ok(())
     }
-}
 
-#[async_trait]
-impl SemaphoreStore for RedisPermits {
-    async fn try_acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Option<Lease>> {
-        permits::try_acquire_in_line(self, key, permits, opts).await
-    }
-
-    async fn acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Lease> {
-        let scope = self.inner.polling.scope();
-        permits::acquire_in_line(self, scope, key, permits, opts, Backoff::default()).await
-    }
-
-    async fn holders(&self, key: &LockKey) -> Result<Option<KeyHolders>> {
-        let reply = self.run(key, "holders", &[]).await?;
-        let Value::Array(parts) = reply else {
-            return Err(error::protocol(
-                "the permits script's holders answered no array",
-            ));
-        };
-        if parts.is_empty() {
-            return Ok(None);
-        }
-        let bad = || error::protocol("the permits script's holders answered a malformed line");
-        let capacity = parts
-            .first()
-            .and_then(int)
-            .and_then(|c| u32::try_from(c).ok());
-        let waiting = parts
-            .get(1)
-            .and_then(int)
-            .and_then(|w| usize::try_from(w).ok());
-        let (Some(capacity), Some(waiting)) = (capacity, waiting) else {
-            return Err(bad());
-        };
-        let mut holders = Vec::new();
-        for h in parts[2..].chunks(6) {
-            let [owner, token, remaining, count, label, weight] = h else {
-                return Err(bad());
-            };
-            let owner = text(owner)
-                .and_then(|o| Owner::new(o).ok())
-                .ok_or_else(bad)?;
-            let token = token_of(Some(token))?;
-            let remaining = Duration::from_millis(
-                int(remaining)
-                    .and_then(|r| u64::try_from(r).ok())
-                    .unwrap_or(0),
-            );
-            let count = int(count).and_then(|c| u32::try_from(c).ok()).unwrap_or(1);
-            let label = text(label)
-                .filter(|l| !l.is_empty())
-                .and_then(|l| Label::new(l).ok());
-            let weight = int(weight)
-                .and_then(|w| u32::try_from(w).ok())
-                .ok_or_else(bad)?;
-            let permits = Permits::from_parts(capacity, weight).map_err(|_| bad())?;
-            let info = LockInfo::new(key.clone(), owner, token, remaining, count).with_label(label);
-            holders.push(PermitHolder::new(info, permits));
-        }
-        Ok(Some(KeyHolders::new(
-            key.clone(),
-            capacity,
-            holders,
-            waiting,
-        )))
-    }
-}
-
-#[async_trait]
-impl DistributedLock for RedisPermits {
-    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.try_acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        self.acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = Duration::from_millis(millis_ceil(LockOptions::validate_ttl(ttl)?));
-        let sent = Instant::now();
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let reply = self
             .run(
                 &lease.key,
@@ -328,17 +241,10 @@ impl DistributedLock for RedisPermits {
                 ],
             )
             .await?;
-        if int(&reply) == Some(1) {
-            return Ok(lease.renewed(ttl, sent));
-        }
-        Err(Error::lease_lost(
-            &lease.key,
-            lease.token,
-            "redis no longer has this permit (expired, released, force-released, or lost in a restart)",
-        ))
+        Ok(int(&reply) == Some(1))
     }
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+    async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let reply = self
             .run(
                 &lease.key,
@@ -354,7 +260,7 @@ impl DistributedLock for RedisPermits {
                 "the permits script's release answered no array",
             ));
         };
-        let outcome = match parts.first().and_then(int) {
+        Ok(match parts.first().and_then(int) {
             Some(1) => ReleaseOutcome::Released,
             Some(2) => ReleaseOutcome::StillHeld {
                 remaining: parts
@@ -364,29 +270,57 @@ impl DistributedLock for RedisPermits {
                     .unwrap_or(1),
             },
             _ => ReleaseOutcome::NotHeld,
+        })
+    }
+
+    async fn read_line(&self, key: &LockKey) -> Result<Vec<LineRow>> {
+        let reply = self.run(key, "line", &[]).await?;
+        let Value::Array(parts) = reply else {
+            return Err(error::protocol(
+                "the permits script's line answered no array",
+            ));
         };
-        Ok(self.inner.polling.released(&lease.key, outcome))
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        Ok(self
-            .holders(key)
-            .await?
-            .and_then(|k| k.holders.into_iter().next())
-            .map(|h| h.info))
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let live = int(&self.run(key, "force", &[]).await?) == Some(1);
-        if live {
-            tracing::warn!(key = %key, "semaphore force-released");
+        let bad = || error::protocol("the permits script answered a malformed line");
+        let Some(capacity) = parts.first() else {
+            return Ok(Vec::new());
+        };
+        let capacity = int(capacity)
+            .and_then(|c| u32::try_from(c).ok())
+            .ok_or_else(bad)?;
+        let mut rows = Vec::new();
+        for e in parts[1..].chunks(6) {
+            let [owner, token, remaining, count, label, weight] = e else {
+                return Err(bad());
+            };
+            let owner = text(owner)
+                .and_then(|o| Owner::new(o).ok())
+                .ok_or_else(bad)?;
+            let remaining = Duration::from_millis(
+                int(remaining)
+                    .and_then(|r| u64::try_from(r).ok())
+                    .unwrap_or(0),
+            );
+            let count = int(count).and_then(|c| u32::try_from(c).ok()).unwrap_or(1);
+            let label = text(label)
+                .filter(|l| !l.is_empty())
+                .and_then(|l| Label::new(l).ok());
+            let weight = int(weight)
+                .and_then(|w| u32::try_from(w).ok())
+                .ok_or_else(bad)?;
+            let info = LockInfo::new(key.clone(), owner, token_of(Some(token))?, remaining, count)
+                .with_label(label);
+            rows.push(LineRow::new(info, capacity, weight));
         }
-        Ok(self.inner.polling.force_released(key, live))
+        Ok(rows)
+    }
+
+    async fn clear(&self, key: &LockKey) -> Result<bool> {
+        Ok(int(&self.run(key, "force", &[]).await?) == Some(1))
     }
 
     /// Walks the keyspace with SCAN (as the mutex listing does) and reads
     /// each line found.
-    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+    async fn list_granted(&self, limit: usize) -> Result<Vec<LockInfo>> {
         let conn = &self.inner.conn;
         let prefix = &conn.config().prefix;
         let pattern = list::role_pattern(prefix, "p");
@@ -410,9 +344,15 @@ impl DistributedLock for RedisPermits {
                 .iter()
                 .filter_map(|n| list::key_of_role(prefix, n, "p"))
             {
-                if let Some(line) = self.holders(&key).await? {
-                    found.insert(key, line.holders.into_iter().map(|h| h.info).collect());
-                }
+                let rows = self.read_line(&key).await?;
+                let Some(capacity) = rows.first().map(|r| r.capacity) else {
+                    continue;
+                };
+                let granted = permits::granted_count(rows.iter().map(|r| r.weight), capacity);
+                found.insert(
+                    key,
+                    rows.into_iter().take(granted).map(|r| r.info).collect(),
+                );
             }
             if found.values().map(Vec::len).sum::<usize>() >= limit || next == 0 {
                 break;
@@ -422,12 +362,11 @@ impl DistributedLock for RedisPermits {
         Ok(found.into_values().flatten().take(limit).collect())
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities
+    fn polling(&self) -> &Polling {
+        &self.inner.polling
     }
 
-    /// Itself: a semaphore store's mutex is its semaphore of one permit.
-    fn semaphores(&self) -> Option<Arc<dyn SemaphoreStore>> {
-        Some(Arc::new(self.clone()))
+    fn line_capabilities(&self) -> Capabilities {
+        self.inner.capabilities
     }
 }

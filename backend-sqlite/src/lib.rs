@@ -18,7 +18,6 @@ pub use config::{
     DEFAULT_TABLE,
 };
 pub use lock::{SqliteLock, SqliteLockBuilder};
-pub use permits::SqlitePermits;
 pub use schema::SCHEMA_VERSION;
 pub use sqlx;
 

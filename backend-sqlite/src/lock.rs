@@ -303,7 +303,9 @@ impl DistributedLock for SqliteLock {
     }
 
     fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
-        Some(Arc::new(self.inner.permits.clone()))
+        Some(Arc::new(fenced_api::permits::LineSemaphores::new(
+            self.inner.permits.clone(),
+        )))
     }
 }
 

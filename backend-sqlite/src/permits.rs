@@ -9,9 +9,10 @@
 //!   expired entries, read the rest (capacity, re-entry, total weight),
 //!   then insert.
 //! * An entry is granted once the weights of the live entries up to it fit
-//!   the capacity. Entries before it only ever leave, so a waiter can check
-//!   that with a plain read and then start its lease with an `UPDATE` that
-//!   requires the entry to be still live.
+//!   the capacity. A waiter looks inside a `BEGIN IMMEDIATE` transaction:
+//!   no renewal of an earlier entry can be in flight while it counts (a
+//!   plain read could see such an entry expired while its renewal commits),
+//!   and it starts its lease in the same transaction.
 //! * Waiters poll with backoff ([`fenced_api::permits::acquire_in_line`]),
 //!   renew their place every third of the TTL, and are woken at once by a
 //!   release in the same process.
@@ -20,16 +21,13 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    permits::{
-        self, Arrival, Decision, KeyHolders, LineEntry, LineStore, Look, PermitHolder, Permits,
-        SemaphoreStore,
-    },
-    wait::{Backoff, Polling},
-    Capabilities, DistributedLock, Error, FencingToken, Label, Lease, LockInfo, LockKey,
-    LockOptions, Owner, ReleaseOutcome, Result,
+    permits::{self, Arrival, Decision, LineEntry, LineRow, LineStore, Look, Permits},
+    wait::Polling,
+    Capabilities, FencingToken, Label, Lease, LockInfo, LockKey, LockOptions, Owner,
+    ReleaseOutcome, Result,
 };
 use fenced_sql::{rows::stored_key, sql, sqlite::NOW_US as NOW};
-use sqlx::{sqlite::SqliteRow, Row, SqlStr, SqlitePool};
+use sqlx::{Row, SqlStr, SqlitePool};
 use tokio::time::Instant;
 
 use crate::{
@@ -39,10 +37,11 @@ use crate::{
     unique_key::{token, RESOLUTION_US},
 };
 
-/// The store's semaphores: what [`SqliteLock::semaphores`](fenced_api::DistributedLock::semaphores)
-/// returns. Cheap to clone.
+/// The line steps of the store's semaphores; [`SqliteLock::semaphores`](fenced_api::DistributedLock::semaphores)
+/// returns them as [`LineSemaphores`](fenced_api::permits::LineSemaphores).
+/// Cheap to clone.
 #[derive(Clone)]
-pub struct SqlitePermits {
+pub(crate) struct SqlitePermits {
     inner: Arc<Inner>,
 }
 
@@ -69,7 +68,6 @@ struct Sql {
     insert: SqlStr,
     look: SqlStr,
     start: SqlStr,
-    renew: SqlStr,
     leave: SqlStr,
     extend: SqlStr,
     release_last: SqlStr,
@@ -123,10 +121,6 @@ impl Sql {
                  WHERE e.id = ?1 AND e.owner = ?2 AND e.expire_at > {NOW}"
             ),
             start: sql!(
-                "UPDATE {t} SET expire_at = {NOW} + ?1 \
-                 WHERE id = ?2 AND owner = ?3 AND expire_at > {NOW}"
-            ),
-            renew: sql!(
                 "UPDATE {t} SET expire_at = {NOW} + ?1 \
                  WHERE id = ?2 AND owner = ?3 AND expire_at > {NOW}"
             ),
@@ -255,6 +249,8 @@ impl LineStore for SqlitePermits {
         })
     }
 
+    /// One `BEGIN IMMEDIATE` transaction: no write (a renewal of an
+    /// earlier entry) can be in flight while it counts.
     async fn look(
         &self,
         key: &LockKey,
@@ -266,28 +262,31 @@ impl LineStore for SqlitePermits {
         let sql = &self.inner.sql;
         let id = row_id(token);
         let owner_bytes = owner.as_str().as_bytes();
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         let row = sqlx::query(sql.look.clone())
             .bind(id)
             .bind(owner_bytes)
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&mut *tx)
             .await
             .db()?;
         let Some(row) = row else {
+            tx.rollback().await.db()?;
             return Ok(Look::Gone);
         };
         let granted: bool = row.try_get(0).db()?;
         if !granted && !renew {
+            tx.rollback().await.db()?;
             return Ok(Look::Waiting);
         }
         let sent = Instant::now();
-        let statement = if granted { &sql.start } else { &sql.renew };
-        let done = sqlx::query(statement.clone())
+        let done = sqlx::query(sql.start.clone())
             .bind(expiry_us(opts.ttl()))
             .bind(id)
             .bind(owner_bytes)
-            .execute(&self.inner.pool)
+            .execute(&mut *tx)
             .await
             .db()?;
+        tx.commit().await.db()?;
         Ok(match (done.rows_affected(), granted) {
             (0, _) => Look::Gone,
             (_, true) => Look::Granted(Self::lease(key, owner, id, opts.ttl(), sent)),
@@ -308,95 +307,8 @@ impl LineStore for SqlitePermits {
         }
         Ok(())
     }
-}
 
-#[async_trait]
-impl SemaphoreStore for SqlitePermits {
-    async fn try_acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Option<Lease>> {
-        permits::try_acquire_in_line(self, key, permits, opts).await
-    }
-
-    async fn acquire_permits(
-        &self,
-        key: &LockKey,
-        permits: Permits,
-        opts: &LockOptions,
-    ) -> Result<Lease> {
-        let scope = self.inner.polling.scope();
-        permits::acquire_in_line(self, scope, key, permits, opts, Backoff::default()).await
-    }
-
-    async fn holders(&self, key: &LockKey) -> Result<Option<KeyHolders>> {
-        let rows = sqlx::query(self.inner.sql.holders.clone())
-            .bind(key.as_bytes())
-            .fetch_all(&self.inner.pool)
-            .await
-            .db()?;
-        holders_from_rows(key, &rows)
-    }
-}
-
-/// The line of `key` (live entries in id order) as holders and waiters.
-fn holders_from_rows(key: &LockKey, rows: &[SqliteRow]) -> Result<Option<KeyHolders>> {
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let capacity = u32::try_from(first.try_get::<i64, _>(5).db()?).unwrap_or(u32::MAX);
-    let mut weights = Vec::with_capacity(rows.len());
-    for row in rows {
-        weights.push(u32::try_from(row.try_get::<i64, _>(6).db()?).unwrap_or(u32::MAX));
-    }
-    let granted = permits::granted_count(weights, capacity);
-    let holders = rows[..granted]
-        .iter()
-        .map(|row| holder_from_row(key, row))
-        .collect::<Result<Vec<_>>>()?;
-    let waiting = rows.len() - holders.len();
-    Ok(Some(KeyHolders::new(
-        key.clone(),
-        capacity,
-        holders,
-        waiting,
-    )))
-}
-
-fn holder_from_row(key: &LockKey, row: &SqliteRow) -> Result<PermitHolder> {
-    let capacity: i64 = row.try_get(5).db()?;
-    let weight: i64 = row.try_get(6).db()?;
-    let permits = Permits::from_parts(
-        u32::try_from(capacity).unwrap_or(0),
-        u32::try_from(weight).unwrap_or(0),
-    )
-    .map_err(|_| {
-        Error::backend(
-            error::BACKEND,
-            false,
-            format!("an entry of `{key}` has capacity {capacity} and weight {weight}; was the table edited by hand?"),
-        )
-    })?;
-    Ok(PermitHolder::new(info_from_row(key, row)?, permits))
-}
-
-#[async_trait]
-impl DistributedLock for SqlitePermits {
-    async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.try_acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Lease> {
-        self.acquire_permits(key, Permits::semaphore(1)?, opts)
-            .await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = LockOptions::validate_ttl(ttl)?;
-        let sent = Instant::now();
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let done = sqlx::query(self.inner.sql.extend.clone())
             .bind(expiry_us(ttl))
             .bind(row_id(lease.token))
@@ -404,17 +316,10 @@ impl DistributedLock for SqlitePermits {
             .execute(&self.inner.pool)
             .await
             .db()?;
-        if done.rows_affected() == 0 {
-            return Err(Error::lease_lost(
-                &lease.key,
-                lease.token,
-                "the permit expired or was force-released",
-            ));
-        }
-        Ok(lease.renewed(ttl, sent))
+        Ok(done.rows_affected() > 0)
     }
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+    async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let sql = &self.inner.sql;
         let (id, owner) = (row_id(lease.token), lease.owner.as_str().as_bytes());
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
@@ -441,18 +346,27 @@ impl DistributedLock for SqlitePermits {
             }
         };
         tx.commit().await.db()?;
-        Ok(self.inner.polling.released(&lease.key, outcome))
+        Ok(outcome)
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        Ok(self
-            .holders(key)
-            .await?
-            .and_then(|k| k.holders.into_iter().next())
-            .map(|h| h.info))
+    async fn read_line(&self, key: &LockKey) -> Result<Vec<LineRow>> {
+        let rows = sqlx::query(self.inner.sql.holders.clone())
+            .bind(key.as_bytes())
+            .fetch_all(&self.inner.pool)
+            .await
+            .db()?;
+        rows.iter()
+            .map(|row| {
+                Ok(LineRow::new(
+                    info_from_row(key, row)?,
+                    u32::try_from(row.try_get::<i64, _>(5).db()?).unwrap_or(0),
+                    u32::try_from(row.try_get::<i64, _>(6).db()?).unwrap_or(0),
+                ))
+            })
+            .collect()
     }
 
-    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+    async fn clear(&self, key: &LockKey) -> Result<bool> {
         let rows = sqlx::query(self.inner.sql.force.clone())
             .bind(key.as_bytes())
             .fetch_all(&self.inner.pool)
@@ -462,13 +376,10 @@ impl DistributedLock for SqlitePermits {
         for row in &rows {
             live |= row.try_get::<bool, _>(0).db()?;
         }
-        if live {
-            tracing::warn!(key = %key, "semaphore force-released");
-        }
-        Ok(self.inner.polling.force_released(key, live))
+        Ok(live)
     }
 
-    async fn list(&self, limit: usize) -> Result<Vec<LockInfo>> {
+    async fn list_granted(&self, limit: usize) -> Result<Vec<LockInfo>> {
         let rows = sqlx::query(self.inner.sql.list.clone())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.inner.pool)
@@ -483,12 +394,11 @@ impl DistributedLock for SqlitePermits {
         Ok(held)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities
+    fn polling(&self) -> &Polling {
+        &self.inner.polling
     }
 
-    /// Itself: a semaphore store's mutex is its semaphore of one permit.
-    fn semaphores(&self) -> Option<Arc<dyn SemaphoreStore>> {
-        Some(Arc::new(self.clone()))
+    fn line_capabilities(&self) -> Capabilities {
+        self.inner.capabilities
     }
 }

@@ -180,7 +180,8 @@ impl ClientInner {
 /// one [`extend_many`](DistributedLock::extend_many) call (one `UPDATE` per
 /// 256 leases on the SQL stores), so holding thousands of locks costs a few
 /// round trips per renewal interval, not one per lock. A lone renewal is
-/// sent at once.
+/// sent at once. (Permits of semaphores and reader-writer locks are renewed
+/// one statement each, batched only in time.)
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
@@ -525,10 +526,16 @@ impl LockClient {
         }
         let opts = opts.build()?;
         let store = &self.inner.lock;
+        // Permits are asked of the permit side only, whose `semaphores` is set.
+        let no_semaphores = || Error::Unsupported {
+            backend: self.inner.backend,
+            what: "semaphores or reader-writer locks".into(),
+        };
         let acquire = || async {
             match (request, &self.inner.semaphores) {
                 (Request::Permits(p), Some(sem)) => sem.acquire_permits(key, p, &opts).await,
-                _ => store.acquire(key, &opts).await,
+                (Request::Permits(_), None) => Err(no_semaphores()),
+                (Request::Mutex, _) => store.acquire(key, &opts).await,
             }
         };
         let lease = async {
@@ -537,7 +544,8 @@ impl LockClient {
                     (Request::Permits(p), Some(sem)) => {
                         sem.try_acquire_permits(key, p, &opts).await
                     }
-                    _ => store.try_acquire(key, &opts).await,
+                    (Request::Permits(_), None) => Err(no_semaphores()),
+                    (Request::Mutex, _) => store.try_acquire(key, &opts).await,
                 },
                 Some(WaitPolicy::NoWait) => acquire().await.map(Some),
                 // The policy allows waiting: the store's acquire is the wait.

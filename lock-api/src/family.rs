@@ -229,7 +229,7 @@ impl LockClient {
             release_all(guards).await;
             return failed.map_or(Ok(None), Err);
         }
-        Ok(Some(MultiGuard { guards }))
+        Ok(Some(MultiGuard::new(guards)))
     }
 
     /// Leader election on `key`: [`Election::campaign`] waits to hold the
@@ -524,9 +524,34 @@ async fn holders(client: &LockClient, key: &LockKey) -> Result<Option<KeyHolders
 pub struct MultiGuard {
     /// In key order.
     guards: Vec<LockGuard>,
+    /// Cancelled when the first member is lost, by one watcher task that
+    /// ends with the members' holds.
+    lost: CancellationToken,
 }
 
 impl MultiGuard {
+    /// Needs a tokio runtime (called from `take_all`, inside one).
+    fn new(guards: Vec<LockGuard>) -> Self {
+        let lost = CancellationToken::new();
+        let members: Vec<CancellationToken> = guards.iter().map(LockGuard::lost_token).collect();
+        let ended: Vec<CancellationToken> =
+            guards.iter().map(|g| g.handle().ended_token()).collect();
+        let any = lost.clone();
+        tokio::spawn(async move {
+            let lost =
+                futures_util::future::select_all(members.iter().map(|t| Box::pin(t.cancelled())));
+            let all_ended =
+                futures_util::future::join_all(ended.iter().map(CancellationToken::cancelled));
+            tokio::select! {
+                // A loss wins over the end of the holds it caused.
+                biased;
+                _ = lost => any.cancel(),
+                _ = all_ended => {}
+            }
+        });
+        MultiGuard { guards, lost }
+    }
+
     /// The members' guards, in key order.
     pub fn guards(&self) -> &[LockGuard] {
         &self.guards
@@ -590,29 +615,10 @@ impl MultiGuard {
     }
 
     /// A token cancelled when any member is lost (see
-    /// [`LockGuard::lost_token`]). It is watched by a task of its own, which
-    /// ends with the members' holds.
+    /// [`LockGuard::lost_token`]); cancelling it stops what listens to it,
+    /// nothing else.
     pub fn lost_token(&self) -> CancellationToken {
-        let any = CancellationToken::new();
-        let members: Vec<CancellationToken> =
-            self.guards.iter().map(LockGuard::lost_token).collect();
-        let ended: Vec<CancellationToken> = self
-            .guards
-            .iter()
-            .map(|g| g.handle().ended_token())
-            .collect();
-        let out = any.clone();
-        tokio::spawn(async move {
-            let lost =
-                futures_util::future::select_all(members.iter().map(|t| Box::pin(t.cancelled())));
-            let ended =
-                futures_util::future::select_all(ended.iter().map(|t| Box::pin(t.cancelled())));
-            tokio::select! {
-                _ = lost => any.cancel(),
-                _ = ended => {}
-            }
-        });
-        out
+        self.lost.child_token()
     }
 
     /// Releases every member, newest first.

@@ -422,8 +422,9 @@ impl LeaseHandle {
         self.held.lost.child_token()
     }
 
-    /// A token cancelled when the hold ends for any reason (released,
-    /// dropped, lost): what a helper task watching the hold stops on.
+    /// A token cancelled when the hold is finished (released, or its last
+    /// guard dropped) — not when it is lost: what a helper task watching
+    /// the hold stops on.
     pub(crate) fn ended_token(&self) -> CancellationToken {
         self.held.stop.child_token()
     }

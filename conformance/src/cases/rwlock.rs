@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{
     expiry_slack, fresh_key, rises,
-    semaphore::{store, wait_opts},
+    semaphore::{store, until_waiting, wait_opts},
 };
 use crate::{
     check::{ensure, some, CaseResult, Failure, Outcome},
@@ -100,7 +100,7 @@ pub async fn waiting_writer_holds_back_new_readers(h: &dyn Harness) -> CaseResul
             (lease, Instant::now(), w)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_waiting(s.as_ref(), &key, 1).await?;
     ensure!(!writer.is_finished(), "the writer got in beside a reader");
     let late = store!(h);
     ensure!(
@@ -116,7 +116,7 @@ pub async fn waiting_writer_holds_back_new_readers(h: &dyn Harness) -> CaseResul
             (lease, Instant::now(), late)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_waiting(s.as_ref(), &key, 2).await?;
     ensure!(
         !reader.is_finished(),
         "a late reader got in while a writer waited"
@@ -197,8 +197,15 @@ pub async fn writer_not_starved_by_readers(h: &dyn Harness) -> CaseResult {
             Ok::<(), Error>(())
         }));
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The readers are at it: one holds when the writer joins.
     let w = store!(h);
+    let start = Instant::now();
+    while w.holders(&key).await?.is_none_or(|k| k.holders.is_empty()) {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(Failure("no reader held the key within 10 s".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let opts = wait_opts(h.base_ttl() * 10, Duration::from_secs(10))?;
     let got = w.acquire_permits(&key, Permits::write(), &opts).await;
     stop.store(true, Ordering::SeqCst);
@@ -209,8 +216,9 @@ pub async fn writer_not_starved_by_readers(h: &dyn Harness) -> CaseResult {
             .map_err(|e| Failure(format!("a reader panicked: {e}")))??;
     }
     ensure!(
-        reads.load(Ordering::SeqCst) >= 3,
-        "the readers never overlapped the writer's wait"
+        reads.load(Ordering::SeqCst) >= 2,
+        "the readers did not keep arriving ({} reads)",
+        reads.load(Ordering::SeqCst)
     );
     Ok(Outcome::Passed)
 }
