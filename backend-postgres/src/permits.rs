@@ -45,7 +45,7 @@ use crate::{
     conn,
     error::{self, PostgresBackend, SqlResultExt},
     list::info_from_row,
-    strategy::lease::{micros, token},
+    strategy::lease::{micros, stored, token},
     wait::Waiting,
 };
 
@@ -195,11 +195,6 @@ impl Sql {
     }
 }
 
-fn row_id(token: FencingToken) -> i64 {
-    // -1 is never a sequence value: a forged token matches nothing.
-    i64::try_from(token.get()).unwrap_or(-1)
-}
-
 impl PostgresPermits {
     pub(crate) fn new(config: &PostgresConfig, pool: PgPool) -> Self {
         let channel = format!("{}_permits", config.table.as_str());
@@ -322,7 +317,7 @@ impl PostgresPermits {
         renew: bool,
     ) -> Result<Look> {
         let (sql, pool) = (&self.inner.sql, &self.inner.pool);
-        let id = row_id(token);
+        let id = stored(token);
         let owner_bytes = owner.as_str().as_bytes();
         sqlx::query(sql.clear_before.clone())
             .bind(key.as_bytes())
@@ -360,7 +355,7 @@ impl PostgresPermits {
 
     async fn release_unbounded(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let (sql, pool) = (&self.inner.sql, &self.inner.pool);
-        let (id, owner) = (row_id(lease.token), lease.owner.as_str().as_bytes());
+        let (id, owner) = (stored(lease.token), lease.owner.as_str().as_bytes());
         let gone = sqlx::query(sql.release_last.clone())
             .bind(id)
             .bind(owner)
@@ -421,7 +416,7 @@ impl LineStore for PostgresPermits {
     async fn leave(&self, _key: &LockKey, owner: &Owner, token: FencingToken) -> Result<()> {
         self.bounded("leave the line", async {
             sqlx::query(self.inner.sql.leave.clone())
-                .bind(row_id(token))
+                .bind(stored(token))
                 .bind(owner.as_str().as_bytes())
                 .bind(&self.inner.channel)
                 .fetch_optional(&self.inner.pool)
@@ -437,7 +432,7 @@ impl LineStore for PostgresPermits {
             .bounded("extend", async {
                 sqlx::query(self.inner.sql.extend.clone())
                     .bind(micros(ttl))
-                    .bind(row_id(lease.token))
+                    .bind(stored(lease.token))
                     .bind(lease.owner.as_str().as_bytes())
                     .execute(&self.inner.pool)
                     .await

@@ -47,7 +47,7 @@ use crate::{
     lock::PostgresLock,
     strategy::{
         advisory::{self, guc_ms, hash::advisory_key},
-        lease::{micros, notify_channel, token},
+        lease::{micros, notify_channel, stored, token},
     },
 };
 
@@ -59,11 +59,6 @@ const CHECK_INTERVAL_MS: u32 = 250;
 /// a vanished client is noticed after 10 + 3 × 5 s of silence and its
 /// transaction rolled back.
 const KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
-
-/// A stored token; -1 (never a sequence value) for one no row can have.
-fn stored(t: FencingToken) -> i64 {
-    i64::try_from(t.get()).unwrap_or(-1)
-}
 
 /// The session of a transaction's connection, as startup parameters (no
 /// round trip). `statement_timeout` is left to the server's and role's

@@ -34,7 +34,7 @@ use crate::{
     config::TableName,
     error::{self, SqlResultExt, SqliteBackend},
     list::info_from_row,
-    unique_key::{token, RESOLUTION_US},
+    unique_key::{expiry_us, token, RESOLUTION_US},
 };
 
 /// The line steps of the store's semaphores; [`SqliteLock::semaphores`](fenced_api::DistributedLock::semaphores)
@@ -75,13 +75,6 @@ struct Sql {
     holders: SqlStr,
     force: SqlStr,
     list: SqlStr,
-}
-
-/// `ttl` as whole microseconds plus the clock's resolution (see unique_key.rs).
-fn expiry_us(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_micros())
-        .unwrap_or(i64::MAX / 2)
-        .saturating_add(RESOLUTION_US)
 }
 
 fn row_id(token: FencingToken) -> i64 {

@@ -39,7 +39,7 @@ pub(crate) const RESOLUTION_US: i64 = 1000;
 
 /// A TTL as whole microseconds plus the clock's resolution. TTLs are
 /// validated (≤ 24 h), so this cannot overflow.
-fn expiry_us(ttl: Duration) -> i64 {
+pub(crate) fn expiry_us(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_micros())
         .unwrap_or(i64::MAX / 2)
         .saturating_add(RESOLUTION_US)

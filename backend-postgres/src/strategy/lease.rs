@@ -58,10 +58,10 @@ pub(crate) fn token(v: i64) -> FencingToken {
     FencingToken::new(u64::try_from(v).unwrap_or(0))
 }
 
-/// A lease's token as stored; -1 (never a sequence value) for a token no
-/// row can have, so a forged lease matches nothing.
-fn stored(lease: &Lease) -> i64 {
-    i64::try_from(lease.token.get()).unwrap_or(-1)
+/// A token as stored; -1 (never a sequence value) for a token no row can
+/// have, so a forged lease matches nothing.
+pub(crate) fn stored(token: FencingToken) -> i64 {
+    i64::try_from(token.get()).unwrap_or(-1)
 }
 
 /// What a release or force-release did: its outcome, and whether the key
@@ -276,7 +276,7 @@ impl LeaseRows {
                     sqlx::query(self.extend.clone())
                         .bind(micros(ttl))
                         .bind(lease.key.as_bytes())
-                        .bind(stored(lease))
+                        .bind(stored(lease.token))
                         .bind(lease.owner.as_str().as_bytes()),
                 )
             })
@@ -297,7 +297,7 @@ impl LeaseRows {
         ttl: Duration,
     ) -> Result<ChunkVerdict> {
         let keys: Vec<&[u8]> = chunk.iter().map(|l| l.key.as_bytes()).collect();
-        let tokens: Vec<i64> = chunk.iter().map(|l| stored(l)).collect();
+        let tokens: Vec<i64> = chunk.iter().map(|l| stored(l.token)).collect();
         let owners: Vec<&[u8]> = chunk.iter().map(|l| l.owner.as_str().as_bytes()).collect();
         let rows = self
             .live(|| {
@@ -324,7 +324,7 @@ impl LeaseRows {
                 self.conns.fetch_optional(
                     sqlx::query(self.release.clone())
                         .bind(lease.key.as_bytes())
-                        .bind(stored(lease))
+                        .bind(stored(lease.token))
                         .bind(lease.owner.as_str().as_bytes())
                         .bind(&self.channel),
                 )
@@ -427,6 +427,6 @@ mod tests {
             Duration::from_secs(1),
             Instant::now(),
         );
-        assert_eq!(stored(&lease), -1);
+        assert_eq!(stored(lease.token), -1);
     }
 }
