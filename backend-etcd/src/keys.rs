@@ -6,6 +6,9 @@
 //! keys, owners or prefixes, so `a` and `a/b` — or prefixes `x` and
 //! `x/lock` — never overlap, and in etcd's key order the entries of one key
 //! are contiguous.
+//!
+//! Semaphores and reader-writer locks live beside them, in lines of their
+//! own: `<prefix>\0permits\0<key>\0<owner>` (module `permits`).
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use fenced_api::LockKey;
@@ -15,13 +18,23 @@ use fenced_api::LockKey;
 pub(crate) struct Keys {
     /// `<prefix>\0lock\0`.
     lines: Vec<u8>,
+    /// `<prefix>\0permits\0`.
+    permits: Vec<u8>,
 }
 
 impl Keys {
     pub(crate) fn new(prefix: &str) -> Keys {
-        let mut lines = prefix.as_bytes().to_vec();
-        lines.extend_from_slice(b"\0lock\0");
-        Keys { lines }
+        let named = |role: &[u8]| {
+            let mut p = prefix.as_bytes().to_vec();
+            p.push(0);
+            p.extend_from_slice(role);
+            p.push(0);
+            p
+        };
+        Keys {
+            lines: named(b"lock"),
+            permits: named(b"permits"),
+        }
     }
 
     /// `<prefix>\0lock\0`: what every line of the namespace starts with.
@@ -32,11 +45,7 @@ impl Keys {
     /// `<prefix>\0lock\0<key>\0`: the line of `key` — its holder and its
     /// waiters, one entry each.
     pub(crate) fn line(&self, key: &LockKey) -> Vec<u8> {
-        let mut p = Vec::with_capacity(self.lines.len() + key.as_bytes().len() + 1 + 36);
-        p.extend_from_slice(&self.lines);
-        p.extend_from_slice(key.as_bytes());
-        p.push(0);
-        p
+        line_in(&self.lines, key)
     }
 
     /// `<prefix>\0lock\0<key>\0<owner>`: the entry of one owner in the line.
@@ -45,6 +54,31 @@ impl Keys {
         p.extend_from_slice(owner);
         p
     }
+
+    /// `<prefix>\0permits\0`: what every semaphore line starts with.
+    pub(crate) fn permit_lines(&self) -> &[u8] {
+        &self.permits
+    }
+
+    /// `<prefix>\0permits\0<key>\0`: the semaphore line of `key`.
+    pub(crate) fn permit_line(&self, key: &LockKey) -> Vec<u8> {
+        line_in(&self.permits, key)
+    }
+
+    /// `<prefix>\0permits\0<key>\0<owner>`: one owner's entry in it.
+    pub(crate) fn permit_entry(&self, key: &LockKey, owner: &[u8]) -> Vec<u8> {
+        let mut p = self.permit_line(key);
+        p.extend_from_slice(owner);
+        p
+    }
+}
+
+fn line_in(base: &[u8], key: &LockKey) -> Vec<u8> {
+    let mut p = Vec::with_capacity(base.len() + key.as_bytes().len() + 1 + 36);
+    p.extend_from_slice(base);
+    p.extend_from_slice(key.as_bytes());
+    p.push(0);
+    p
 }
 
 /// The oldest entry of a line: the holder.
@@ -81,5 +115,9 @@ mod tests {
         assert_eq!(keys.lines(), b"app\0lock\0");
         assert_eq!(keys.line(&k), b"app\0lock\0a/b\0".to_vec());
         assert_eq!(keys.entry(&k, b"me"), b"app\0lock\0a/b\0me".to_vec());
+        assert_eq!(
+            keys.permit_entry(&k, b"me"),
+            b"app\0permits\0a/b\0me".to_vec()
+        );
     }
 }

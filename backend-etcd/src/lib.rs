@@ -3,16 +3,18 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 // Files import only files of a lower layer, and none imports `lock`:
-// lock | wait (and wait/watch), list | session | track | batch |
-// client, keys, entry | config, error.
+// lock | permits | wait (and wait/watch), list, hold | session | track |
+// batch | client, keys, entry | config, error.
 mod batch;
 mod client;
 mod config;
 mod entry;
 mod error;
+mod hold;
 mod keys;
 mod list;
 mod lock;
+mod permits;
 mod session;
 mod track;
 mod wait;

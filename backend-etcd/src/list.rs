@@ -30,7 +30,7 @@ struct Line {
 
 /// The first key after every key that starts with `prefix` (which ends in
 /// NUL here, so incrementing its last byte is enough).
-fn range_end(prefix: &[u8]) -> Vec<u8> {
+pub(crate) fn range_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {

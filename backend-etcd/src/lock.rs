@@ -4,22 +4,24 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fenced_api::{
-    deadlines::Tracked, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
+    permits::LineSemaphores, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
     LockOptions, ReleaseOutcome, Result, WaitPolicy,
 };
 use tokio::{task::JoinHandle, time::Instant};
 
 use crate::{
-    batch::{Batches, KeyState, Kind},
+    batch::Batches,
     client::{first_kv, revision, Etcd},
     config::EtcdConfig,
     entry, error,
+    hold::Holds,
     keys::{oldest, Keys},
     list,
+    permits::{EtcdPermits, Shared},
     session::{RefreshError, Sessions},
-    track::{self, Held, Tracker},
+    track::{self, Tracker},
     wait::{self, Attempt, Parts, WatchHub},
 };
 
@@ -40,6 +42,7 @@ struct Inner {
     tracker: Arc<Tracker>,
     batches: Arc<Batches>,
     watches: WatchHub,
+    permits: EtcdPermits,
     reaper: JoinHandle<()>,
 }
 
@@ -146,13 +149,32 @@ impl EtcdLock {
             Arc::clone(&tracker),
             Arc::downgrade(&batches),
         ));
+        let keys = Keys::new(&config.prefix);
+        let sessions = Arc::new(Sessions::new(etcd.clone(), Arc::clone(&tracker)));
+        let scope = format!(
+            "etcd:{}#{}#permits",
+            config.endpoints().join(","),
+            config.prefix()
+        );
+        let permits = EtcdPermits::new(
+            Shared {
+                etcd: &etcd,
+                keys: &keys,
+                sessions: &sessions,
+                tracker: &tracker,
+                batches: &batches,
+            },
+            scope,
+            capabilities(),
+        );
         let inner = Inner {
-            keys: Keys::new(&config.prefix),
+            keys,
             config,
-            sessions: Arc::new(Sessions::new(etcd.clone(), Arc::clone(&tracker))),
+            sessions,
             tracker,
             batches,
             watches: WatchHub::new(etcd.clone()),
+            permits,
             etcd,
             reaper,
         };
@@ -203,91 +225,14 @@ impl EtcdLock {
             .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())))
     }
 
-    /// The guard of extend/release: this owner's entry (its path names the
-    /// owner), from this exact acquisition (an entry is only ever a holder
-    /// once it is the oldest, and stays the oldest until it is deleted).
-    fn is_current(&self, lease: &Lease) -> [Compare; 1] {
-        let entry = self.entry_of(lease);
-        [Compare::create_revision(
-            entry,
-            CompareOp::Equal,
-            lease.token.get() as i64,
-        )]
-    }
-
-    /// Extend of a lock this client tracks on its current session lease:
-    /// one batched ownership check, plus a keep-alive if the lease is due.
-    /// `Ok(None)`: the key is still this holder's but on another lease.
-    async fn extend_in_place(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-        on: i64,
-    ) -> Result<Option<Lease>> {
-        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
+    /// What extend and release use.
+    fn holds(&self) -> Holds<'_> {
         let inner = &self.inner;
-        let (class, view) = inner.sessions.session(ttl).await?;
-        if view.id != on {
-            return Ok(None);
+        Holds {
+            sessions: &inner.sessions,
+            tracker: &inner.tracker,
+            batches: &inner.batches,
         }
-        let entry = self.entry_of(lease);
-        let (state, fresh) = tokio::join!(
-            inner.batches.check(&entry),
-            inner.sessions.freshen(&class, view)
-        );
-        match state? {
-            Some(KeyState {
-                create_revision,
-                value,
-                lease: on_lease,
-            }) if create_revision == lease.token.get() as i64
-                && entry::owner_bytes(&value) == lease.owner.as_str().as_bytes() =>
-            {
-                if on_lease != view.id {
-                    return Ok(None);
-                }
-            }
-            _ => return Err(lost("the key was deleted, expired or re-created")),
-        }
-        let fresh = match fresh {
-            Ok(v) => v,
-            Err(_) => return Err(lost("the session lease ended")),
-        };
-        Ok(Some(lease.renewed(fresh.ttl, fresh.sent_at())))
-    }
-
-    /// Puts a current lock on this client's session lease for `ttl`: a new
-    /// TTL, or a lock taken through another client. A put keeps the create
-    /// revision, so the token (and the place in line) stays, and keeps the
-    /// value (owner and label, which the lease does not carry).
-    async fn extend_by_moving(&self, lease: &Lease, ttl: Duration) -> Result<(Lease, i64)> {
-        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let inner = &self.inner;
-        let entry = self.entry_of(lease);
-        for _ in 0..2 {
-            let (class, view) = inner.sessions.session(ttl).await?;
-            let txn = Txn::new()
-                .when(self.is_current(lease))
-                .and_then([TxnOp::put(
-                    entry.clone(),
-                    Vec::new(),
-                    Some(PutOptions::new().with_ignore_value().with_lease(view.id)),
-                )]);
-            let sent = inner.sessions.txn_on(&class, view, "extend txn", txn);
-            let Some((resp, fresh)) = sent.await? else {
-                continue;
-            };
-            if !resp.succeeded() {
-                return Err(lost("the key was deleted, expired or re-created"));
-            }
-            let fresh = fresh.map_err(|_| lost("the session lease ended"))?;
-            return Ok((lease.renewed(fresh.ttl, fresh.sent_at()), fresh.id));
-        }
-        Err(Error::backend(
-            error::BACKEND,
-            true,
-            "the session lease vanished twice in a row",
-        ))
     }
 }
 
@@ -359,70 +304,12 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        LockOptions::validate_ttl(ttl)?;
-        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let path = self.entry_of(lease);
-        let token = lease.token.get() as i64;
-        let tracker = &self.inner.tracker;
-        let tracked = (path, token);
-        let on = match tracker.begin_extend(&tracked) {
-            Tracked::Expired => return Err(lost("its TTL passed without an extend")),
-            Tracked::Lost => return Err(lost("its session lease ended or its entry was deleted")),
-            Tracked::No => None,
-            Tracked::Yes(held) => Some(held.lease),
-        };
-        let mut ending = tracker.extending(on.map(|_| tracked.clone()));
-        let held = |id| Held {
-            owner: lease.owner.clone(),
-            lease: id,
-        };
-        if let Some(on) = on {
-            if let Some(renewed) = self.extend_in_place(lease, ttl, on).await.inspect_err(|e| {
-                if matches!(e, Error::LeaseLost { .. }) {
-                    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                    tracker.forget(&tracked);
-                }
-            })? {
-                ending.renewed(renewed.deadline, held(on));
-                return Ok(renewed);
-            }
-        }
-        match self.extend_by_moving(lease, ttl).await {
-            Ok((renewed, on)) => {
-                if ending.is_active() {
-                    ending.renewed(renewed.deadline, held(on));
-                } else {
-                    tracker.track(tracked.clone(), held(on), renewed.deadline);
-                }
-                Ok(renewed)
-            }
-            Err(e) => {
-                if matches!(e, Error::LeaseLost { .. }) {
-                    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                    tracker.forget(&tracked);
-                }
-                Err(e)
-            }
-        }
+        self.holds().extend(self.entry_of(lease), lease, ttl).await
     }
 
+    /// Deleting the holder's entry hands the lock to the next in line.
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let entry = self.entry_of(lease);
-        // Deleting the holder's entry hands the lock to the next in line.
-        let op = TxnOp::txn(
-            Txn::new()
-                .when(self.is_current(lease))
-                .and_then([TxnOp::delete(entry.clone(), None)]),
-        );
-        // On an error the lock stays tracked: the reaper deletes it at its deadline.
-        let resp = self.inner.batches.batched(Kind::Writes, &entry, op).await?;
-        let token = lease.token.get() as i64;
-        self.inner.tracker.forget(&(entry, token));
-        if !matches!(resp, TxnOpResponse::Txn(t) if t.succeeded()) {
-            tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        Ok(ReleaseOutcome::Released)
+        self.holds().release(self.entry_of(lease), lease).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -493,14 +380,24 @@ impl DistributedLock for EtcdLock {
     /// a lock whose holder stopped extending can outlive its deadline by up
     /// to one TTL if the whole client dies before the deadline.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-            .backend("etcd")
-            .native_wait(true)
-            .fifo(true)
-            .durable(true)
-            .fencing(true)
-            .min_ttl(Duration::from_secs(2))
+        capabilities()
     }
+
+    /// Semaphores and reader-writer locks in lines of their own (see the
+    /// crate docs): FIFO, tokens from create revisions, waiting by polling.
+    fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
+        Some(Arc::new(LineSemaphores::new(self.inner.permits.clone())))
+    }
+}
+
+fn capabilities() -> Capabilities {
+    Capabilities::none()
+        .backend("etcd")
+        .native_wait(true)
+        .fifo(true)
+        .durable(true)
+        .fencing(true)
+        .min_ttl(Duration::from_secs(2))
 }
 
 #[cfg(test)]

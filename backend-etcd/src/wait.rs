@@ -108,10 +108,28 @@ impl Attempt {
         lease: i64,
         explicit: bool,
     ) -> Attempt {
+        Attempt::at(
+            parts.sessions,
+            parts.keys.entry(key, owner.as_str().as_bytes()),
+            entry::value(owner, label),
+            lease,
+            explicit,
+        )
+    }
+
+    /// An attempt that puts `value` at `entry` on session lease `lease`
+    /// (any line: a lock's or a semaphore's).
+    pub(crate) fn at(
+        sessions: &Arc<Sessions>,
+        entry: Vec<u8>,
+        value: Vec<u8>,
+        lease: i64,
+        explicit: bool,
+    ) -> Attempt {
         Attempt {
-            sessions: Arc::clone(parts.sessions),
-            entry: parts.keys.entry(key, owner.as_str().as_bytes()),
-            value: entry::value(owner, label),
+            sessions: Arc::clone(sessions),
+            entry,
+            value,
             lease,
             explicit,
             armed: true,

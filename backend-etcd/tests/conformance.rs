@@ -7,4 +7,4 @@ use common::EtcdHarness;
 
 fenced_conformance::conformance_tests!(EtcdHarness::new().await, skips = [
     c12_reentrant_owner_counts: "etcd offers no reentrancy by owner (reentrant: false); LockClient reentrancy, c12_client_reentrancy, runs",
-], without_semaphores = "etcd has no semaphores yet (issue 18)");
+]);

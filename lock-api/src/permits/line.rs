@@ -88,6 +88,28 @@ pub trait LineStore: Send + Sync + fmt::Debug {
     /// re-entered entry's expiry never shortened); whether it was current.
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool>;
 
+    /// Extends the granted entry of `lease` for `ttl`: a
+    /// [`renew`](Self::renew) whose lease then runs from the send time of
+    /// that request. A store whose deadline comes from elsewhere (etcd: the
+    /// keep-alive of the session lease the entry is on) overrides this.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when the entry is no longer `lease`'s; the
+    /// store's errors.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = LockOptions::validate_ttl(ttl)?;
+        let sent = tokio::time::Instant::now();
+        if self.renew(lease, ttl).await? {
+            return Ok(lease.renewed(ttl, sent));
+        }
+        Err(Error::lease_lost(
+            &lease.key,
+            lease.token,
+            "the permit expired, was released or was force-released",
+        ))
+    }
+
     /// Gives back one hold of `lease`'s entry: the last removes it.
     async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome>;
 
@@ -460,16 +482,7 @@ impl<L: LineStore + Clone + 'static> DistributedLock for LineSemaphores<L> {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = LockOptions::validate_ttl(ttl)?;
-        let sent = tokio::time::Instant::now();
-        if self.0.renew(lease, ttl).await? {
-            return Ok(lease.renewed(ttl, sent));
-        }
-        Err(Error::lease_lost(
-            &lease.key,
-            lease.token,
-            "the permit expired, was released or was force-released",
-        ))
+        self.0.extend(lease, ttl).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
