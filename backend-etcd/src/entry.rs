@@ -11,6 +11,9 @@ use fenced_api::{permits::Permits, Label, LockKey, LockOptions, Owner, Result};
 
 use crate::error;
 
+/// Who an entry is: its owner and label.
+pub(crate) type Holder = (Owner, Option<Label>);
+
 /// The value to put for an entry.
 pub(crate) fn value(owner: &Owner, label: Option<&Label>) -> Vec<u8> {
     let mut v = owner.as_str().as_bytes().to_vec();
@@ -29,7 +32,7 @@ pub(crate) fn owner_bytes(value: &[u8]) -> &[u8] {
 /// The owner and label of a value. A value with no valid owner (the store
 /// was written by hand) gives a random owner; an invalid label is shown as
 /// none — it is for people, not for the lock.
-pub(crate) fn decode(key: &LockKey, value: &[u8]) -> (Owner, Option<Label>) {
+pub(crate) fn decode(key: &LockKey, value: &[u8]) -> Holder {
     let owner = owner_bytes(value);
     let owner = Owner::new(String::from_utf8_lossy(owner)).unwrap_or_else(|_| Owner::random());
     let label = value.get(owner_len(value) + 1..).and_then(|l| {
@@ -68,7 +71,7 @@ pub(crate) fn permit_value(owner: &Owner, permits: Permits, label: Option<&Label
 pub(crate) fn decode_permit(
     key: &LockKey,
     value: &[u8],
-) -> ((Owner, Option<Label>), Option<(u32, u32)>) {
+) -> (Holder, Option<(u32, u32)>) {
     let owner = owner_bytes(value);
     let rest = value.get(owner.len() + 1..).unwrap_or_default();
     let (sizes, label) = match rest.iter().position(|b| *b == b'\n') {
