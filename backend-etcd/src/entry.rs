@@ -68,10 +68,7 @@ pub(crate) fn permit_value(owner: &Owner, permits: Permits, label: Option<&Label
 /// A semaphore entry's value decoded: owner and label as [`decode`] reads
 /// a lock's, and the (capacity, weight) — `None` when the value has none (the
 /// store was written by hand).
-pub(crate) fn decode_permit(
-    key: &LockKey,
-    value: &[u8],
-) -> (Holder, Option<(u32, u32)>) {
+pub(crate) fn decode_permit(key: &LockKey, value: &[u8]) -> (Holder, Option<(u32, u32)>) {
     let owner = owner_bytes(value);
     let rest = value.get(owner.len() + 1..).unwrap_or_default();
     let (sizes, label) = match rest.iter().position(|b| *b == b'\n') {

@@ -6,10 +6,10 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fenced_api::{
-    permits::LineSemaphores, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
-    LockOptions, ReleaseOutcome, Result, WaitPolicy,
+    deadlines::ReaperTask, permits::LineSemaphores, Capabilities, DistributedLock, Error, Lease,
+    LockInfo, LockKey, LockOptions, ReleaseOutcome, Result, WaitPolicy,
 };
-use tokio::{task::JoinHandle, time::Instant};
+use tokio::time::Instant;
 
 use crate::{
     batch::Batches,
@@ -43,15 +43,11 @@ struct Inner {
     batches: Arc<Batches>,
     watches: WatchHub,
     permits: EtcdPermits,
-    reaper: JoinHandle<()>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Locks still held expire with their session leases, which nothing
-        // refreshes once the client is gone: one TTL after the last use.
-        self.reaper.abort();
-    }
+    /// Shared with the semaphores, which keep it running after the lock
+    /// handles are gone. Locks still held when the last handle goes expire
+    /// with their session leases, which nothing refreshes then: one TTL
+    /// after the last use.
+    _reaper: Arc<ReaperTask>,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -145,7 +141,7 @@ impl EtcdLock {
         let etcd = Etcd::connect(&config).await?;
         let tracker = Arc::new(track::tracker());
         let batches = Arc::new(Batches::new(etcd.clone()));
-        let reaper = tokio::spawn(track::reaper(
+        let reaper = ReaperTask::spawn(track::reaper(
             Arc::clone(&tracker),
             Arc::downgrade(&batches),
         ));
@@ -163,6 +159,7 @@ impl EtcdLock {
                 sessions: &sessions,
                 tracker: &tracker,
                 batches: &batches,
+                reaper: &reaper,
             },
             scope,
             capabilities(),
@@ -176,7 +173,7 @@ impl EtcdLock {
             watches: WatchHub::new(etcd.clone()),
             permits,
             etcd,
-            reaper,
+            _reaper: reaper,
         };
         Ok(EtcdLock {
             inner: Arc::new(inner),

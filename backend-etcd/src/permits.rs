@@ -34,7 +34,7 @@ use etcd_client::{
 };
 use etcd_client::{Txn, TxnOp};
 use fenced_api::{
-    deadlines::Tracked,
+    deadlines::{ReaperTask, Tracked},
     permits::{self, Arrival, Decision, LineEntry, LineRow, LineStore, Look, Permits},
     wait::Polling,
     Capabilities, Error, FencingToken, Lease, LockInfo, LockKey, LockOptions, Owner,
@@ -77,6 +77,9 @@ struct Inner {
     batches: Arc<Batches>,
     polling: Polling,
     capabilities: Capabilities,
+    /// The client's reaper stays while the semaphores are in use, also
+    /// after the lock handles are gone: it enforces every entry's TTL.
+    _reaper: Arc<ReaperTask>,
 }
 
 impl std::fmt::Debug for EtcdPermits {
@@ -104,6 +107,7 @@ pub(crate) struct Shared<'a> {
     pub(crate) sessions: &'a Arc<Sessions>,
     pub(crate) tracker: &'a Arc<Tracker>,
     pub(crate) batches: &'a Arc<Batches>,
+    pub(crate) reaper: &'a Arc<ReaperTask>,
 }
 
 impl EtcdPermits {
@@ -117,6 +121,7 @@ impl EtcdPermits {
                 batches: Arc::clone(shared.batches),
                 polling: Polling::new(scope),
                 capabilities: capabilities.fifo(true).native_wait(false),
+                _reaper: Arc::clone(shared.reaper),
             }),
         }
     }

@@ -35,6 +35,32 @@ impl Keys {
     pub(crate) fn queue(&self, key: &LockKey) -> String {
         format!("{}/{}", self.namespace, encode(key))
     }
+
+    /// `<namespace>/p<encoded key>`: the semaphore line of `key`, a
+    /// namespace apart from its lock queue.
+    pub(crate) fn permit_queue(&self, key: &LockKey) -> String {
+        format!("{}/p{}", self.namespace, &encode(key)[1..])
+    }
+}
+
+/// The key of a semaphore line's znode name (`p<encoded key>`).
+pub(crate) fn decode_permit_queue(name: &str) -> Option<LockKey> {
+    decode(&format!("k{}", name.strip_prefix('p')?))
+}
+
+/// The prefix of a new semaphore entry's name: `<nonce>-<capacity>.<weight>-`
+/// (it starts as a lock entry's, so an entry whose create reply was lost is
+/// found by its nonce alike); ZooKeeper appends the sequence.
+pub(crate) fn permit_entry_prefix(nonce: &str, capacity: u32, weight: u32) -> String {
+    format!("{}{capacity}.{weight}-", entry_prefix(nonce))
+}
+
+/// The (capacity, weight) in a semaphore entry's name.
+pub(crate) fn permit_sizes(name: &str) -> Option<(u32, u32)> {
+    let (rest, _sequence) = name.rsplit_once('-')?;
+    let (_nonce, sizes) = rest.rsplit_once('-')?;
+    let (c, w) = sizes.split_once('.')?;
+    Some((c.parse().ok()?, w.parse().ok()?))
 }
 
 /// The znode name of a key's queue.
@@ -87,6 +113,21 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    #[test]
+    fn permit_lines_and_entries() {
+        let keys = Keys::new("/ns");
+        let key = LockKey::new("a/b").unwrap();
+        assert_eq!(keys.permit_queue(&key), "/ns/pa%2Fb");
+        assert_eq!(decode_permit_queue("pa%2Fb"), Some(key.clone()));
+        assert_eq!(decode("pa%2Fb"), None, "never read as a lock queue");
+        let name = format!("{}0000000007", permit_entry_prefix("abc", 1 << 30, 1));
+        assert_eq!(name, "abc-1073741824.1-0000000007");
+        assert_eq!(permit_sizes(&name), Some((1 << 30, 1)));
+        assert_eq!(sequence(&name), Some(7));
+        assert!(name.starts_with(&entry_prefix("abc")));
+        assert_eq!(permit_sizes("abc-0000000007"), None);
+    }
 
     #[test]
     fn every_key_round_trips_to_one_valid_name() {

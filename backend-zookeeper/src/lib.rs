@@ -3,15 +3,18 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 // Files import only files of a lower layer, and none imports `lock`:
-// lock | wait | list, queue | session, track | keys, entry, tls | config, error;
+// lock | permits | wait | list, queue, hold | session, track | keys, entry, tls |
+// config, error;
 // session and track are partners (a session's end marks its locks lost,
 // the reaper deletes through the sessions).
 mod config;
 mod entry;
 mod error;
+mod hold;
 mod keys;
 mod list;
 mod lock;
+mod permits;
 mod queue;
 mod session;
 mod tls;

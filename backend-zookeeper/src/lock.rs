@@ -5,17 +5,19 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    deadlines::Tracked, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
-    LockOptions, ReleaseOutcome, Result, WaitPolicy,
+    deadlines::ReaperTask, permits::LineSemaphores, Capabilities, DistributedLock, Error, Lease,
+    LockInfo, LockKey, LockOptions, ReleaseOutcome, Result, WaitPolicy,
 };
-use tokio::{task::JoinHandle, time::Instant};
+use tokio::time::Instant;
 
 use crate::{
     config::ZkConfig,
     entry,
     error::{self, kind, Kind},
+    hold,
     keys::Keys,
     list::{self, Holder},
+    permits::ZkPermits,
     queue::{Attempt, Parts, Place},
     session::{self, Sessions},
     track::{self, Node, Tracker},
@@ -36,15 +38,11 @@ struct Inner {
     keys: Keys,
     sessions: Arc<Sessions>,
     tracker: Arc<Tracker>,
-    reaper: JoinHandle<()>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Closing the sessions (when the last handle goes) deletes every
-        // node of theirs on the server.
-        self.reaper.abort();
-    }
+    permits: ZkPermits,
+    /// Shared with the semaphores, which keep it running after the lock
+    /// handles are gone. Closing the sessions (when the last handle goes)
+    /// deletes every node of theirs on the server.
+    _reaper: Arc<ReaperTask>,
 }
 
 impl fmt::Debug for ZkLock {
@@ -145,17 +143,32 @@ impl ZkLock {
         config.validate()?;
         let tracker = Arc::new(track::tracker());
         let sessions = Arc::new(Sessions::connect(config.clone(), Arc::clone(&tracker)).await?);
-        let reaper = tokio::spawn(track::reaper(
+        let reaper = ReaperTask::spawn(track::reaper(
             Arc::clone(&tracker),
             Arc::downgrade(&sessions),
         ));
+        let keys = Keys::new(&config.namespace);
+        let scope = format!(
+            "zk:{}#{}#permits",
+            config.hosts().join(","),
+            config.namespace()
+        );
+        let permits = ZkPermits::new(
+            Arc::clone(&sessions),
+            keys.clone(),
+            Arc::clone(&tracker),
+            Arc::clone(&reaper),
+            scope,
+            capabilities(),
+        );
         Ok(ZkLock {
             inner: Arc::new(Inner {
-                keys: Keys::new(&config.namespace),
+                keys,
                 config,
                 sessions,
                 tracker,
-                reaper,
+                permits,
+                _reaper: reaper,
             }),
         })
     }
@@ -181,9 +194,11 @@ impl ZkLock {
     /// The tracked node of `lease`: the one with its token as creation
     /// zxid, in its key's queue.
     fn tracked(&self, lease: &Lease) -> Option<(String, i64)> {
-        let queue = format!("{}/", self.inner.keys.queue(&lease.key));
-        track::node_of(&self.inner.tracker, lease.token.get() as i64)
-            .filter(|(path, _)| path.starts_with(&queue))
+        hold::tracked_in(
+            &self.inner.tracker,
+            &self.inner.keys.queue(&lease.key),
+            lease,
+        )
     }
 
     /// The node of `lease` if it is still current (`None` when it is gone
@@ -320,55 +335,24 @@ impl DistributedLock for ZkLock {
     /// sessions.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         LockOptions::validate_ttl(ttl)?;
-        let lost = |why: &str| Error::lease_lost(&lease.key, lease.token, why);
-        let tracker = &self.inner.tracker;
-        let Some(node) = self.tracked(lease) else {
-            return self.extend_untracked(lease, ttl).await;
-        };
-        let held = match tracker.begin_extend(&node) {
-            Tracked::Expired => return Err(lost("its TTL passed without an extend")),
-            Tracked::Lost => return Err(lost("its session ended or its node was deleted")),
-            Tracked::Yes(held) => held,
-            Tracked::No => return self.extend_untracked(lease, ttl).await,
-        };
-        let mut ending = tracker.extending(Some(node.clone()));
-        if held.owner != lease.owner {
-            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: another owner's lease");
-            return Err(lost("the lock belongs to another owner"));
-        }
-        let Some(s) = self.inner.sessions.by_id(held.session) else {
-            tracker.lose(&node);
-            return Err(lost("its session ended"));
-        };
-        let ttl = session::granted(ttl, s.negotiated());
-        let data = entry::data(&held.owner, ttl, held.label.as_ref());
-        let sent = Instant::now();
-        match s
-            .run("set", s.client().set_data(&node.0, &data, None))
-            .await?
-        {
-            Ok(_) => {
-                let renewed = lease.renewed(ttl, sent);
-                ending.renewed(renewed.deadline, held);
-                Ok(renewed)
+        let inner = &self.inner;
+        if let Some(node) = self.tracked(lease) {
+            let extended =
+                hold::extend_tracked(&inner.sessions, &inner.tracker, node, lease, ttl).await?;
+            if let Some(renewed) = extended {
+                return Ok(renewed);
             }
-            Err(e) if kind(&e) == Kind::NoNode => {
-                tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
-                tracker.forget(&node);
-                Err(lost("its node was deleted or expired"))
-            }
-            Err(e) => Err(error::map(e)),
         }
+        self.extend_untracked(lease, ttl).await
     }
 
     /// One delete for a lock this client holds (its owner checked against
     /// the tracked one); a lease this client does not track is read first.
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let tracker = &self.inner.tracker;
-        let token = lease.token.get() as i64;
+        let inner = &self.inner;
         let tracked = self
             .tracked(lease)
-            .and_then(|node| tracker.data(&node).map(|held| (node.0, held)));
+            .and_then(|node| inner.tracker.data(&node).map(|held| (node.0, held)));
         let path = match tracked {
             Some((path, held)) if held.owner == lease.owner => Some(path),
             Some(_) => None,
@@ -378,17 +362,8 @@ impl DistributedLock for ZkLock {
             tracing::warn!(key = %lease.key, token = %lease.token, "release of a lease that was not held");
             return Ok(ReleaseOutcome::NotHeld);
         };
-        let s = self.inner.sessions.get().await?;
-        // Deleting the path deletes exactly this grant, and hands the lock
-        // to the next in line. On an error the lock stays tracked: the
-        // reaper deletes it at its deadline.
-        let outcome = match s.run("delete", s.client().delete(&path, None)).await? {
-            Ok(()) => ReleaseOutcome::Released,
-            Err(e) if kind(&e) == Kind::NoNode => ReleaseOutcome::NotHeld,
-            Err(e) => return Err(error::map(e)),
-        };
-        tracker.forget(&(path, token));
-        Ok(outcome)
+        let token = lease.token.get() as i64;
+        hold::delete(&inner.sessions, &inner.tracker, path, token).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -433,14 +408,24 @@ impl DistributedLock for ZkLock {
     /// whose holder stopped extending can outlive its deadline by up to its
     /// session's timeout if the whole client dies first.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-            .backend("zookeeper")
-            .native_wait(true)
-            .fifo(true)
-            .durable(true)
-            .fencing(true)
-            .min_ttl(Duration::from_secs(1))
+        capabilities()
     }
+
+    /// Semaphores and reader-writer locks in lines of their own (see the
+    /// crate docs): FIFO, creation zxids as tokens, waiting by polling.
+    fn semaphores(&self) -> Option<Arc<dyn fenced_api::SemaphoreStore>> {
+        Some(Arc::new(LineSemaphores::new(self.inner.permits.clone())))
+    }
+}
+
+fn capabilities() -> Capabilities {
+    Capabilities::none()
+        .backend("zookeeper")
+        .native_wait(true)
+        .fifo(true)
+        .durable(true)
+        .fencing(true)
+        .min_ttl(Duration::from_secs(1))
 }
 
 #[cfg(test)]

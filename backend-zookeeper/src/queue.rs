@@ -89,7 +89,7 @@ const REMOVE_LOOKS: u32 = 3;
 /// would block the key for everyone once it became the lowest, and nothing
 /// else deletes it while its session is alive. When the session ends, the
 /// server deletes the entry itself.
-async fn remove(session: &Session, queue: &str, nonce: &str, name: Option<&str>) {
+pub(crate) async fn remove(session: &Session, queue: &str, nonce: &str, name: Option<&str>) {
     let mut misses = 0;
     for attempt in 0u32.. {
         match remove_once(session, queue, nonce, name).await {
@@ -358,7 +358,7 @@ impl Attempt {
 
 /// Creates the namespace (persistent nodes) and the queue (a container
 /// node, which the server deletes once it is empty).
-async fn make_queue(s: &Session, keys: &Keys, queue: &str) -> Result<()> {
+pub(crate) async fn make_queue(s: &Session, keys: &Keys, queue: &str) -> Result<()> {
     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
     match s
         .run(

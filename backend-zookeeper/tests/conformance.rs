@@ -7,4 +7,4 @@ use common::ZkHarness;
 
 fenced_conformance::conformance_tests!(ZkHarness::new().await, skips = [
     c12_reentrant_owner_counts: "ZooKeeper locks offer no reentrancy by owner (reentrant: false); LockClient reentrancy, c12_client_reentrancy, runs",
-], without_semaphores = "ZooKeeper has no semaphores yet (issue 18)");
+]);

@@ -441,5 +441,28 @@ where
     }
 }
 
+/// A client's reaper task, shared by every handle that needs it alive (a
+/// lock store and its semaphores): aborted when the last one is dropped.
+#[derive(Debug)]
+pub struct ReaperTask(tokio::task::JoinHandle<()>);
+
+impl ReaperTask {
+    /// Spawns `reaper` (e.g. a [`Deadlines::run_reaper`]) on the current
+    /// tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as `tokio::spawn`.
+    pub fn spawn(reaper: impl Future<Output = ()> + Send + 'static) -> Arc<ReaperTask> {
+        Arc::new(ReaperTask(tokio::spawn(reaper)))
+    }
+}
+
+impl Drop for ReaperTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests;
