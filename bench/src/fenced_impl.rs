@@ -5,13 +5,14 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    DistributedLock, Driver, Error, Lease, LockClient, LockGuard, LockKey, LockOptions, WaitPolicy,
+    permits::Permits, DistributedLock, Driver, Error, Lease, LockClient, LockGuard, LockKey,
+    LockOptions, SemaphoreStore, WaitPolicy,
 };
 use tokio::time::Instant;
 
 use crate::{
     peers,
-    runner::{ChildSpec, Implementation, Locker},
+    runner::{ChildSpec, Implementation, Locker, Role},
     stats::Kind,
     stats::{Server, Servers},
     BenchError, Scenario, ScenarioKind,
@@ -262,6 +263,8 @@ impl Implementation for FencedImpl {
             }));
         }
         Ok(Box::new(FencedLocker {
+            semaphores: store.semaphores(),
+            permit_cell: scenario.is_family(),
             store,
             held: HashMap::new(),
         }))
@@ -300,24 +303,60 @@ impl Implementation for FencedImpl {
     }
 }
 
-/// One task on the raw trait: acquire with a wait bound, release.
+/// One task on the raw trait: acquire with a wait bound, release. Permits
+/// and reader-writer grants are taken from the store's semaphores and given
+/// back there.
 struct FencedLocker {
     store: Arc<dyn DistributedLock>,
     held: HashMap<String, Lease>,
+    semaphores: Option<Arc<dyn SemaphoreStore>>,
+    /// A family cell: every lease is a permit.
+    permit_cell: bool,
+}
+
+/// Loop-cell options: the loop TTL, waiting until `give_up`.
+fn wait_until(give_up: Instant) -> Result<LockOptions, BenchError> {
+    let wait = give_up
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    Ok(LockOptions::builder()
+        .ttl(LOOP_TTL)
+        .wait_timeout(wait)
+        .build()?)
 }
 
 #[async_trait]
 impl Locker for FencedLocker {
     async fn acquire(&mut self, key: &str, give_up: Instant) -> Result<bool, BenchError> {
-        let wait = give_up
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        let opts = LockOptions::builder()
-            .ttl(LOOP_TTL)
-            .wait_timeout(wait)
-            .build()?;
+        let opts = wait_until(give_up)?;
         let k = LockKey::new(key)?;
         match self.store.acquire(&k, &opts).await {
+            Ok(lease) => {
+                self.held.insert(key.to_owned(), lease);
+                Ok(true)
+            }
+            Err(Error::Timeout { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn acquire_as(
+        &mut self,
+        key: &str,
+        role: Role,
+        give_up: Instant,
+    ) -> Result<bool, BenchError> {
+        let permits = match role {
+            Role::Permit(n) => Permits::semaphore(n)?,
+            Role::Read => Permits::read(),
+            Role::Write => Permits::write(),
+        };
+        let Some(sems) = self.semaphores.clone() else {
+            return Err(BenchError::new("this store has no semaphores"));
+        };
+        let opts = wait_until(give_up)?;
+        let k = LockKey::new(key)?;
+        match sems.acquire_permits(&k, permits, &opts).await {
             Ok(lease) => {
                 self.held.insert(key.to_owned(), lease);
                 Ok(true)
@@ -332,7 +371,11 @@ impl Locker for FencedLocker {
             .held
             .remove(key)
             .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
-        match self.store.release(&lease).await? {
+        let released = match (&self.semaphores, self.permit_cell) {
+            (Some(sems), true) => sems.release(&lease).await?,
+            _ => self.store.release(&lease).await?,
+        };
+        match released {
             fenced_api::ReleaseOutcome::Released => Ok(()),
             other => Err(BenchError::new(format!("release of `{key}`: {other:?}"))),
         }

@@ -33,6 +33,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod error;
+mod family;
 mod fenced_impl;
 mod peers;
 mod readme;
@@ -47,7 +48,7 @@ pub use error::BenchError;
 pub use fenced_impl::implementations;
 pub use readme::{readme_summary, replace_readme_summary, README_MARKERS};
 pub use report::{markdown, read_jsonl, summary_table, write_jsonl, MachineInfo};
-pub use runner::{run, ChildSpec, Implementation, Locker, Progress};
+pub use runner::{run, ChildSpec, Implementation, Locker, Progress, Role};
 pub use scenario::{Profile, Scenario, ScenarioKind};
 pub use stats::{CellResult, Kind, ManyKeys, Servers};
 pub use svg::write_plots;

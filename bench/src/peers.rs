@@ -60,6 +60,9 @@ enum PeerKind {
     SqlxAdvisory,
     /// ShedLock's JDBC statements (database time) on PostgreSQL.
     ShedLock,
+    /// Semaphores and reader-writer locks from PostgreSQL advisory locks:
+    /// N advisory slots; `pg_advisory_lock_shared` / `pg_advisory_lock`.
+    PgAdvisoryFamily,
 }
 
 struct Peer {
@@ -98,6 +101,7 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
         ("peer/pg-advisory", PeerKind::PgAdvisory),
         ("peer/sqlx-advisory", PeerKind::SqlxAdvisory),
         ("peer/shedlock-pg", PeerKind::ShedLock),
+        ("peer/pg-advisory-family", PeerKind::PgAdvisoryFamily),
     ]
     .into_iter()
     .map(|(name, kind)| {
@@ -162,6 +166,14 @@ impl Implementation for Peer {
                  HKDF-SHA256 of the key; one connection; 2 round trips per cycle, nothing \
                  written, no token"
             }
+            PeerKind::PgAdvisoryFamily => {
+                "what PostgreSQL offers without a library: a semaphore of N = N advisory \
+                 slots (pg_try_advisory_lock on each in turn; all taken: pg_advisory_lock on \
+                 one slot, chosen by task, in the server's queue); a reader-writer lock = \
+                 pg_advisory_lock_shared / pg_advisory_lock (the server's queue: a waiting \
+                 writer holds back later readers); release the matching unlock; one \
+                 connection; nothing written, no token, no agreement on N"
+            }
             PeerKind::ShedLock => {
                 "ShedLock's statements with database time: a name's first use INSERT … ON \
                  CONFLICT DO NOTHING, then UPDATE … SET lock_until = now + 30 s … WHERE name = \
@@ -182,7 +194,8 @@ impl Implementation for Peer {
             | PeerKind::PgCommit
             | PeerKind::PgAdvisory
             | PeerKind::SqlxAdvisory
-            | PeerKind::ShedLock => Server::Postgres,
+            | PeerKind::ShedLock
+            | PeerKind::PgAdvisoryFamily => Server::Postgres,
             _ => Server::MySql,
         }
     }
@@ -200,9 +213,11 @@ impl Implementation for Peer {
             // per connection); the raw pair would hold 10 000 entries of the
             // server's shared lock table.
             PeerKind::RowLock | PeerKind::SqlxAdvisory | PeerKind::PgAdvisory => {
-                !matches!(s.kind, ScenarioKind::ManyKeys { .. })
+                !matches!(s.kind, ScenarioKind::ManyKeys { .. }) && !s.is_family()
             }
-            _ => true,
+            PeerKind::PgAdvisoryFamily => s.is_family(),
+            // Mutexes: no semaphores or reader-writer locks.
+            _ => !s.is_family(),
         }
     }
 
@@ -234,7 +249,8 @@ impl Implementation for Peer {
             | PeerKind::PgCommit
             | PeerKind::PgAdvisory
             | PeerKind::SqlxAdvisory
-            | PeerKind::ShedLock => pg::locker(self.kind, &self.servers, &self.id).await?,
+            | PeerKind::ShedLock
+            | PeerKind::PgAdvisoryFamily => pg::locker(self.kind, &self.servers, &self.id).await?,
             PeerKind::RedisPing | PeerKind::Rslock => {
                 let client = redis::Client::open(self.servers.redis.as_str())?;
                 if self.kind == PeerKind::Rslock {

@@ -482,7 +482,12 @@ pub fn markdown(
          another task waiting that the releasing task re-acquired. Cross-process cells (`xproc-…`) \
          run each task in a process of its own, times taken on `CLOCK_MONOTONIC` (one clock for \
          every process of the machine), so every hand-off there goes from one process to another \
-         through the store.\n",
+         through the store. Family cells run one semaphore (`semaphore-N-…`: N permits) or one \
+         reader-writer lock (`rw-90r-…`: every tenth acquisition of a task a write) with every \
+         task on the one key; `fenced/*` rows use the store's `SemaphoreStore`; their hand-off \
+         gap pairs each acquisition that was waiting with the latest release by another task \
+         that it waited through, and a violation is more holders than permits, or a writer \
+         beside anyone, in this process.\n",
         date = machine.date,
         cpus = machine.cpus,
         my = v(&machine.mysql_version),
@@ -491,7 +496,7 @@ pub fn markdown(
         zk = v(&machine.zookeeper_version),
         pg = v(&machine.postgres_version),
     );
-    let groups: [(&str, Pick); 4] = [
+    let groups: [(&str, Pick); 5] = [
         ("Uncontended and parallel keys", |n| {
             n == "uncontended" || n.starts_with("parallel")
         }),
@@ -505,6 +510,10 @@ pub fn markdown(
             "Contended across processes: one task per process, one key",
             |n| n.starts_with("xproc"),
         ),
+        (
+            "Semaphores and reader-writer locks, every task on one key",
+            |n| n.starts_with("semaphore") || n.starts_with("rw-"),
+        ),
     ];
     for (title, pick) in groups {
         if !results.iter().any(|r| pick(&r.scenario.name)) {
@@ -517,9 +526,23 @@ pub fn markdown(
             .filter(|r| pick(&r.scenario.name) && r.many.is_none())
             .collect();
         rows.sort_by(|a, b| a.scenario.name.cmp(&b.scenario.name));
-        for r in rows {
+        for r in &rows {
             s.push_str(&row(r));
             s.push('\n');
+        }
+        let writers: Vec<String> = rows
+            .iter()
+            .filter_map(|r| {
+                let w = r.write_wait_p99_ms?;
+                Some(format!("{} {w:.1}", r.implementation))
+            })
+            .collect();
+        if !writers.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nWriters' wait p99 (ms) in the reader-writer cells: {}.",
+                writers.join(", ")
+            );
         }
     }
     push_many_keys(

@@ -44,11 +44,43 @@ pub trait Locker: Send {
     /// Whatever the store reports, or a lock found lost at release.
     async fn release(&mut self, key: &str) -> Result<(), BenchError>;
 
+    /// Takes `key` as `role` (a permit of a semaphore, a reader or the
+    /// writer), waiting at most until `give_up`; [`release`](Self::release)
+    /// gives it back. Only implementations that run family scenarios
+    /// ([`Scenario::is_family`]) have it.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the store reports; by default that the implementation has
+    /// no semaphores.
+    async fn acquire_as(
+        &mut self,
+        key: &str,
+        role: Role,
+        give_up: Instant,
+    ) -> Result<bool, BenchError> {
+        let _ = (key, give_up);
+        Err(BenchError::new(format!(
+            "this implementation cannot take a lock as {role:?}"
+        )))
+    }
+
     /// How many of the currently held locks this locker knows are lost
     /// (implementations with renewal); 0 otherwise.
     fn lost(&self) -> usize {
         0
     }
+}
+
+/// How a family scenario's task takes its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// One permit of a semaphore of this many.
+    Permit(u32),
+    /// A reader of a reader-writer lock.
+    Read,
+    /// The writer of a reader-writer lock.
+    Write,
 }
 
 /// A lock implementation under test.
@@ -186,6 +218,9 @@ fn tracing_free_warn(msg: &str) {
 async fn run_cell(imp: &dyn Implementation, s: &Scenario, servers: &Servers) -> CellResult {
     if s.kind == ScenarioKind::CrossProcess {
         return crate::xproc::cell(imp, s, servers).await;
+    }
+    if s.is_family() {
+        return crate::family::cell(imp, s, servers).await;
     }
     let mut lockers = Vec::with_capacity(s.tasks);
     for _ in 0..s.tasks {

@@ -22,6 +22,18 @@ pub enum ScenarioKind {
     /// `tasks` child processes on one key, one task each: every hand-off
     /// goes from one process to another, through the store.
     CrossProcess,
+    /// `tasks` tasks on one semaphore of `permits` permits.
+    Semaphore {
+        /// The semaphore's capacity.
+        permits: u32,
+    },
+    /// `tasks` tasks on one reader-writer lock: every `write_every`-th
+    /// acquisition of a task is a write (offset by the task's number, so
+    /// the writes are spread), the others reads.
+    ReadWrite {
+        /// One write in this many acquisitions (10: 90 % reads).
+        write_every: u32,
+    },
 }
 
 /// One column of the matrix.
@@ -67,6 +79,13 @@ impl Scenario {
             ScenarioKind::Contended => format!("contended-{tasks}-h{hold_ms}-t{think_ms}"),
             ScenarioKind::ManyKeys { keys } => format!("many-keys-{keys}"),
             ScenarioKind::CrossProcess => format!("xproc-{tasks}-h{hold_ms}-t{think_ms}"),
+            ScenarioKind::Semaphore { permits } => {
+                format!("semaphore-{permits}-{tasks}-h{hold_ms}-t{think_ms}")
+            }
+            ScenarioKind::ReadWrite { write_every } => format!(
+                "rw-{}r-{tasks}-h{hold_ms}-t{think_ms}",
+                100 - 100 / write_every.max(1)
+            ),
         };
         Scenario {
             name,
@@ -83,6 +102,15 @@ impl Scenario {
         matches!(
             self.kind,
             ScenarioKind::Contended | ScenarioKind::CrossProcess
+        )
+    }
+
+    /// Whether it runs a semaphore or a reader-writer lock (one key, held by
+    /// several tasks at once).
+    pub fn is_family(&self) -> bool {
+        matches!(
+            self.kind,
+            ScenarioKind::Semaphore { .. } | ScenarioKind::ReadWrite { .. }
         )
     }
 
@@ -126,6 +154,8 @@ impl Profile {
                 Scenario::new(Contended, 6, 2, 0, 0.4),
                 Scenario::new(ManyKeys { keys: 50 }, 1, 300, 0, 0.3),
                 Scenario::new(CrossProcess, 3, 2, 0, 0.4),
+                Scenario::new(Semaphore { permits: 2 }, 4, 2, 0, 0.4),
+                Scenario::new(ReadWrite { write_every: 4 }, 4, 2, 0, 0.4),
             ],
             Profile::Full => {
                 let mut v = vec![
@@ -145,6 +175,8 @@ impl Profile {
                     }
                 }
                 v.push(Scenario::new(CrossProcess, XPROC_PROCESSES, 5, 0, 4.0));
+                v.push(Scenario::new(Semaphore { permits: 4 }, 16, 5, 0, 4.0));
+                v.push(Scenario::new(ReadWrite { write_every: 10 }, 16, 5, 0, 4.0));
                 v.push(Scenario::new(ManyKeys { keys: 10_000 }, 1, 8_000, 0, 8.0));
                 v
             }

@@ -121,6 +121,10 @@ pub struct CellResult {
     pub violations: u64,
     /// Many-keys numbers.
     pub many: Option<ManyKeys>,
+    /// Reader-writer cells: the writers' wait p99 (ms), beside `wait_p99_ms`
+    /// of every acquisition — how long a writer waits among readers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_wait_p99_ms: Option<f64>,
 }
 
 impl CellResult {
@@ -153,6 +157,7 @@ impl CellResult {
             abandoned: 0,
             violations: 0,
             many: None,
+            write_wait_p99_ms: None,
         }
     }
 }
@@ -219,7 +224,57 @@ pub(crate) fn analyze(
     r.per_task = per_task;
     if s.shares_one_key() {
         handoffs(r, &recs);
+    } else if s.is_family() {
+        slot_handoffs(r, &recs);
     }
+}
+
+/// The hand-off columns from the gaps (ms).
+fn set_handoffs(r: &mut CellResult, gaps: Vec<f64>) {
+    let gaps = sorted(gaps);
+    r.handoff_samples = gaps.len();
+    if !gaps.is_empty() {
+        r.handoff_p50_ms = Some(quantile(&gaps, 0.5));
+        r.handoff_p99_ms = Some(quantile(&gaps, 0.99));
+        r.handoff_cdf_ms = (0..=100)
+            .map(|p| quantile(&gaps, p as f64 / 100.0))
+            .collect();
+    }
+}
+
+/// The writers' wait p99 (ms) of a reader-writer cell.
+pub(crate) fn write_wait_p99(waits: Vec<Duration>) -> Option<f64> {
+    let waits = sorted(waits.into_iter().map(ms).collect());
+    (!waits.is_empty()).then(|| quantile(&waits, 0.99))
+}
+
+/// Hand-off gaps where several tasks hold one key at once (semaphores,
+/// reader-writer locks), from acquisitions sorted by acquire time: an
+/// acquisition that was already waiting when another task began a release
+/// is paired with the latest such release not yet paired (each release
+/// frees one place), and its gap is release start → acquired. With one
+/// permit this is the mutex's hand-off. Barging is not judged here.
+fn slot_handoffs(r: &mut CellResult, recs: &[Rec]) {
+    let mut releases: Vec<(Instant, usize)> = recs.iter().map(|x| (x.t2, x.task)).collect();
+    releases.sort();
+    let mut next = 0;
+    let mut open: Vec<(Instant, usize)> = Vec::new();
+    let mut gaps = Vec::new();
+    for g in recs {
+        while next < releases.len() && releases[next].0 <= g.t1 {
+            open.push(releases[next]);
+            next += 1;
+        }
+        // The latest unpaired release by another task while `g` waited.
+        if let Some(at) = open
+            .iter()
+            .rposition(|(t2, task)| *task != g.task && *t2 >= g.t0)
+        {
+            let (t2, _) = open.remove(at);
+            gaps.push(ms(g.t1.saturating_duration_since(t2)));
+        }
+    }
+    set_handoffs(r, gaps);
 }
 
 /// Hand-off gaps and barging, from acquisitions sorted by acquire time.
@@ -256,15 +311,7 @@ fn handoffs(r: &mut CellResult, recs: &[Rec]) {
     if contested > 0 {
         r.barging_share = Some(barged as f64 / contested as f64);
     }
-    let gaps = sorted(gaps);
-    r.handoff_samples = gaps.len();
-    if !gaps.is_empty() {
-        r.handoff_p50_ms = Some(quantile(&gaps, 0.5));
-        r.handoff_p99_ms = Some(quantile(&gaps, 0.99));
-        r.handoff_cdf_ms = (0..=100)
-            .map(|p| quantile(&gaps, p as f64 / 100.0))
-            .collect();
-    }
+    set_handoffs(r, gaps);
 }
 
 /// Which server an implementation talks to.
@@ -624,6 +671,36 @@ mod tests {
             "zk://app:pw@h1,[::1],h2:2182/b"
         );
         assert_eq!(servers.zookeeper_first(), "h1:2181");
+    }
+
+    /// Two permits: tasks 0 and 1 hold from 0 ms; task 2 waits from 1 ms
+    /// and gets the place task 0 frees at 10 ms, at 13 ms (a 3 ms hand-off);
+    /// task 1's release at 20 ms finds nobody waiting (no hand-off).
+    #[test]
+    fn slot_hand_offs_pair_a_waiter_with_the_release_it_waited_for() {
+        let base = Instant::now();
+        let at = |ms: u64| base + Duration::from_millis(ms);
+        let rec = |task, t0, t1, t2, t3| Rec {
+            task,
+            t0: at(t0),
+            t1: at(t1),
+            t2: at(t2),
+            t3: at(t3),
+        };
+        let recs = vec![
+            rec(0, 0, 0, 10, 11),
+            rec(1, 0, 0, 20, 21),
+            rec(2, 1, 13, 30, 31),
+        ];
+        let s = crate::Profile::Smoke
+            .scenarios()
+            .into_iter()
+            .find(Scenario::is_family)
+            .expect("a family cell in the smoke profile");
+        let mut r = CellResult::empty("x", Kind::Fenced, &s);
+        slot_handoffs(&mut r, &recs);
+        assert_eq!(r.handoff_samples, 1);
+        assert_eq!(r.handoff_p50_ms, Some(3.0));
     }
 
     #[test]

@@ -79,6 +79,13 @@ pub(super) async fn locker(
             prefix,
             held: HashMap::new(),
         }),
+        PeerKind::PgAdvisoryFamily => Box::new(AdvisoryFamily {
+            conn: Some(conn),
+            servers: servers.clone(),
+            prefix,
+            held: HashMap::new(),
+            slot: 0,
+        }),
         PeerKind::SqlxAdvisory => Box::new(SqlxAdvisory {
             state: SqlxState::Idle(conn),
             servers: servers.clone(),
@@ -246,6 +253,145 @@ impl Locker for RawAdvisory {
             Ok(())
         } else {
             Err(BenchError::new("pg_advisory_unlock: the lock was not held"))
+        }
+    }
+}
+
+/// Semaphores and reader-writer locks from advisory locks (see the peer's
+/// note). A wait given up closes the connection, as [`RawAdvisory`]'s.
+struct AdvisoryFamily {
+    conn: Option<PgConnection>,
+    servers: Servers,
+    prefix: String,
+    /// Key → (advisory key, shared).
+    held: HashMap<String, (i64, bool)>,
+    /// The slot this task waits on when every slot is taken.
+    slot: u32,
+}
+
+impl AdvisoryFamily {
+    async fn conn(&mut self) -> Result<&mut PgConnection, BenchError> {
+        if self.conn.is_none() {
+            self.conn = Some(connect(&self.servers).await?);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| BenchError::new("postgres: no connection"))
+    }
+
+    async fn try_lock(&mut self, k: i64) -> Result<bool, BenchError> {
+        let conn = self.conn().await?;
+        let row = sqlx::query("SELECT pg_try_advisory_lock($1)")
+            .bind(k)
+            .fetch_one(conn)
+            .await
+            .map_err(err)?;
+        row.try_get::<bool, _>(0).map_err(err)
+    }
+
+    /// Runs a blocking lock statement until `give_up`; `false` when it gave up.
+    async fn wait(
+        &mut self,
+        sql: &'static str,
+        k: i64,
+        give_up: Instant,
+    ) -> Result<bool, BenchError> {
+        let conn = self.conn().await?;
+        let wait = sqlx::query(sql).bind(k).execute(conn);
+        match tokio::time::timeout_at(give_up, wait).await {
+            Ok(done) => {
+                done.map_err(err)?;
+                Ok(true)
+            }
+            Err(_) => {
+                self.conn = None;
+                Ok(false)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Locker for AdvisoryFamily {
+    async fn acquire(&mut self, key: &str, give_up: Instant) -> Result<bool, BenchError> {
+        self.acquire_as(key, crate::runner::Role::Write, give_up)
+            .await
+    }
+
+    async fn acquire_as(
+        &mut self,
+        key: &str,
+        role: crate::runner::Role,
+        give_up: Instant,
+    ) -> Result<bool, BenchError> {
+        use crate::runner::Role;
+        let base = advisory_key(&self.prefix, key);
+        let (k, shared) = match role {
+            Role::Permit(n) => {
+                let mut got = None;
+                for i in 0..n.max(1) {
+                    let k = base.wrapping_add(i64::from(i));
+                    if self.try_lock(k).await? {
+                        got = Some(k);
+                        break;
+                    }
+                }
+                let k = match got {
+                    Some(k) => k,
+                    None => {
+                        self.slot = (self.slot + 1) % n.max(1);
+                        let k = base.wrapping_add(i64::from(self.slot));
+                        if !self.wait("SELECT pg_advisory_lock($1)", k, give_up).await? {
+                            return Ok(false);
+                        }
+                        k
+                    }
+                };
+                (k, false)
+            }
+            Role::Read => {
+                if !self
+                    .wait("SELECT pg_advisory_lock_shared($1)", base, give_up)
+                    .await?
+                {
+                    return Ok(false);
+                }
+                (base, true)
+            }
+            Role::Write => {
+                if !self
+                    .wait("SELECT pg_advisory_lock($1)", base, give_up)
+                    .await?
+                {
+                    return Ok(false);
+                }
+                (base, false)
+            }
+        };
+        self.held.insert(key.to_owned(), (k, shared));
+        Ok(true)
+    }
+
+    async fn release(&mut self, key: &str) -> Result<(), BenchError> {
+        let (k, shared) = self
+            .held
+            .remove(key)
+            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let sql = if shared {
+            "SELECT pg_advisory_unlock_shared($1)"
+        } else {
+            "SELECT pg_advisory_unlock($1)"
+        };
+        let conn = self.conn().await?;
+        let row = sqlx::query(sql)
+            .bind(k)
+            .fetch_one(conn)
+            .await
+            .map_err(err)?;
+        if row.try_get::<bool, _>(0).map_err(err)? {
+            Ok(())
+        } else {
+            Err(BenchError::new("advisory unlock: the lock was not held"))
         }
     }
 }
