@@ -7,7 +7,9 @@
 //! fixed 100 ms retry sleep, DELETE), the textbook row lock (BEGIN / SELECT …
 //! FOR UPDATE / COMMIT), the `rslock` crate on Redis, etcd's Lock RPC, the
 //! `zookeeper-client` crate's lock recipe, and on PostgreSQL a raw advisory
-//! lock pair, sqlx's `PgAdvisoryLock` and ShedLock's statements.
+//! lock pair, sqlx's `PgAdvisoryLock` and ShedLock's statements; for
+//! semaphores and reader-writer locks, PostgreSQL advisory slots and shared
+//! advisory locks, a Redis counter and MySQL `GET_LOCK` slots.
 //!
 //! A run is a matrix of [`Implementation`]s × [`Scenario`]s; each cell is
 //! time-bounded and yields one [`CellResult`] (one JSON line). Every task has

@@ -20,6 +20,7 @@ use crate::{
     BenchError, Scenario, ScenarioKind,
 };
 
+mod family;
 mod pg;
 mod zk;
 
@@ -60,6 +61,10 @@ enum PeerKind {
     SqlxAdvisory,
     /// ShedLock's JDBC statements (database time) on PostgreSQL.
     ShedLock,
+    /// A semaphore as one Redis counter changed by a script.
+    RedisCounterSemaphore,
+    /// A semaphore as N MySQL named locks (`GET_LOCK` slots).
+    GetLockSlots,
     /// Semaphores and reader-writer locks from PostgreSQL advisory locks:
     /// N advisory slots; `pg_advisory_lock_shared` / `pg_advisory_lock`.
     PgAdvisoryFamily,
@@ -102,6 +107,11 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
         ("peer/sqlx-advisory", PeerKind::SqlxAdvisory),
         ("peer/shedlock-pg", PeerKind::ShedLock),
         ("peer/pg-advisory-family", PeerKind::PgAdvisoryFamily),
+        (
+            "peer/redis-counter-semaphore",
+            PeerKind::RedisCounterSemaphore,
+        ),
+        ("peer/mysql-get_lock-slots", PeerKind::GetLockSlots),
     ]
     .into_iter()
     .map(|(name, kind)| {
@@ -166,6 +176,19 @@ impl Implementation for Peer {
                  HKDF-SHA256 of the key; one connection; 2 round trips per cycle, nothing \
                  written, no token"
             }
+            PeerKind::RedisCounterSemaphore => {
+                "a semaphore as users write it on Redis (Redisson's RSemaphore in spirit): one \
+                 counter per key, a script INCRs it when fewer than N are taken, DECR gives a \
+                 permit back; a waiter polls every 5 ms; 2 round trips per cycle uncontended, \
+                 no token, no TTL per permit (a dead holder's permit never comes back), no \
+                 agreement on N, no reader-writer lock"
+            }
+            PeerKind::GetLockSlots => {
+                "a semaphore as N MySQL named locks: GET_LOCK(slot, 0) on each slot in turn, \
+                 all taken: GET_LOCK(slot, wait) on one (by turns) in the server's queue; \
+                 RELEASE_LOCK(slot); one connection; 2 round trips per cycle uncontended, \
+                 nothing written, no token, no agreement on N, no shared mode"
+            }
             PeerKind::PgAdvisoryFamily => {
                 "what PostgreSQL offers without a library: a semaphore of N = N advisory \
                  slots (pg_try_advisory_lock on each in turn; all taken: pg_advisory_lock on \
@@ -187,7 +210,9 @@ impl Implementation for Peer {
 
     fn server(&self) -> Server {
         match self.kind {
-            PeerKind::RedisPing | PeerKind::Rslock => Server::Redis,
+            PeerKind::RedisPing | PeerKind::Rslock | PeerKind::RedisCounterSemaphore => {
+                Server::Redis
+            }
             PeerKind::EtcdGet | PeerKind::EtcdLock => Server::Etcd,
             PeerKind::ZkExists | PeerKind::ZkLock => Server::ZooKeeper,
             PeerKind::PgSelect1
@@ -216,6 +241,9 @@ impl Implementation for Peer {
                 !matches!(s.kind, ScenarioKind::ManyKeys { .. }) && !s.is_family()
             }
             PeerKind::PgAdvisoryFamily => s.is_family(),
+            PeerKind::RedisCounterSemaphore | PeerKind::GetLockSlots => {
+                matches!(s.kind, ScenarioKind::Semaphore { .. })
+            }
             // Mutexes: no semaphores or reader-writer locks.
             _ => !s.is_family(),
         }
@@ -251,6 +279,19 @@ impl Implementation for Peer {
             | PeerKind::SqlxAdvisory
             | PeerKind::ShedLock
             | PeerKind::PgAdvisoryFamily => pg::locker(self.kind, &self.servers, &self.id).await?,
+            PeerKind::RedisCounterSemaphore => {
+                let client = redis::Client::open(self.servers.redis.as_str())?;
+                Box::new(family::RedisCounter {
+                    conn: client.get_multiplexed_async_connection().await?,
+                    prefix: format!("{{fb{}}}:sem:", self.id),
+                })
+            }
+            PeerKind::GetLockSlots => Box::new(family::GetLockSlots {
+                conn: MySqlConnection::connect(&self.servers.mysql).await?,
+                prefix: format!("fb{}-", self.id),
+                held: HashMap::new(),
+                turn: 0,
+            }),
             PeerKind::RedisPing | PeerKind::Rslock => {
                 let client = redis::Client::open(self.servers.redis.as_str())?;
                 if self.kind == PeerKind::Rslock {
@@ -302,7 +343,9 @@ impl Implementation for Peer {
         match self.kind {
             PeerKind::NaiveInsert => drop_tables(&self.servers, &[&self.naive_table()]).await,
             PeerKind::RowLock => drop_tables(&self.servers, &[&self.rows_table()]).await,
-            PeerKind::Rslock => redis_delete(&self.servers, &format!("{{fb{}}}:*", self.id)).await,
+            PeerKind::Rslock | PeerKind::RedisCounterSemaphore => {
+                redis_delete(&self.servers, &format!("{{fb{}}}:*", self.id)).await
+            }
             #[cfg(feature = "etcd")]
             PeerKind::EtcdLock => etcd::drain(&self.abandoned).await,
             PeerKind::ZkLock => zk::delete_tree(&self.servers, &zk::root(&self.id)).await,
