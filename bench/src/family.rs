@@ -16,7 +16,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    runner::{Implementation, Locker, Role, TaskOutcome, DRAIN},
+    runner::{finish, setup, Implementation, Locker, Role, TaskOutcome, DRAIN},
     stats::{self, CellResult, Rec, Servers},
     BenchError, Scenario, ScenarioKind,
 };
@@ -75,20 +75,10 @@ fn role(s: &Scenario, task: usize, n: u64) -> Role {
 
 /// One family cell (see the module docs).
 pub(crate) async fn cell(imp: &dyn Implementation, s: &Scenario, servers: &Servers) -> CellResult {
-    let mut lockers = Vec::with_capacity(s.tasks);
-    for _ in 0..s.tasks {
-        match imp.locker(s).await {
-            Ok(l) => lockers.push(l),
-            Err(e) => {
-                let mut r = CellResult::empty(imp.name(), imp.kind(), s);
-                r.errors = 1;
-                r.error_sample = Some(format!("setup: {e}"));
-                return r;
-            }
-        }
-    }
-    let tag = uuid::Uuid::new_v4().simple().to_string();
-    let key = format!("{}-{}", s.name, &tag[..8]);
+    let (lockers, key) = match setup(imp, s).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
     let holding = Arc::new(Holding::default());
     let cmds_before = stats::commands(imp.server(), servers).await;
     let start = Instant::now();
@@ -122,20 +112,10 @@ pub(crate) async fn cell(imp: &dyn Implementation, s: &Scenario, servers: &Serve
     }
     let cmds_after = stats::commands(imp.server(), servers).await;
     let mut r = CellResult::empty(imp.name(), imp.kind(), s);
-    r.errors = all.errors;
-    r.error_sample = all.error_sample;
-    r.abandoned = all.abandoned;
-    r.violations = all.violations;
     if matches!(s.kind, ScenarioKind::ReadWrite { .. }) {
         r.write_wait_p99_ms = stats::write_wait_p99(write_waits);
     }
-    let total = all.recs.len();
-    stats::analyze(&mut r, all.recs, s, start, deadline);
-    if let (Some(a), Some(b)) = (cmds_before, cmds_after) {
-        if total > 0 {
-            r.server_cmds_per_acq = Some(b.saturating_sub(a) as f64 / total as f64);
-        }
-    }
+    finish(&mut r, all, s, (start, deadline), (cmds_before, cmds_after));
     r
 }
 

@@ -222,20 +222,10 @@ async fn run_cell(imp: &dyn Implementation, s: &Scenario, servers: &Servers) -> 
     if s.is_family() {
         return crate::family::cell(imp, s, servers).await;
     }
-    let mut lockers = Vec::with_capacity(s.tasks);
-    for _ in 0..s.tasks {
-        match imp.locker(s).await {
-            Ok(l) => lockers.push(l),
-            Err(e) => {
-                let mut r = CellResult::empty(imp.name(), imp.kind(), s);
-                r.errors = 1;
-                r.error_sample = Some(format!("setup: {e}"));
-                return r;
-            }
-        }
-    }
-    let tag = uuid::Uuid::new_v4().simple().to_string();
-    let key_base = format!("{}-{}", s.name, &tag[..8]);
+    let (mut lockers, key_base) = match setup(imp, s).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
     match s.kind {
         ScenarioKind::ManyKeys { keys } => {
             let mut r = CellResult::empty(imp.name(), imp.kind(), s);
@@ -293,18 +283,53 @@ async fn loop_cell(
     }
     let cmds_after = stats::commands(imp.server(), servers).await;
     let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+    finish(&mut r, all, s, (start, deadline), (cmds_before, cmds_after));
+    r
+}
+
+/// One locker per task of `s` and a key (or key prefix) of the cell's own;
+/// or, when a locker cannot be made, the cell's result saying so.
+pub(crate) async fn setup(
+    imp: &dyn Implementation,
+    s: &Scenario,
+) -> Result<(Vec<Box<dyn Locker>>, String), CellResult> {
+    let mut lockers = Vec::with_capacity(s.tasks);
+    for _ in 0..s.tasks {
+        match imp.locker(s).await {
+            Ok(l) => lockers.push(l),
+            Err(e) => {
+                let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+                r.errors = 1;
+                r.error_sample = Some(format!("setup: {e}"));
+                return Err(r);
+            }
+        }
+    }
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    Ok((lockers, format!("{}-{}", s.name, &tag[..8])))
+}
+
+/// Fills `r` from the tasks' outcome over the window `start..deadline`:
+/// counts, the statistics, and the server's commands per acquisition from
+/// its command counts before and after.
+pub(crate) fn finish(
+    r: &mut CellResult,
+    all: TaskOutcome,
+    s: &Scenario,
+    (start, deadline): (Instant, Instant),
+    (before, after): (Option<u64>, Option<u64>),
+) {
     r.errors = all.errors;
     r.error_sample = all.error_sample;
     r.abandoned = all.abandoned;
     r.violations = all.violations;
-    let total_recs = all.recs.len();
-    stats::analyze(&mut r, all.recs, s, start, deadline);
-    if let (Some(a), Some(b)) = (cmds_before, cmds_after) {
-        if total_recs > 0 {
-            r.server_cmds_per_acq = Some(b.saturating_sub(a) as f64 / total_recs as f64);
+    let total = all.recs.len();
+    stats::analyze(r, all.recs, s, start, deadline);
+    if let (Some(a), Some(b)) = (before, after) {
+        if total > 0 {
+            r.server_cmds_per_acq = Some(b.saturating_sub(a) as f64 / total as f64);
         }
     }
-    r
 }
 
 /// One task's loop: acquire `key`, hold, release, think, until `deadline`

@@ -328,46 +328,28 @@ impl Locker for AdvisoryFamily {
         let base = advisory_key(&self.prefix, key);
         let (k, shared) = match role {
             Role::Permit(n) => {
-                let mut got = None;
-                for i in 0..n.max(1) {
+                let n = n.max(1);
+                for i in 0..n {
                     let k = base.wrapping_add(i64::from(i));
                     if self.try_lock(k).await? {
-                        got = Some(k);
-                        break;
+                        self.held.insert(key.to_owned(), (k, false));
+                        return Ok(true);
                     }
                 }
-                let k = match got {
-                    Some(k) => k,
-                    None => {
-                        self.slot = (self.slot + 1) % n.max(1);
-                        let k = base.wrapping_add(i64::from(self.slot));
-                        if !self.wait("SELECT pg_advisory_lock($1)", k, give_up).await? {
-                            return Ok(false);
-                        }
-                        k
-                    }
-                };
-                (k, false)
+                self.slot = (self.slot + 1) % n;
+                (base.wrapping_add(i64::from(self.slot)), false)
             }
-            Role::Read => {
-                if !self
-                    .wait("SELECT pg_advisory_lock_shared($1)", base, give_up)
-                    .await?
-                {
-                    return Ok(false);
-                }
-                (base, true)
-            }
-            Role::Write => {
-                if !self
-                    .wait("SELECT pg_advisory_lock($1)", base, give_up)
-                    .await?
-                {
-                    return Ok(false);
-                }
-                (base, false)
-            }
+            Role::Read => (base, true),
+            Role::Write => (base, false),
         };
+        let sql = if shared {
+            "SELECT pg_advisory_lock_shared($1)"
+        } else {
+            "SELECT pg_advisory_lock($1)"
+        };
+        if !self.wait(sql, k, give_up).await? {
+            return Ok(false);
+        }
         self.held.insert(key.to_owned(), (k, shared));
         Ok(true)
     }
