@@ -3,7 +3,10 @@
 //! restart, whether the victim learnt of its loss, and how long a killed
 //! holder kept the key from the others.
 
-use crate::history::{Event, Op, Phase};
+use crate::{
+    history::{Event, Op, Phase},
+    model::Primitive,
+};
 
 /// Grants whose token is not above a token already granted — and
 /// acknowledged to its client — before this grant was even requested. Such
@@ -102,6 +105,66 @@ pub fn takeover_ms(events: &[Event]) -> Option<f64> {
         .map(|e| (e.t_ns - kill.t_ns) as f64 / 1e6)
 }
 
+/// The family's client-belief check: spans during which the clients that
+/// believed they held a key were more than it allows at once — more than
+/// the semaphore's permits, or a writer beside anyone — with how long each
+/// lasted, ns. (The mutex's is [`belief_overlaps`](crate::history::belief_overlaps),
+/// pair by pair.) A belief runs from the acquire's reply to the release's
+/// call or the loss signal, as there.
+pub fn family_belief_excess(events: &[Event], primitive: Primitive) -> Vec<u64> {
+    use crate::family::Role;
+    let end = events.iter().map(|e| e.t_ns).max().unwrap_or(0);
+    // (time, +1 start / -1 end, role); per key.
+    let mut edges: std::collections::BTreeMap<&str, Vec<(u64, i8, Role)>> = Default::default();
+    let mut open: std::collections::HashMap<(usize, &str), (u64, Role)> = Default::default();
+    for e in events {
+        match (e.op, e.phase) {
+            (Op::Acquire, Phase::Ok) => {
+                open.insert((e.process, &e.key), (e.t_ns, Role::from_detail(&e.detail)));
+            }
+            (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
+                if let Some((from, role)) = open.remove(&(e.process, e.key.as_str())) {
+                    let v = edges.entry(&e.key).or_default();
+                    v.push((from, 1, role));
+                    v.push((e.t_ns, -1, role));
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((_, key), (from, role)) in open {
+        let v = edges.entry(key).or_default();
+        v.push((from, 1, role));
+        v.push((end, -1, role));
+    }
+    let mut out = Vec::new();
+    for mut v in edges.into_values() {
+        // Ends before starts at one instant: a hand-off is not an excess.
+        v.sort_by_key(|&(t, d, _)| (t, d));
+        let (mut holders, mut writers) = (0i64, 0i64);
+        let mut since: Option<u64> = None;
+        for (t, d, role) in v {
+            holders += i64::from(d);
+            if role == Role::Exclusive {
+                writers += i64::from(d);
+            }
+            let excess = match primitive {
+                Primitive::Semaphore => holders > i64::from(crate::model::SEMAPHORE_PERMITS),
+                _ => writers > 0 && holders > 1,
+            };
+            match (excess, since) {
+                (true, None) => since = Some(t),
+                (false, Some(s)) => {
+                    out.push(t - s);
+                    since = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 /// RELIABILITY.md's second table: for the process and server faults (and
 /// their controls), whether each fault was confirmed to have happened, and
 /// the checks those faults add.
@@ -110,7 +173,7 @@ pub fn evidence_markdown(results: &[crate::model::RunResult]) -> String {
 
     use crate::model::{Fault, FaultKind, Target};
     let mut cells: std::collections::BTreeMap<
-        (usize, usize, usize),
+        crate::model::CellKey,
         Vec<&crate::model::RunResult>,
     > = Default::default();
     for r in results {
@@ -129,7 +192,7 @@ pub fn evidence_markdown(results: &[crate::model::RunResult]) -> String {
          | store | fault | runs | faults confirmed / injected | token regressions | overlaps where none is allowed | victim noticed its loss (runs) | takeover after SIGKILL p50 / max ms | deadlocks / lock-wait timeouts (server) | evidence (first run) |\n\
          |---|---|--:|--:|--:|--:|--:|--:|--:|---|"
     );
-    for ((v, t, f), runs) in &cells {
+    for ((v, p, t, f), runs) in &cells {
         let confirmed: u64 = runs.iter().map(|r| r.confirmed_faults).sum();
         let injected: u64 = runs.iter().map(|r| r.faults).sum();
         let regressions: usize = runs.iter().map(|r| r.token_regressions).sum();
@@ -169,7 +232,7 @@ pub fn evidence_markdown(results: &[crate::model::RunResult]) -> String {
         let _ = writeln!(
             out,
             "| {} | {}{label} | {} | {confirmed} / {injected} | {regressions} | {forbidden} | {noticed} of {} | {take} | {conflicts} | {evidence} |",
-            Target::ALL[*t].name(),
+            crate::model::Primitive::ALL[*p].store_label(Target::ALL[*t]),
             Fault::ALL[*f].name(Target::ALL[*t]),
             runs.len(),
             runs.len(),
@@ -192,6 +255,41 @@ mod tests {
             t_ns,
             detail: String::new(),
         }
+    }
+
+    fn hold(process: usize, role: &str, from: u64, to: u64) -> [Event; 2] {
+        let mut a = ev(process, Op::Acquire, Phase::Ok, Some(from), from);
+        a.detail = role.into();
+        [a, ev(process, Op::Release, Phase::Invoke, Some(from), to)]
+    }
+
+    fn timeline(holds: &[[Event; 2]]) -> Vec<Event> {
+        let mut v: Vec<Event> = holds.iter().flatten().cloned().collect();
+        v.sort_by_key(|e| e.t_ns);
+        v
+    }
+
+    #[test]
+    fn family_beliefs_beyond_what_the_key_allows_are_found() {
+        // Two permits at once are fine, a third is an excess of 5 ns.
+        let sem = timeline(&[
+            hold(0, "permit", 0, 20),
+            hold(1, "permit", 5, 30),
+            hold(2, "permit", 10, 15),
+            hold(3, "permit", 30, 40),
+        ]);
+        assert_eq!(family_belief_excess(&sem, Primitive::Semaphore), vec![5]);
+        // Readers together are fine; a writer beside a reader is not; a
+        // hand-off at one instant is no excess.
+        let rw = timeline(&[
+            hold(0, "read", 0, 20),
+            hold(1, "read", 5, 30),
+            hold(2, "write", 30, 40),
+            hold(3, "read", 35, 50),
+        ]);
+        assert_eq!(family_belief_excess(&rw, Primitive::ReadWrite), vec![5]);
+        let clean = timeline(&[hold(0, "read", 0, 20), hold(1, "write", 20, 30)]);
+        assert!(family_belief_excess(&clean, Primitive::ReadWrite).is_empty());
     }
 
     #[test]

@@ -22,6 +22,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod checks;
+pub mod family;
 pub mod history;
 mod model;
 pub mod mutant;

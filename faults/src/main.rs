@@ -15,7 +15,7 @@ use clap::Parser;
 use fenced_faults::{
     mutant::Mutant,
     report,
-    scenario::{run, Fault, RunConfig, RunResult, Target},
+    scenario::{run, Fault, Primitive, RunConfig, RunResult, Target},
 };
 
 #[derive(Debug, Parser)]
@@ -57,8 +57,13 @@ struct Args {
 /// What makes two runs the same run: a resumed profile skips a config whose
 /// key is already in the file.
 fn run_key(c: &RunConfig) -> String {
+    let primitive = match c.primitive {
+        // Runs recorded before the family cells have no primitive: mutex.
+        Primitive::Mutex => String::new(),
+        p => format!("/{p:?}"),
+    };
     format!(
-        "{:?}/{:?}/{}/{}/{:?}",
+        "{:?}/{:?}/{}/{}/{:?}{primitive}",
         c.target, c.fault, c.seed, c.fencing, c.mutant
     )
 }
@@ -122,6 +127,27 @@ async fn main() -> std::process::ExitCode {
                 let name = format!("{} × {}", target.name(), fault.name(target));
                 if fault.applies_to(target) && wanted(&name) {
                     configs.push(RunConfig::new(target, fault, args.seed + i));
+                }
+            }
+            // The family: semaphores and reader-writer locks under the
+            // faults `Primitive::runs` names, and their pause without
+            // fencing as a control.
+            for primitive in [Primitive::Semaphore, Primitive::ReadWrite] {
+                for fault in Fault::ALL {
+                    let name =
+                        format!("{} × {}", primitive.store_label(target), fault.name(target));
+                    if primitive.runs(fault) && fault.applies_to(target) && wanted(&name) {
+                        let mut c = RunConfig::new(target, fault, args.seed + i);
+                        c.primitive = primitive;
+                        configs.push(c);
+                    }
+                }
+                let name = format!("{} × control", primitive.store_label(target));
+                if i < 10 && wanted(&name) {
+                    let mut c = RunConfig::new(target, Fault::PausePastTtl, args.seed + i);
+                    c.primitive = primitive;
+                    c.fencing = false;
+                    configs.push(c);
                 }
             }
             // Control: the same pause without fencing must be caught.
@@ -274,7 +300,10 @@ async fn main() -> std::process::ExitCode {
                 if !r.config.is_control() && !r.is_safe() {
                     let p = args.jsonl.with_file_name(format!(
                         "unsafe-{}-{}-{}.jsonl",
-                        r.config.target.name(),
+                        r.config
+                            .primitive
+                            .store_label(r.config.target)
+                            .replace(' ', "-"),
                         r.config.fault.name(r.config.target),
                         r.config.seed
                     ));

@@ -333,11 +333,91 @@ impl Fault {
     }
 }
 
+/// What the clients of a run hold: the lock (mutex) or one of the family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Primitive {
+    /// The lock: one holder at a time; the resource checks tokens.
+    #[default]
+    Mutex,
+    /// A semaphore of [`SEMAPHORE_PERMITS`] permits. Its tokens cannot tell
+    /// a resource which of more than N users is stale (each permit is its
+    /// own lease; a later token does not end an earlier permit), so here the
+    /// holder itself checks its permit's safe deadline
+    /// ([`LeaseHandle::valid_for`](fenced_api::LeaseHandle::valid_for))
+    /// before it uses the resource, and the resource counts uses beyond N
+    /// at once; "fencing off" skips that check.
+    Semaphore,
+    /// A reader-writer lock: writers do the counter's read – work – write
+    /// as under the mutex; readers read, work and have the read validated
+    /// at the end; the resource refuses any step whose token is below the
+    /// highest token a writer has written with (a writer's token exceeds
+    /// every grant before it).
+    ReadWrite,
+}
+
+/// Permits of the semaphore cells (4 clients contend for them).
+pub const SEMAPHORE_PERMITS: u32 = 2;
+
+impl Primitive {
+    /// Every primitive, in report order.
+    pub const ALL: [Primitive; 3] = [Primitive::Mutex, Primitive::Semaphore, Primitive::ReadWrite];
+
+    /// Its name in reports and `--only` filters (`""` for the mutex, whose
+    /// rows carry the store's name alone).
+    pub fn name(self) -> &'static str {
+        match self {
+            Primitive::Mutex => "",
+            Primitive::Semaphore => "semaphore-2",
+            Primitive::ReadWrite => "rw",
+        }
+    }
+
+    /// Its value of `fenced-faults-client --primitive`.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Primitive::Mutex => "mutex",
+            Primitive::Semaphore => "semaphore",
+            Primitive::ReadWrite => "rw",
+        }
+    }
+
+    /// The primitive `fenced-faults-client --primitive` names.
+    pub fn from_arg(s: &str) -> Option<Primitive> {
+        Primitive::ALL.into_iter().find(|p| p.arg() == s)
+    }
+
+    /// The store column of a report row: `redis`, `redis semaphore-2`.
+    pub fn store_label(self, target: Target) -> String {
+        match self {
+            Primitive::Mutex => target.name().to_owned(),
+            p => format!("{} {}", target.name(), p.name()),
+        }
+    }
+
+    /// The faults the family cells run: a holder paused past its TTL, a
+    /// blackhole, a holder that dies (in the process, and a SIGKILLed
+    /// client process). Every fault for the mutex.
+    pub fn runs(self, fault: Fault) -> bool {
+        self == Primitive::Mutex
+            || matches!(
+                fault,
+                Fault::PausePastTtl
+                    | Fault::BlackholePastTtl
+                    | Fault::KillHolder
+                    | Fault::ProcessKill
+            )
+    }
+}
+
 /// One run's settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunConfig {
     /// The store.
     pub target: Target,
+    /// What the clients hold (runs recorded before the family cells are
+    /// mutex runs).
+    #[serde(default)]
+    pub primitive: Primitive,
     /// The fault.
     pub fault: Fault,
     /// Seed of every random choice of the run.
@@ -363,6 +443,7 @@ impl RunConfig {
     pub fn new(target: Target, fault: Fault, seed: u64) -> Self {
         RunConfig {
             target,
+            primitive: Primitive::Mutex,
             fault,
             seed,
             fencing: true,
@@ -473,8 +554,16 @@ pub fn variant(r: &RunResult) -> usize {
     }
 }
 
-/// A run's cell: (variant, index in [`Target::ALL`], index in [`Fault::ALL`]).
-pub fn cell_key(r: &RunResult) -> (usize, usize, usize) {
+/// A report cell: (variant, index in [`Primitive::ALL`], index in
+/// [`Target::ALL`], index in [`Fault::ALL`]).
+pub type CellKey = (usize, usize, usize, usize);
+
+/// A run's cell.
+pub fn cell_key(r: &RunResult) -> CellKey {
+    let p = Primitive::ALL
+        .iter()
+        .position(|p| *p == r.config.primitive)
+        .unwrap_or(0);
     let t = Target::ALL
         .iter()
         .position(|t| *t == r.config.target)
@@ -483,5 +572,5 @@ pub fn cell_key(r: &RunResult) -> (usize, usize, usize) {
         .iter()
         .position(|f| *f == r.config.fault)
         .unwrap_or(0);
-    (variant(r), t, f)
+    (variant(r), p, t, f)
 }

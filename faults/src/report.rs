@@ -2,9 +2,9 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-pub use crate::model::{cell_key, variant};
+pub use crate::model::{cell_key, variant, CellKey};
 use crate::{
-    model::{Fault, RunResult, Target},
+    model::{Fault, Primitive, RunResult, Target},
     mutant::Mutant,
 };
 
@@ -140,8 +140,8 @@ fn variant_label(v: usize) -> String {
 }
 
 /// Groups results by (variant, store, fault).
-pub fn cells(results: &[RunResult]) -> BTreeMap<(usize, usize, usize), Cell> {
-    let mut m: BTreeMap<(usize, usize, usize), Cell> = BTreeMap::new();
+pub fn cells(results: &[RunResult]) -> BTreeMap<CellKey, Cell> {
+    let mut m: BTreeMap<CellKey, Cell> = BTreeMap::new();
     for r in results {
         m.entry(cell_key(r)).or_default().add(r);
     }
@@ -292,11 +292,38 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let _ = writeln!(
         out,
+        "**Semaphores and reader-writer locks** (rows `<store> semaphore-2` and `<store> rw`): \
+         the same 4 clients, each hold a permit of a semaphore of 2 or a read or write lock \
+         (one hold in three a writer; the victim's faulted hold a writer on even seeds, a reader on \
+         odd ones), under a holder paused past its TTL, a blackhole, a holder dying in the process \
+         (`kill-holder`) and a SIGKILLed client process. A reader-writer lock is fenced by its \
+         tokens: writers do the counter's read – work – write, readers read, work and have their \
+         read validated at the end, and the resource refuses any step whose token is below the \
+         highest a writer has written with (a writer's token exceeds every grant before it), so a \
+         stale reader or writer is refused and a write during a read shows as a lost update. A \
+         semaphore's tokens cannot do that — each permit is a lease of its own, a later permit \
+         does not end an earlier one, so no token order tells a resource which of N + 1 users is \
+         stale — so a permit holder checks its permit's safe deadline (`valid_for`) before it uses \
+         the resource, which N users may use at once: a use beyond N counts as a stale write \
+         accepted, a use the holder refused as a stale write rejected (the faulted hold uses it \
+         a quarter TTL, so a use it should not have made meets the others'). Belief overlaps \
+         there are spans with more clients believing they hold than the key allows (a third permit \
+         of two, a writer beside anyone). Server truth for these rows is the store's own list of \
+         the key's holders (`holders()`: one read of the store's state, decided by the store's rule \
+         on its clock), asked straight from the server every millisecond or so all run long: \
+         server overlaps count looks with holders over capacity, token regressions a grant first \
+         seen below a token seen before it (a later arrival let in ahead of the line); sampled, so \
+         the grants column counts the grants it saw and unvouched client grants are not judged. \
+         Controls: the same pause with fencing off (no permit check; a resource that takes any \
+         token).\n"
+    );
+    let _ = writeln!(
+        out,
         "| store | fault | runs | faults | acquisitions | server grants | server overlaps | token regressions | unvouched client grants | stale writes accepted | lost updates | non-owner releases | stale writes rejected | belief overlaps (max ms) | loss detection p50 / p99 ms | live after p50 / max ms | retryable errors | errors |\n\
          |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let all = cells(results);
-    for ((v, t, f), c) in &all {
+    for ((v, p, t, f), c) in &all {
         let name = format!(
             "{}{}",
             Fault::ALL[*f].name(Target::ALL[*t]),
@@ -320,7 +347,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} / {} | {} | {} | {} |",
-            Target::ALL[*t].name(),
+            Primitive::ALL[*p].store_label(Target::ALL[*t]),
             name,
             c.runs,
             c.faults,
@@ -348,20 +375,20 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     }
     let unsafe_cells: Vec<String> = all
         .iter()
-        .filter(|((v, _, _), c)| *v == 0 && !c.is_safe())
-        .map(|((_, t, f), _)| {
+        .filter(|((v, _, _, _), c)| *v == 0 && !c.is_safe())
+        .map(|((_, p, t, f), _)| {
             format!(
                 "{} × {}",
-                Target::ALL[*t].name(),
+                Primitive::ALL[*p].store_label(Target::ALL[*t]),
                 Fault::ALL[*f].name(Target::ALL[*t])
             )
         })
         .collect();
     let caught = all
         .iter()
-        .filter(|((v, _, _), c)| *v > 0 && !c.is_safe())
+        .filter(|((v, _, _, _), c)| *v > 0 && !c.is_safe())
         .count();
-    let controls = all.keys().filter(|(v, _, _)| *v > 0).count();
+    let controls = all.keys().filter(|(v, _, _, _)| *v > 0).count();
     let _ = writeln!(out, "\n## Verdict\n");
     if unsafe_cells.is_empty() {
         let _ = writeln!(
@@ -377,7 +404,7 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         );
     }
     let (mut grants, mut bad, mut missing, mut unjudged) = (0, 0, 0, Vec::new());
-    for ((v, t, _), c) in &all {
+    for ((v, _, t, _), c) in &all {
         if *v > 0 {
             continue;
         }
@@ -415,11 +442,11 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
     );
     let errors: Vec<String> = all
         .iter()
-        .filter_map(|((_, t, f), c)| {
+        .filter_map(|((_, p, t, f), c)| {
             c.first_error.as_ref().map(|e| {
                 format!(
                     "{} × {}: {e}",
-                    Target::ALL[*t].name(),
+                    Primitive::ALL[*p].store_label(Target::ALL[*t]),
                     Fault::ALL[*f].name(Target::ALL[*t])
                 )
             })

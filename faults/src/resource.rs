@@ -3,6 +3,13 @@
 //! fencing token lower than the highest it has seen (Kleppmann's fenced
 //! storage).
 //!
+//! The family cells use it too: a reader-writer lock's readers through
+//! [`FencedResource::begin_shared`] / [`FencedResource::end_shared`]
+//! (fenced by the writers' tokens), a semaphore's holders through
+//! [`FencedResource::enter`] / [`FencedResource::leave`] (N users at once;
+//! see [`Primitive`](crate::scenario::Primitive) for why tokens cannot fence a
+//! semaphore's users).
+//!
 //! With fencing off ([`FencedResource::unfenced`]) it accepts every write
 //! but still *notices* the stale ones, so a run without fencing shows the
 //! violations the check is there to catch — proof that the check can fail.
@@ -34,6 +41,8 @@ struct State {
     /// they landed: a lost update, whatever the tokens said.
     lost_updates: u64,
     version: u64,
+    /// Semaphore cells: the tokens using the resource right now.
+    inside: Vec<u64>,
 }
 
 /// Totals of a run, for the report.
@@ -124,6 +133,69 @@ impl FencedResource {
         }
     }
 
+    /// A reader of a reader-writer lock starts: like [`read`](Self::read)
+    /// (refused below the highest token written with), but it raises no
+    /// bar — readers hold together, any token order.
+    pub fn begin_shared(&self, token: u64) -> Option<Read> {
+        self.read(token)
+    }
+
+    /// The reader is done with what it read: refused when a writer with a
+    /// higher token has written since (the reader had lost its lock to
+    /// that writer; fencing on), counted as a lost update when anybody
+    /// wrote during the read at all (a writer beside a reader).
+    pub fn end_shared(&self, token: u64, read: Read) -> WriteOutcome {
+        let mut st = self.state();
+        let stale = token < st.highest;
+        if stale && self.fencing {
+            st.rejected += 1;
+            return WriteOutcome::Rejected;
+        }
+        if st.version != read.version {
+            st.lost_updates += 1;
+        }
+        st.accepted += 1;
+        if stale {
+            st.accepted_stale += 1;
+            WriteOutcome::AcceptedStale
+        } else {
+            WriteOutcome::Accepted
+        }
+    }
+
+    /// A semaphore holder starts using the resource, which `capacity`
+    /// users may use at once: one more is counted as a stale use
+    /// ([`WriteOutcome::AcceptedStale`]), whatever the fencing (the holder
+    /// checks its permit before, see
+    /// [`Primitive::Semaphore`](crate::scenario::Primitive::Semaphore)).
+    pub fn enter(&self, token: u64, capacity: usize) -> WriteOutcome {
+        let mut st = self.state();
+        let over = st.inside.len() >= capacity;
+        st.inside.push(token);
+        st.accepted += 1;
+        st.value += 1;
+        if over {
+            st.accepted_stale += 1;
+            WriteOutcome::AcceptedStale
+        } else {
+            WriteOutcome::Accepted
+        }
+    }
+
+    /// The holder with `token` stops using the resource.
+    pub fn leave(&self, token: u64) {
+        let mut st = self.state();
+        if let Some(i) = st.inside.iter().position(|t| *t == token) {
+            st.inside.swap_remove(i);
+        }
+    }
+
+    /// A holder refused to use the resource (its permit was past its safe
+    /// deadline): counted with the refused stale writes.
+    pub fn refused_by_holder(&self) {
+        self.state().rejected += 1;
+    }
+
     /// The totals so far.
     pub fn totals(&self) -> ResourceTotals {
         let st = self.state();
@@ -156,6 +228,36 @@ mod tests {
             (t.value, t.accepted, t.rejected, t.lost_updates),
             (1, 1, 1, 0)
         );
+    }
+
+    #[test]
+    fn readers_share_and_a_later_writer_refuses_an_earlier_reader() {
+        let r = FencedResource::fenced();
+        let (a, b) = (r.begin_shared(3).unwrap(), r.begin_shared(2).unwrap());
+        assert_eq!(r.end_shared(3, a), WriteOutcome::Accepted);
+        let stale = r.begin_shared(4).unwrap();
+        let w = r.read(5).unwrap();
+        assert_eq!(r.write(5, w), WriteOutcome::Accepted);
+        assert_eq!(r.end_shared(4, stale), WriteOutcome::Rejected);
+        assert_eq!(r.end_shared(2, b), WriteOutcome::Rejected);
+        let u = FencedResource::unfenced();
+        let stale = u.begin_shared(1).unwrap();
+        let w = u.read(2).unwrap();
+        assert_eq!(u.write(2, w), WriteOutcome::Accepted);
+        assert_eq!(u.end_shared(1, stale), WriteOutcome::AcceptedStale);
+        assert_eq!((u.totals().accepted_stale, u.totals().lost_updates), (1, 1));
+    }
+
+    #[test]
+    fn a_use_beyond_capacity_is_counted() {
+        let r = FencedResource::fenced();
+        assert_eq!(r.enter(1, 2), WriteOutcome::Accepted);
+        assert_eq!(r.enter(2, 2), WriteOutcome::Accepted);
+        assert_eq!(r.enter(3, 2), WriteOutcome::AcceptedStale);
+        r.leave(1);
+        r.leave(3);
+        assert_eq!(r.enter(4, 2), WriteOutcome::Accepted);
+        assert_eq!(r.totals().accepted_stale, 1);
     }
 
     #[test]

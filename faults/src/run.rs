@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::{
     history::{belief_overlaps, Event, History, Op, Phase},
-    model::{FaultKind, RunConfig, RunResult, Target},
+    model::{FaultKind, Primitive, RunConfig, RunResult, Target},
     resource::FencedResource,
     servers::PrivateStore,
     truth::Recorder,
@@ -191,6 +191,11 @@ pub(crate) async fn start_recorder(
         // so it survives a crash and a terminated session as they do.
         return Ok(Recorder::None(SERVER_FAULT_REASON));
     }
+    if cfg.primitive != Primitive::Mutex {
+        return crate::truth::holders::Sampler::start(&prep.admin_url, &prep.key, cfg.primitive)
+            .await
+            .map(|s| Recorder::Holders(Box::new(s)));
+    }
     Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
 }
 
@@ -220,7 +225,7 @@ pub(crate) async fn finish(
     mut c: Collected,
 ) -> Result<RunResult, String> {
     // Liveness: a fresh client, straight to the server, gets the key.
-    let liveness_ms = match liveness(&prep.admin_url, &prep.key, cfg.ttl).await {
+    let liveness_ms = match liveness(&prep.admin_url, &prep.key, cfg.ttl, cfg.primitive).await {
         Ok(ms) => Some(ms),
         Err(e) => {
             c.errors.push(e);
@@ -231,7 +236,12 @@ pub(crate) async fn finish(
     // Server truth: what the store itself recorded (truth.rs).
     let recorder = std::mem::replace(&mut c.recorder, Recorder::None(""));
     let server_truth = recorder.finish(&events).await?;
-    let overlaps = belief_overlaps(&events);
+    // Beliefs beyond what the key allows: pairs under the mutex, spans
+    // beyond the permits or a writer beside anyone in the family (ns).
+    let overlaps: Vec<u64> = match cfg.primitive {
+        Primitive::Mutex => belief_overlaps(&events).iter().map(|o| o.ns).collect(),
+        p => crate::checks::family_belief_excess(&events, p),
+    };
     let faults = events
         .iter()
         .filter(|e| e.op == Op::Fault && e.phase == Phase::Invoke)
@@ -242,11 +252,14 @@ pub(crate) async fn finish(
         belief_overlaps: overlaps.len(),
         belief_overlap_max_ms: overlaps
             .iter()
-            .map(|o| o.ns as f64 / 1e6)
+            .map(|ns| *ns as f64 / 1e6)
             .fold(0.0, f64::max),
         resource: c.resource.totals(),
         server_truth,
-        non_owner_releases: non_owner_releases(&events),
+        non_owner_releases: match cfg.primitive {
+            Primitive::Mutex => non_owner_releases(&events),
+            p => family_non_owner_releases(&events, p),
+        },
         loss_latency_ms: c.loss_latency_ms,
         liveness_ms,
         errors: c.errors,
@@ -286,21 +299,34 @@ fn count(events: &[Event], op: Op, phase: Phase) -> u64 {
 /// the key before the release was even sent: the store freed a lock that
 /// was no longer the releaser's.
 pub fn non_owner_releases(events: &[Event]) -> usize {
+    overtaken_releases(events, |_, _| true)
+}
+
+/// Releases confirmed although a grant with a later token that `overtakes`
+/// (the releaser's acquire detail, the grant) had come before the release
+/// was sent.
+fn overtaken_releases(events: &[Event], overtakes: impl Fn(&str, &Event) -> bool) -> usize {
     let mut invoked: std::collections::HashMap<(usize, u64), u64> = Default::default();
+    let mut roles: std::collections::HashMap<(usize, u64), &str> = Default::default();
     let mut n = 0;
     for e in events {
         match (e.op, e.phase, e.token) {
+            (Op::Acquire, Phase::Ok, Some(t)) => {
+                roles.insert((e.process, t), e.detail.as_str());
+            }
             (Op::Release, Phase::Invoke, Some(t)) => {
                 invoked.insert((e.process, t), e.t_ns);
             }
             (Op::Release, Phase::Ok, Some(t)) => {
                 let sent = invoked.get(&(e.process, t)).copied().unwrap_or(e.t_ns);
+                let role = roles.get(&(e.process, t)).copied().unwrap_or("");
                 let overtaken = events.iter().any(|o| {
                     o.op == Op::Acquire
                         && o.phase == Phase::Ok
                         && o.key == e.key
                         && o.token.is_some_and(|ot| ot > t)
                         && o.t_ns < sent
+                        && overtakes(role, o)
                 });
                 if overtaken {
                     n += 1;
@@ -312,8 +338,27 @@ pub fn non_owner_releases(events: &[Event]) -> usize {
     n
 }
 
+/// The family's releases the store confirmed for a holder already
+/// overtaken: on a reader-writer lock, a writer whose release was sent
+/// after any later grant, a reader whose release was sent after a later
+/// writer's grant. (A semaphore's later permits do not end earlier ones:
+/// nothing to judge there.)
+pub fn family_non_owner_releases(events: &[Event], primitive: Primitive) -> usize {
+    if primitive != Primitive::ReadWrite {
+        return 0;
+    }
+    overtaken_releases(events, |releaser, grant| {
+        releaser != "read" || grant.detail == "write"
+    })
+}
+
 /// How long a fresh client needed for the key; why it could not get it.
-async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
+async fn liveness(
+    url: &str,
+    key: &str,
+    ttl: Duration,
+    primitive: Primitive,
+) -> Result<f64, String> {
     let lock = fenced::connect(url)
         .await
         .map_err(|e| format!("liveness: connect: {e}"))?;
@@ -322,10 +367,20 @@ async fn liveness(url: &str, key: &str, ttl: Duration) -> Result<f64, String> {
         .build()
         .map_err(|e| format!("liveness: {e}"))?;
     let start = Instant::now();
-    let g = client
-        .acquire_with(key, WaitPolicy::Timeout(ttl * 4))
-        .await
-        .map_err(|e| format!("liveness: acquire: {e}"))?;
+    let wait = WaitPolicy::Timeout(ttl * 4);
+    let g = match primitive {
+        Primitive::Mutex => client.acquire_with(key, wait).await,
+        // The whole of a reader-writer lock: nobody left holding anything.
+        Primitive::ReadWrite => match client.rw_lock(key) {
+            Ok(rw) => rw.write_with(wait).await,
+            Err(e) => Err(e),
+        },
+        Primitive::Semaphore => match client.semaphore(key, crate::model::SEMAPHORE_PERMITS) {
+            Ok(s) => s.acquire_with(wait).await,
+            Err(e) => Err(e),
+        },
+    }
+    .map_err(|e| format!("liveness: acquire: {e}"))?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let _ = g.release().await;
     Ok(ms)

@@ -24,10 +24,12 @@ use fenced_api::{Error, LockClient, WaitPolicy};
 use tokio::time::Instant;
 
 pub use crate::model::{
-    Fault, FaultKind, RunConfig, RunResult, Target, STORM_BUDGET, ZOOKEEPER_TICK_MS,
+    Fault, FaultKind, Primitive, RunConfig, RunResult, Target, SEMAPHORE_PERMITS, STORM_BUDGET,
+    ZOOKEEPER_TICK_MS,
 };
-pub use crate::run::{non_owner_releases, SERVER_FAULT_REASON};
+pub use crate::run::{family_non_owner_releases, non_owner_releases, SERVER_FAULT_REASON};
 use crate::{
+    family::{self, Role},
     history::{History, Op, Phase},
     mutant::Mutant,
     proxy::{Direction, FaultProxy},
@@ -316,8 +318,9 @@ async fn client(p: usize, ctx: Ctx) {
             );
             before_acquire(p, &ctx, &client, &mut rng).await;
         }
+        let role = Role::pick(cfg.primitive, inject && hits_holder, cfg.seed, &mut rng);
         ctx.push(p, Op::Acquire, Phase::Invoke, None, "");
-        let acquired = client.acquire(ctx.key.as_str()).await;
+        let acquired = family::acquire(&client, &ctx.key, cfg.primitive, role).await;
         if on_acquire {
             if let Some(px) = ctx.proxy() {
                 px.heal();
@@ -349,7 +352,13 @@ async fn client(p: usize, ctx: Ctx) {
             }
         };
         let token = guard.token().get();
-        ctx.push(p, Op::Acquire, Phase::Ok, Some(token), "");
+        ctx.push(
+            p,
+            Op::Acquire,
+            Phase::Ok,
+            Some(token),
+            role.detail(cfg.primitive),
+        );
         let watcher = {
             let h = guard.handle().clone();
             let history = ctx.history.clone();
@@ -375,7 +384,17 @@ async fn client(p: usize, ctx: Ctx) {
                 );
             })
         };
-        let Some(read) = ctx.resource.read(token) else {
+        let begun = match role {
+            Role::Exclusive => ctx.resource.read(token),
+            Role::Shared => ctx.resource.begin_shared(token),
+            // A semaphore holder touches the resource only once it has
+            // checked its permit, after the fault (below).
+            Role::Permit => Some(crate::resource::Read {
+                value: 0,
+                version: 0,
+            }),
+        };
+        let Some(read) = begun else {
             ctx.push(p, Op::Write, Phase::Fail, Some(token), "stale read refused");
             release(p, &ctx, guard, token).await;
             watcher.abort();
@@ -411,16 +430,45 @@ async fn client(p: usize, ctx: Ctx) {
                 let _ = guard.leak();
                 continue;
             }
+        } else if role == Role::Permit {
+            if !family::permit_still_held(&guard, cfg.fencing) {
+                ctx.resource.refused_by_holder();
+                ctx.push(
+                    p,
+                    Op::Write,
+                    Phase::Fail,
+                    Some(token),
+                    "refused by the holder: permit past its safe deadline",
+                );
+                release(p, &ctx, guard, token).await;
+                watcher.abort();
+                continue;
+            }
+            let outcome = ctx.resource.enter(token, family::capacity());
+            // The faulted hold uses the resource a while (a quarter TTL):
+            // long enough that a use it should not have made meets the
+            // others' uses, whichever moment it starts.
+            let work = if hit {
+                ttl / 4
+            } else {
+                Duration::from_millis(rng.u64(1..=5))
+            };
+            tokio::time::sleep(work).await;
+            ctx.resource.leave(token);
+            push_outcome(p, &ctx, token, outcome);
+            release(p, &ctx, guard, token).await;
+            watcher.abort();
+            tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
+            continue;
         } else {
             tokio::time::sleep(Duration::from_millis(rng.u64(1..=5))).await;
         }
-        let outcome = ctx.resource.write(token, read);
-        let (phase, detail) = match outcome {
-            WriteOutcome::Accepted => (Phase::Ok, "accepted"),
-            WriteOutcome::Rejected => (Phase::Fail, "rejected: stale token"),
-            WriteOutcome::AcceptedStale => (Phase::Ok, "ACCEPTED STALE"),
+        let outcome = if role == Role::Shared {
+            ctx.resource.end_shared(token, read)
+        } else {
+            ctx.resource.write(token, read)
         };
-        ctx.push(p, Op::Write, phase, Some(token), detail);
+        push_outcome(p, &ctx, token, outcome);
         if inject && cfg.mutant == Some(Mutant::OwnerCheckRemoved) {
             // The control must not depend on luck: a release that finds the
             // key free between two holders frees nothing, and polling stores
@@ -451,6 +499,16 @@ async fn client(p: usize, ctx: Ctx) {
         watcher.abort();
         tokio::time::sleep(Duration::from_millis(rng.u64(0..=3))).await;
     }
+}
+
+/// Records what the resource did with a holder's step.
+fn push_outcome(p: usize, ctx: &Ctx, token: u64, outcome: WriteOutcome) {
+    let (phase, detail) = match outcome {
+        WriteOutcome::Accepted => (Phase::Ok, "accepted"),
+        WriteOutcome::Rejected => (Phase::Fail, "rejected: stale token"),
+        WriteOutcome::AcceptedStale => (Phase::Ok, "ACCEPTED STALE"),
+    };
+    ctx.push(p, Op::Write, phase, Some(token), detail);
 }
 
 /// Waits (at most `bound`) until the store shows a holder with a token

@@ -15,7 +15,11 @@ use tokio::{
     sync::Mutex,
 };
 
-use crate::mutant::Mutant;
+use crate::{
+    family::{self, Role},
+    model::Primitive,
+    mutant::Mutant,
+};
 
 /// Command line of `fenced-faults-client` (started by the fault runner).
 #[derive(Debug, Parser)]
@@ -55,6 +59,9 @@ pub struct ClientArgs {
     /// Directory the mutants share.
     #[arg(long)]
     pub mutant_dir: Option<std::path::PathBuf>,
+    /// What to hold: `mutex`, `semaphore` or `rw` (see `Primitive`).
+    #[arg(long, default_value = "mutex")]
+    pub primitive: String,
 }
 
 type Conn = (Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf);
@@ -137,13 +144,21 @@ pub async fn main(args: ClientArgs) -> i32 {
             return 1;
         }
     };
+    let Some(primitive) = Primitive::from_arg(&args.primitive) else {
+        hub.ask(&format!("ERR 0 unknown primitive {}", args.primitive))
+            .await;
+        return 1;
+    };
     let mut rng = fastrand::Rng::with_seed(args.seed.wrapping_mul(1_000_003) ^ args.id as u64);
     loop {
         match hub.event("acquire", "invoke", None, "").await.as_deref() {
             Some("OK") => {}
             _ => return 0, // "END", or the hub is gone
         }
-        let guard = match client.acquire(args.key.as_str()).await {
+        // The hub picks the victim's hold to hit; a reader-writer victim
+        // is a reader or a writer by chance here.
+        let role = Role::pick(primitive, false, args.seed, &mut rng);
+        let guard = match family::acquire(&client, &args.key, primitive, role).await {
             Ok(g) => g,
             Err(Error::Timeout { .. }) => {
                 hub.event("acquire", "fail", None, "timeout").await;
@@ -159,7 +174,8 @@ pub async fn main(args: ClientArgs) -> i32 {
             }
         };
         let token = guard.token().get();
-        hub.event("acquire", "ok", Some(token), "").await;
+        hub.event("acquire", "ok", Some(token), role.detail(primitive))
+            .await;
         let watcher = {
             let h = guard.handle().clone();
             let hub = hub.clone();
@@ -169,12 +185,33 @@ pub async fn main(args: ClientArgs) -> i32 {
                     .await;
             })
         };
-        let read = hub.ask(&format!("READ {token}")).await.unwrap_or_default();
+        // The hub's words for the three ways of using the resource (see
+        // procs/mod.rs): the counter's read – write, a reader's read and
+        // its validation, a permit holder's use of one of N places.
+        let (begin, end) = match role {
+            Role::Exclusive => ("READ", "WRITE"),
+            Role::Shared => ("RREAD", "RDONE"),
+            Role::Permit => ("PERMIT", "LEAVE"),
+        };
+        let read = hub
+            .ask(&format!("{begin} {token}"))
+            .await
+            .unwrap_or_default();
         let mut it = read.split_whitespace();
         if let (Some("VAL"), Some(value), Some(version)) = (it.next(), it.next(), it.next()) {
             let work = rng.u64(args.work_min_ms..=args.work_max_ms.max(args.work_min_ms));
-            tokio::time::sleep(Duration::from_millis(work)).await;
-            hub.ask(&format!("WRITE {token} {value} {version}")).await;
+            if role == Role::Permit {
+                if family::permit_still_held(&guard, true) {
+                    hub.ask(&format!("ENTER {token}")).await;
+                    tokio::time::sleep(Duration::from_millis(work)).await;
+                    hub.ask(&format!("LEAVE {token}")).await;
+                } else {
+                    hub.ask(&format!("REFUSED {token}")).await;
+                }
+            } else {
+                tokio::time::sleep(Duration::from_millis(work)).await;
+                hub.ask(&format!("{end} {token} {value} {version}")).await;
+            }
         }
         hub.event("release", "invoke", Some(token), "").await;
         match guard.release().await {

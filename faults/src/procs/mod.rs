@@ -18,6 +18,11 @@
 //! ERR <retryable 0|1> <message>          -> OK
 //! READ <token>                           -> VAL <value> <version> | STALE
 //! WRITE <token> <value> <version>        -> DONE
+//! RREAD <token>                          -> VAL <value> <version> | STALE   (a reader)
+//! RDONE <token> <value> <version>        -> DONE                            (its validation)
+//! PERMIT <token>                         -> VAL 0 0          (a permit holder, before its check)
+//! ENTER <token> / LEAVE <token>          -> DONE / OK        (its use of one of N places)
+//! REFUSED <token>                        -> OK               (its permit was past its deadline)
 //! ```
 
 mod child;
@@ -197,9 +202,19 @@ impl Hub {
                 }
                 ok()
             }
-            Some("READ") => {
+            Some(begin @ ("READ" | "RREAD" | "PERMIT")) => {
                 let token = it.next().and_then(|t| t.parse().ok()).unwrap_or(0);
-                match self.resource.read(token) {
+                let begun = match begin {
+                    "READ" => self.resource.read(token),
+                    "RREAD" => self.resource.begin_shared(token),
+                    // A permit holder touches the resource only at ENTER,
+                    // once it has checked its permit.
+                    _ => Some(Read {
+                        value: 0,
+                        version: 0,
+                    }),
+                };
+                match begun {
                     None => {
                         self.push(
                             *id,
@@ -216,16 +231,39 @@ impl Hub {
                     }
                 }
             }
-            Some("WRITE") => {
+            Some(end @ ("WRITE" | "RDONE" | "ENTER")) => {
                 let mut n = || it.next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
                 let (token, value, version) = (n(), n(), n());
-                let (phase, detail) = match self.resource.write(token, Read { value, version }) {
+                let read = Read { value, version };
+                let outcome = match end {
+                    "WRITE" => self.resource.write(token, read),
+                    "RDONE" => self.resource.end_shared(token, read),
+                    _ => self.resource.enter(token, crate::family::capacity()),
+                };
+                let (phase, detail) = match outcome {
                     WriteOutcome::Accepted => (Phase::Ok, "accepted"),
                     WriteOutcome::Rejected => (Phase::Fail, "rejected: stale token"),
                     WriteOutcome::AcceptedStale => (Phase::Ok, "ACCEPTED STALE"),
                 };
                 self.push(*id, Op::Write, phase, Some(token), detail);
                 ("DONE".into(), None)
+            }
+            Some("LEAVE") => {
+                let token = it.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+                self.resource.leave(token);
+                ok()
+            }
+            Some("REFUSED") => {
+                let token = it.next().and_then(|t| t.parse().ok());
+                self.resource.refused_by_holder();
+                self.push(
+                    *id,
+                    Op::Write,
+                    Phase::Fail,
+                    token,
+                    "refused by the holder: permit past its safe deadline",
+                );
+                ok()
             }
             _ => {
                 self.error(format!("client {id}: bad request `{line}`"));
@@ -476,7 +514,9 @@ pub(crate) async fn run(cfg: RunConfig, prep: Prepared) -> Result<RunResult, Str
             .arg("--seed")
             .arg(cfg.seed.to_string())
             .arg("--rest-ms")
-            .arg(role.rest_ms.to_string());
+            .arg(role.rest_ms.to_string())
+            .arg("--primitive")
+            .arg(cfg.primitive.arg());
         if let Some(m) = cfg.mutant {
             cmd.arg("--mutant")
                 .arg(m.name())

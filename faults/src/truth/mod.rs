@@ -37,6 +37,7 @@
 pub mod binlog;
 mod clock;
 pub mod etcd;
+pub mod holders;
 pub mod postgres;
 pub mod redis;
 pub mod zookeeper;
@@ -243,6 +244,8 @@ pub enum Recorder {
     ZooKeeper(Box<zookeeper::TxnLog>),
     /// PostgreSQL audit triggers.
     Postgres(Box<postgres::AuditLog>),
+    /// The family cells: the store's list of a key's holders, sampled.
+    Holders(Box<holders::Sampler>),
     /// No record for this run, and why.
     None(&'static str),
 }
@@ -334,6 +337,7 @@ impl Recorder {
         }
         let (grants, unmatched) = match self {
             Recorder::None(_) => return Ok(None),
+            Recorder::Holders(s) => return s.finish().await.map(Some),
             Recorder::Sqlite(a) => {
                 let g = a.grants().await?;
                 let u = unmatched_tokens(events, &g);
