@@ -372,6 +372,13 @@ impl Primitive {
         }
     }
 
+    /// Whether it is the mutex (left out of stored runs, which read back
+    /// as mutex runs: the lines of runs recorded before the family stay
+    /// as they were).
+    pub fn is_mutex(&self) -> bool {
+        *self == Primitive::Mutex
+    }
+
     /// Its value of `fenced-faults-client --primitive`.
     pub fn arg(self) -> &'static str {
         match self {
@@ -416,7 +423,7 @@ pub struct RunConfig {
     pub target: Target,
     /// What the clients hold (runs recorded before the family cells are
     /// mutex runs).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Primitive::is_mutex")]
     pub primitive: Primitive,
     /// The fault.
     pub fault: Fault,
