@@ -322,7 +322,15 @@ impl LineStore for EtcdPermits {
         // Keeps the reaper off the entry while we look: a grant found here
         // then starts from a deadline the reaper also honours.
         let on = match inner.tracker.begin_extend(&tracked) {
-            Tracked::Expired | Tracked::Lost => return Ok(Look::Gone),
+            Tracked::Expired => {
+                // Its deadline passed before this look: it is lost, and the
+                // reaper's delete may not have run yet. Delete it now (the
+                // path names the owner), so that the waiter's arrival again
+                // does not find itself in line.
+                self.leave(key, owner, token).await?;
+                return Ok(Look::Gone);
+            }
+            Tracked::Lost => return Ok(Look::Gone),
             Tracked::No => None,
             Tracked::Yes(_) => Some(tracked.clone()),
         };

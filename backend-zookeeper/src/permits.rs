@@ -227,6 +227,7 @@ impl LineStore for ZkPermits {
                 make_queue(&s, &inner.keys, &line).await?;
                 continue;
             };
+            let stat_read_czxid = stat.czxid;
             let mut seen = Vec::with_capacity(rows.len());
             for row in &rows {
                 // Only an explicit owner can be in line already.
@@ -281,13 +282,32 @@ impl LineStore for ZkPermits {
                 }
                 Err(e) => return Err(error::map(e)),
             };
-            let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().nth(1) else {
+            let mut results = results.into_iter();
+            let (
+                Some(MultiWriteResult::SetData { stat: line_now }),
+                Some(MultiWriteResult::Create { path, stat }),
+            ) = (results.next(), results.next())
+            else {
                 return Err(Error::backend(
                     error::BACKEND,
                     true,
-                    "ZooKeeper answered a multi without its create",
+                    "ZooKeeper answered a multi without its set-data and create",
                 ));
             };
+            if line_now.czxid != stat_read_czxid {
+                // The line is a container: the server removed it once it
+                // stood empty, and another arrival made it again — at
+                // version 0, so the version we read matched a line we never
+                // looked at. Our entry may stand behind a grant we did not
+                // count: take it out and look again.
+                match s.run("delete", s.client().delete(&path, None)).await? {
+                    Ok(()) => cleanup.armed = false,
+                    Err(e) if kind(&e) == Kind::NoNode => cleanup.armed = false,
+                    // The guard removes it (by its nonce) when dropped.
+                    Err(e) => return Err(error::map(e)),
+                }
+                continue;
+            }
             // A create inside a multi may come back without a valid stat
             // (ZOOKEEPER-4026): read the token then.
             let czxid = if stat.czxid > 0 && !stat.is_invalid() {
@@ -334,7 +354,7 @@ impl LineStore for ZkPermits {
         opts: &LockOptions,
         owner: &Owner,
         token: FencingToken,
-        renew: bool,
+        _renew: bool,
     ) -> Result<Look> {
         let inner = &self.inner;
         let Some(node) = self.tracked(key, owner, token) else {
@@ -342,7 +362,14 @@ impl LineStore for ZkPermits {
             return Ok(Look::Gone);
         };
         let held = match inner.tracker.begin_extend(&node) {
-            Tracked::Expired | Tracked::Lost | Tracked::No => return Ok(Look::Gone),
+            Tracked::Expired => {
+                // Its deadline passed before this look: it is lost, and the
+                // reaper's delete may not have run yet. Delete it now, so
+                // that the waiter's arrival again does not find itself.
+                self.leave(key, owner, token).await?;
+                return Ok(Look::Gone);
+            }
+            Tracked::Lost | Tracked::No => return Ok(Look::Gone),
             Tracked::Yes(held) => held,
         };
         // Keeps the reaper off the entry while we look: a grant found here
@@ -367,12 +394,13 @@ impl LineStore for ZkPermits {
         };
         let granted_here =
             permits::granted_count(rows.iter().map(|r| r.weight), rows[at].capacity) > at;
-        if !granted_here && !renew {
-            return Ok(Look::Waiting);
-        }
         // The read went out on the entry's own session: the server keeps
         // that session (and the entry) at least one session timeout past
-        // `sent`, and the entry's TTL never exceeds it.
+        // `sent`, and the entry's TTL never exceeds it. So every look
+        // renews (`_renew` asks for a write elsewhere; here it costs
+        // nothing): a waiter whose TTL the server capped to its session
+        // timeout stays in line although the line's refresh goes by the
+        // TTL it asked for.
         let ttl = granted(opts.ttl(), s.negotiated());
         ending.renewed(sent + ttl, held);
         if granted_here {
