@@ -105,6 +105,60 @@ pub fn takeover_ms(events: &[Event]) -> Option<f64> {
         .map(|e| (e.t_ns - kill.t_ns) as f64 / 1e6)
 }
 
+/// The family's takeover: from the SIGKILL of a holder to the moment its
+/// share is someone else's — a semaphore's permits all held by others at
+/// once; after a killed writer the next grant to another client, after a
+/// killed reader the next writer's grant. ms.
+pub fn family_takeover_ms(events: &[Event], primitive: Primitive) -> Option<f64> {
+    use crate::family::Role;
+    let kill = events.iter().find(|e| {
+        e.op == Op::Fault && e.phase == Phase::Invoke && e.detail.starts_with("SIGKILL")
+    })?;
+    let ms = |t: u64| (t - kill.t_ns) as f64 / 1e6;
+    match primitive {
+        Primitive::Mutex => takeover_ms(events),
+        Primitive::Semaphore => {
+            let mut others: std::collections::HashSet<usize> = Default::default();
+            for e in events.iter().filter(|e| e.process != kill.process) {
+                match (e.op, e.phase) {
+                    (Op::Acquire, Phase::Ok) => {
+                        others.insert(e.process);
+                    }
+                    (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
+                        others.remove(&e.process);
+                    }
+                    _ => {}
+                }
+                if e.t_ns > kill.t_ns && others.len() >= crate::model::SEMAPHORE_PERMITS as usize {
+                    return Some(ms(e.t_ns));
+                }
+            }
+            None
+        }
+        Primitive::ReadWrite => {
+            let killed_a_writer = events
+                .iter()
+                .rfind(|e| {
+                    e.process == kill.process
+                        && e.op == Op::Acquire
+                        && e.phase == Phase::Ok
+                        && e.t_ns <= kill.t_ns
+                })
+                .is_some_and(|e| Role::from_detail(&e.detail) == Role::Exclusive);
+            events
+                .iter()
+                .find(|e| {
+                    e.t_ns > kill.t_ns
+                        && e.process != kill.process
+                        && e.op == Op::Acquire
+                        && e.phase == Phase::Ok
+                        && (killed_a_writer || Role::from_detail(&e.detail) == Role::Exclusive)
+                })
+                .map(|e| ms(e.t_ns))
+        }
+    }
+}
+
 /// The family's client-belief check: spans during which the clients that
 /// believed they held a key were more than it allows at once — more than
 /// the semaphore's permits, or a writer beside anyone — with how long each
@@ -267,6 +321,37 @@ mod tests {
         let mut v: Vec<Event> = holds.iter().flatten().cloned().collect();
         v.sort_by_key(|e| e.t_ns);
         v
+    }
+
+    #[test]
+    fn a_family_takeover_waits_for_the_killed_holders_share() {
+        let kill = |t| {
+            let mut e = ev(0, Op::Fault, Phase::Invoke, Some(1), t);
+            e.detail = "SIGKILL pid 1".into();
+            e
+        };
+        // Permit 1 killed at 10; client 1 already held the other permit,
+        // client 2 gets one at 12 (free all along), both held at 12.
+        let sem = timeline(&[
+            hold(0, "permit", 1, 100),
+            hold(1, "permit", 5, 30),
+            hold(2, "permit", 12, 40),
+        ]);
+        let mut sem: Vec<Event> = sem
+            .into_iter()
+            .filter(|e| e.process != 0 || e.op == Op::Acquire)
+            .collect();
+        sem.push(kill(10));
+        sem.sort_by_key(|e| e.t_ns);
+        assert_eq!(family_takeover_ms(&sem, Primitive::Semaphore), Some(2e-6));
+        // A killed reader: other readers do not count, the writer does.
+        let mut rw = timeline(&[hold(1, "read", 12, 20), hold(2, "write", 30, 40)]);
+        let mut a = ev(0, Op::Acquire, Phase::Ok, Some(1), 1);
+        a.detail = "read".into();
+        rw.push(a);
+        rw.push(kill(10));
+        rw.sort_by_key(|e| e.t_ns);
+        assert_eq!(family_takeover_ms(&rw, Primitive::ReadWrite), Some(20e-6));
     }
 
     #[test]

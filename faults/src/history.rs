@@ -57,6 +57,10 @@ pub struct ServerTruth {
 /// them back.
 pub const ROW_LOCK_UNJUDGED: &str = "row_lock: the lock is an open transaction's row lock; a dead holder's rollback leaves no trace in the binary log";
 
+/// Why overlaps are not judged on the family's sampled holders: one of the
+/// reasons a [`ServerTruth`] can carry.
+pub const FAMILY_SAMPLED: &str = "semaphores and reader-writer locks: the store's list of holders applies the store's own rule, so no look can show more holders than the capacity; client grants the list does not show are counted as unvouched instead";
+
 /// A fixed explanation. An alias, not `&'static str` spelt out: serde's
 /// derive takes a literal `&str` field as borrowed from the input, which
 /// would tie a deserialized `ServerTruth` to its line.
@@ -68,7 +72,7 @@ pub type Reason = &'static str;
 fn unjudged_reason<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<&'static str>, D::Error> {
-    const KNOWN: &[&str] = &[ROW_LOCK_UNJUDGED];
+    const KNOWN: &[&str] = &[ROW_LOCK_UNJUDGED, FAMILY_SAMPLED];
     let stored: Option<String> = Option::deserialize(d)?;
     Ok(stored.map(|s| {
         KNOWN

@@ -294,8 +294,8 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
         out,
         "**Semaphores and reader-writer locks** (rows `<store> semaphore-2` and `<store> rw`): \
          the same 4 clients, each hold a permit of a semaphore of 2 or a read or write lock \
-         (one hold in three a writer; the victim's faulted hold a writer on even seeds, a reader on \
-         odd ones), under a holder paused past its TTL, a blackhole, a holder dying in the process \
+         (one hold in three a writer; in the client threads the victim's faulted hold is a writer \
+         on even seeds and a reader on odd ones, in the client processes either, by chance), under a holder paused past its TTL, a blackhole, a holder dying in the process \
          (`kill-holder`) and a SIGKILLed client process. A reader-writer lock is fenced by its \
          tokens: writers do the counter's read – work – write, readers read, work and have their \
          read validated at the end, and the resource refuses any step whose token is below the \
@@ -311,9 +311,15 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          of two, a writer beside anyone). Server truth for these rows is the store's own list of \
          the key's holders (`holders()`: one read of the store's state, decided by the store's rule \
          on its clock), asked straight from the server every millisecond or so all run long: \
-         server overlaps count looks with holders over capacity, token regressions a grant first \
-         seen below a token seen before it (a later arrival let in ahead of the line); sampled, so \
-         the grants column counts the grants it saw and unvouched client grants are not judged. \
+         a client hold with a look made wholly inside it that does not list its token is an \
+         unvouched client grant (the client was told it holds, the store's rule says it does \
+         not; holds whose client suffered the fault are left out), a token first seen below a \
+         token seen in an earlier look is a token regression (a later arrival let in ahead of \
+         the line); the list applies the store's rule, so it can never show more holders than \
+         the capacity, and server overlaps are n/a; server grants counts the grants the looks \
+         saw. Non-owner releases are n/a for semaphores (a later permit does not end an earlier \
+         one); takeover after SIGKILL runs until the killed holder's share is someone else's \
+         (both permits held by others; after a killed reader, the next writer). \
          Controls: the same pause with fencing off (no permit check; a resource that takes any \
          token).\n"
     );
@@ -362,7 +368,13 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
             server_cell(c, |s| s.3),
             c.accepted_stale,
             c.lost_updates,
-            c.non_owner_releases,
+            // A semaphore's later permits do not end earlier ones: no
+            // release can be judged overtaken there.
+            if Primitive::ALL[*p] == Primitive::Semaphore {
+                "n/a".to_owned()
+            } else {
+                c.non_owner_releases.to_string()
+            },
             c.rejected,
             c.belief_overlaps,
             c.belief_max_ms,

@@ -43,6 +43,10 @@ struct State {
     version: u64,
     /// Semaphore cells: the tokens using the resource right now.
     inside: Vec<u64>,
+    /// Reader-writer cells: the highest token a reader has started with.
+    /// A writer below it is stale (that reader was granted after it, so
+    /// its lock had ended); readers are fenced by `highest` alone.
+    highest_shared: u64,
 }
 
 /// Totals of a run, for the report.
@@ -110,10 +114,11 @@ impl FencedResource {
         })
     }
 
-    /// Writes `read.value + 1` with `token`.
+    /// Writes `read.value + 1` with `token`: stale below the highest token
+    /// written with, or below a reader's that started.
     pub fn write(&self, token: u64, read: Read) -> WriteOutcome {
         let mut st = self.state();
-        let stale = token < st.highest;
+        let stale = token < st.highest.max(st.highest_shared);
         if stale && self.fencing {
             st.rejected += 1;
             return WriteOutcome::Rejected;
@@ -134,10 +139,20 @@ impl FencedResource {
     }
 
     /// A reader of a reader-writer lock starts: like [`read`](Self::read)
-    /// (refused below the highest token written with), but it raises no
-    /// bar — readers hold together, any token order.
+    /// (refused below the highest token written with). It raises the bar
+    /// for writers only — readers hold together, in any token order, but a
+    /// writer with a lower token than a reader that got in has lost its
+    /// lock (a writer's token exceeds every grant before it).
     pub fn begin_shared(&self, token: u64) -> Option<Read> {
-        self.read(token)
+        let mut st = self.state();
+        if self.fencing && token < st.highest {
+            return None;
+        }
+        st.highest_shared = st.highest_shared.max(token);
+        Some(Read {
+            value: st.value,
+            version: st.version,
+        })
     }
 
     /// The reader is done with what it read: refused when a writer with a
@@ -246,6 +261,24 @@ mod tests {
         assert_eq!(u.write(2, w), WriteOutcome::Accepted);
         assert_eq!(u.end_shared(1, stale), WriteOutcome::AcceptedStale);
         assert_eq!((u.totals().accepted_stale, u.totals().lost_updates), (1, 1));
+    }
+
+    #[test]
+    fn a_writer_overtaken_by_readers_only_is_refused() {
+        // The writer (token 5) lost its lock while paused; only readers
+        // (6, 7) got in since: its write must not land.
+        let r = FencedResource::fenced();
+        let w = r.read(5).unwrap();
+        let reader = r.begin_shared(6).unwrap();
+        assert_eq!(r.end_shared(6, reader), WriteOutcome::Accepted);
+        assert_eq!(r.write(5, w), WriteOutcome::Rejected);
+        // A later writer is not held back by earlier readers.
+        let w2 = r.read(8).unwrap();
+        assert_eq!(r.write(8, w2), WriteOutcome::Accepted);
+        let u = FencedResource::unfenced();
+        let w = u.read(5).unwrap();
+        let _ = u.begin_shared(6).unwrap();
+        assert_eq!(u.write(5, w), WriteOutcome::AcceptedStale);
     }
 
     #[test]

@@ -192,9 +192,14 @@ pub(crate) async fn start_recorder(
         return Ok(Recorder::None(SERVER_FAULT_REASON));
     }
     if cfg.primitive != Primitive::Mutex {
-        return crate::truth::holders::Sampler::start(&prep.admin_url, &prep.key, cfg.primitive)
-            .await
-            .map(|s| Recorder::Holders(Box::new(s)));
+        return crate::truth::holders::Sampler::start(
+            &prep.admin_url,
+            &prep.key,
+            cfg.primitive,
+            history,
+        )
+        .await
+        .map(|s| Recorder::Holders(Box::new(s)));
     }
     Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
 }
@@ -277,7 +282,7 @@ pub(crate) async fn finish(
             0
         },
         victim_noticed_loss: crate::checks::victim_noticed_loss(&events),
-        takeover_ms: crate::checks::takeover_ms(&events),
+        takeover_ms: crate::checks::family_takeover_ms(&events, cfg.primitive),
         lock_conflicts: c.lock_conflicts,
         commit: None,
         elapsed_s: None,
@@ -362,27 +367,50 @@ async fn liveness(
     let lock = fenced::connect(url)
         .await
         .map_err(|e| format!("liveness: connect: {e}"))?;
-    let client = LockClient::builder(lock)
+    let client = LockClient::builder(Arc::clone(&lock))
         .ttl(ttl)
         .build()
         .map_err(|e| format!("liveness: {e}"))?;
     let start = Instant::now();
     let wait = WaitPolicy::Timeout(ttl * 4);
-    let g = match primitive {
-        Primitive::Mutex => client.acquire_with(key, wait).await,
+    let held = match primitive {
+        Primitive::Mutex => client.acquire_with(key, wait).await.map(|g| vec![g]),
         // The whole of a reader-writer lock: nobody left holding anything.
         Primitive::ReadWrite => match client.rw_lock(key) {
-            Ok(rw) => rw.write_with(wait).await,
+            Ok(rw) => rw.write_with(wait).await.map(|g| vec![g]),
             Err(e) => Err(e),
         },
-        Primitive::Semaphore => match client.semaphore(key, crate::model::SEMAPHORE_PERMITS) {
-            Ok(s) => s.acquire_with(wait).await,
-            Err(e) => Err(e),
-        },
+        // Every permit, each through a client of its own (a client holds
+        // a key once): a dead holder's permit must have come back too, not
+        // only a free one.
+        Primitive::Semaphore => {
+            let mut all = Vec::new();
+            for _ in 0..crate::model::SEMAPHORE_PERMITS {
+                let acquired = match LockClient::builder(Arc::clone(&lock)).ttl(ttl).build() {
+                    Ok(c) => match c.semaphore(key, crate::model::SEMAPHORE_PERMITS) {
+                        Ok(s) => s.acquire_with(wait).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
+                match acquired {
+                    Ok(g) => all.push(g),
+                    Err(e) => {
+                        for g in all {
+                            let _ = g.release().await;
+                        }
+                        return Err(format!("liveness: acquire: {e}"));
+                    }
+                }
+            }
+            Ok(all)
+        }
     }
     .map_err(|e| format!("liveness: acquire: {e}"))?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    let _ = g.release().await;
+    for g in held {
+        let _ = g.release().await;
+    }
     Ok(ms)
 }
 

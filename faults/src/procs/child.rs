@@ -59,6 +59,10 @@ pub struct ClientArgs {
     /// Directory the mutants share.
     #[arg(long)]
     pub mutant_dir: Option<std::path::PathBuf>,
+    /// A semaphore holder uses the resource without checking its permit
+    /// first (control runs with fencing off).
+    #[arg(long)]
+    pub no_permit_check: bool,
     /// What to hold: `mutex`, `semaphore` or `rw` (see `Primitive`).
     #[arg(long, default_value = "mutex")]
     pub primitive: String,
@@ -201,7 +205,7 @@ pub async fn main(args: ClientArgs) -> i32 {
         if let (Some("VAL"), Some(value), Some(version)) = (it.next(), it.next(), it.next()) {
             let work = rng.u64(args.work_min_ms..=args.work_max_ms.max(args.work_min_ms));
             if role == Role::Permit {
-                if family::permit_still_held(&guard, true) {
+                if family::permit_still_held(&guard, !args.no_permit_check) {
                     hub.ask(&format!("ENTER {token}")).await;
                     tokio::time::sleep(Duration::from_millis(work)).await;
                     hub.ask(&format!("LEAVE {token}")).await;

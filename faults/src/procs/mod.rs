@@ -517,6 +517,9 @@ pub(crate) async fn run(cfg: RunConfig, prep: Prepared) -> Result<RunResult, Str
             .arg(role.rest_ms.to_string())
             .arg("--primitive")
             .arg(cfg.primitive.arg());
+        if !cfg.fencing {
+            cmd.arg("--no-permit-check");
+        }
         if let Some(m) = cfg.mutant {
             cmd.arg("--mutant")
                 .arg(m.name())

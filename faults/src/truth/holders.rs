@@ -21,7 +21,10 @@ use std::{collections::BTreeSet, time::Duration};
 use fenced_api::{permits::KeyHolders, LockClient};
 use tokio::sync::oneshot;
 
-use crate::{history::ServerTruth, model::Primitive};
+use crate::{
+    history::{Event, History, Op, Phase, ServerTruth, FAMILY_SAMPLED},
+    model::Primitive,
+};
 
 /// A running sampler.
 #[derive(Debug)]
@@ -30,44 +33,99 @@ pub struct Sampler {
     task: tokio::task::JoinHandle<Result<Samples, String>>,
 }
 
+/// One look: when it was asked and answered (the run's history clock, ns)
+/// and the tokens the store listed as holders.
+#[derive(Debug, Clone)]
+struct Sample {
+    sent: u64,
+    answered: u64,
+    tokens: Vec<u64>,
+}
+
 #[derive(Debug, Default)]
 struct Samples {
-    looks: usize,
-    over_capacity: usize,
-    out_of_order: usize,
-    seen: BTreeSet<u64>,
+    looks: Vec<Sample>,
     errors: usize,
 }
 
 impl Samples {
-    fn add(&mut self, h: &KeyHolders) {
-        self.looks += 1;
-        let weight: u64 = h
-            .holders
-            .iter()
-            .map(|p| u64::from(p.permits.weight()))
-            .sum();
-        if weight > u64::from(h.capacity) {
-            self.over_capacity += 1;
-        }
-        let max_before = self.seen.last().copied();
-        for p in &h.holders {
-            let t = p.info.token.get();
-            if self.seen.insert(t) && max_before.is_some_and(|m| t < m) {
-                self.out_of_order += 1;
+    /// Tokens first seen below a token seen in an earlier look: a later
+    /// arrival let in ahead of an earlier one (tokens number arrivals).
+    fn out_of_order(&self) -> usize {
+        let mut seen = BTreeSet::new();
+        let mut n = 0;
+        for s in &self.looks {
+            let max_before = seen.last().copied();
+            for t in &s.tokens {
+                if seen.insert(*t) && max_before.is_some_and(|m| *t < m) {
+                    n += 1;
+                }
             }
         }
+        n
+    }
+
+    fn seen(&self) -> usize {
+        self.looks
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect::<BTreeSet<u64>>()
+            .len()
+    }
+
+    /// Client holds that a look made wholly inside them did not list: the
+    /// client was told it holds, the store's own rule says it does not.
+    /// Holds during which their client suffered a fault are left out (a
+    /// frozen or cut-off holder outlives its lease by design).
+    fn unvouched(&self, events: &[Event]) -> usize {
+        let mut open: std::collections::HashMap<usize, (u64, u64)> = Default::default();
+        let mut faulted: BTreeSet<usize> = BTreeSet::new();
+        let mut holds = Vec::new();
+        for e in events {
+            match (e.op, e.phase) {
+                (Op::Acquire, Phase::Ok) => {
+                    if let Some(t) = e.token {
+                        open.insert(e.process, (t, e.t_ns));
+                        faulted.remove(&e.process);
+                    }
+                }
+                (Op::Fault, Phase::Invoke) => {
+                    faulted.insert(e.process);
+                }
+                (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
+                    if let Some((t, from)) = open.remove(&e.process) {
+                        if !faulted.remove(&e.process) {
+                            holds.push((t, from, e.t_ns));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        holds
+            .iter()
+            .filter(|(t, from, to)| {
+                self.looks
+                    .iter()
+                    .any(|s| s.sent >= *from && s.answered <= *to && !s.tokens.contains(t))
+            })
+            .count()
     }
 }
 
 impl Sampler {
     /// Starts sampling `key`'s holders on the store at `url` (straight to
-    /// the server).
+    /// the server), stamping each look on `history`'s clock.
     ///
     /// # Errors
     ///
     /// When the store cannot be reached (naming `scripts/services.sh`).
-    pub async fn start(url: &str, key: &str, primitive: Primitive) -> Result<Sampler, String> {
+    pub async fn start(
+        url: &str,
+        key: &str,
+        primitive: Primitive,
+        history: &History,
+    ) -> Result<Sampler, String> {
         let lock = fenced::connect(url).await.map_err(|e| {
             format!("family truth: connect: {e}; are the services up? run scripts/services.sh")
         })?;
@@ -77,13 +135,20 @@ impl Sampler {
         look(&client, &key, primitive)
             .await
             .map_err(|e| format!("family truth: first look: {e}"))?;
+        let history = history.clone();
         let (stop, mut stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
             let mut s = Samples::default();
             loop {
+                let sent = history.now_ns();
                 match look(&client, &key, primitive).await {
-                    Ok(Some(h)) => s.add(&h),
-                    Ok(None) => s.looks += 1,
+                    Ok(h) => s.looks.push(Sample {
+                        sent,
+                        answered: history.now_ns(),
+                        tokens: h
+                            .map(|h| h.holders.iter().map(|p| p.info.token.get()).collect())
+                            .unwrap_or_default(),
+                    }),
                     // The store is busy or the look raced a change: the next
                     // look counts. Many failures mean no record at all.
                     Err(_) => s.errors += 1,
@@ -97,30 +162,31 @@ impl Sampler {
         Ok(Sampler { stop, task })
     }
 
-    /// Stops sampling and checks what was seen.
+    /// Stops sampling and checks what was seen against the clients'
+    /// `events`.
     ///
     /// # Errors
     ///
     /// When the sampler failed, or most of its looks did.
-    pub async fn finish(self) -> Result<ServerTruth, String> {
+    pub async fn finish(self, events: &[Event]) -> Result<ServerTruth, String> {
         let _ = self.stop.send(());
         let s = self
             .task
             .await
             .map_err(|e| format!("family truth: sampler: {e}"))??;
-        if s.errors > s.looks {
+        if s.errors > s.looks.len() {
             return Err(format!(
                 "family truth: {} of {} looks at the holders failed",
                 s.errors,
-                s.looks + s.errors
+                s.looks.len() + s.errors
             ));
         }
         Ok(ServerTruth {
-            grants: s.seen.len(),
-            overlaps: s.over_capacity,
-            token_regressions: s.out_of_order,
-            unmatched_client_grants: 0,
-            overlaps_unjudged: None,
+            grants: s.seen(),
+            overlaps: 0,
+            token_regressions: s.out_of_order(),
+            unmatched_client_grants: s.unvouched(events),
+            overlaps_unjudged: Some(FAMILY_SAMPLED),
         })
     }
 }
@@ -143,47 +209,59 @@ async fn look(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use fenced_api::{permits::PermitHolder, FencingToken, LockInfo, LockKey, Owner, Permits};
-
     use super::*;
 
-    fn look(capacity: u32, holders: &[(u64, Permits)]) -> KeyHolders {
-        let key = LockKey::new("k").unwrap();
-        let holders = holders
-            .iter()
-            .map(|(t, p)| {
-                let info = LockInfo::new(
-                    key.clone(),
-                    Owner::new(format!("o{t}")).unwrap(),
-                    FencingToken::new(*t),
-                    Duration::from_secs(1),
-                    1,
-                );
-                PermitHolder::new(info, *p)
-            })
-            .collect();
-        KeyHolders::new(key, capacity, holders, 0)
+    fn ev(process: usize, op: Op, phase: Phase, token: Option<u64>, t_ns: u64) -> Event {
+        Event {
+            process,
+            op,
+            phase,
+            key: "k".into(),
+            token,
+            t_ns,
+            detail: String::new(),
+        }
+    }
+
+    fn looks(v: &[(u64, u64, &[u64])]) -> Samples {
+        Samples {
+            looks: v
+                .iter()
+                .map(|(sent, answered, tokens)| Sample {
+                    sent: *sent,
+                    answered: *answered,
+                    tokens: tokens.to_vec(),
+                })
+                .collect(),
+            errors: 0,
+        }
     }
 
     #[test]
-    fn over_capacity_and_out_of_order_grants_are_counted() {
-        let one = Permits::semaphore(2).unwrap();
-        let mut s = Samples::default();
-        s.add(&look(2, &[(1, one), (2, one)]));
-        s.add(&look(2, &[(2, one), (3, one)]));
-        assert_eq!((s.over_capacity, s.out_of_order, s.seen.len()), (0, 0, 3));
-        // A third permit of two; then a token below one already seen.
-        s.add(&look(2, &[(3, one), (4, one), (5, one)]));
-        s.add(&look(2, &[(5, one), (0, one)]));
-        assert_eq!((s.over_capacity, s.out_of_order), (1, 1));
-        // A writer beside a reader is over a reader-writer lock's capacity.
-        let mut rw = Samples::default();
-        let cap = Permits::RW_CAPACITY;
-        rw.add(&look(cap, &[(1, Permits::read()), (2, Permits::read())]));
-        assert_eq!(rw.over_capacity, 0);
-        rw.add(&look(cap, &[(2, Permits::read()), (3, Permits::write())]));
-        assert_eq!(rw.over_capacity, 1);
+    fn a_client_grant_the_store_does_not_list_is_unvouched() {
+        // Client 0 holds token 1 from 10 to 50; client 1 token 3 from 20
+        // to 40, which the store's list leaves out (a third permit of two).
+        let events = [
+            ev(0, Op::Acquire, Phase::Ok, Some(1), 10),
+            ev(1, Op::Acquire, Phase::Ok, Some(3), 20),
+            ev(1, Op::Release, Phase::Invoke, Some(3), 40),
+            ev(0, Op::Release, Phase::Invoke, Some(1), 50),
+        ];
+        let s = looks(&[(21, 25, &[1, 2]), (45, 47, &[1])]);
+        assert_eq!(s.unvouched(&events), 1);
+        // Listed: vouched. A look that straddles the hold's end judges nothing.
+        let s = looks(&[(21, 25, &[1, 3]), (35, 45, &[1])]);
+        assert_eq!(s.unvouched(&events), 0);
+        // A hold its client suffered a fault in is not judged.
+        let mut faulted = events.to_vec();
+        faulted.insert(2, ev(1, Op::Fault, Phase::Invoke, Some(3), 30));
+        let s = looks(&[(21, 25, &[1, 2])]);
+        assert_eq!(s.unvouched(&faulted), 0);
+    }
+
+    #[test]
+    fn a_later_arrival_let_in_first_is_out_of_order() {
+        assert_eq!(looks(&[(0, 1, &[5, 6]), (2, 3, &[6, 7])]).out_of_order(), 0);
+        assert_eq!(looks(&[(0, 1, &[5, 6]), (2, 3, &[4, 6])]).out_of_order(), 1);
     }
 }

@@ -337,7 +337,7 @@ impl Recorder {
         }
         let (grants, unmatched) = match self {
             Recorder::None(_) => return Ok(None),
-            Recorder::Holders(s) => return s.finish().await.map(Some),
+            Recorder::Holders(s) => return s.finish(events).await.map(Some),
             Recorder::Sqlite(a) => {
                 let g = a.grants().await?;
                 let u = unmatched_tokens(events, &g);
