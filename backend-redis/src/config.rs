@@ -18,6 +18,11 @@ pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// when no hand-over message reaches it (the fallback behind pub/sub; each
 /// check also refreshes the waiter's place in the queue).
 pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Default bound on waiting for replicas to acknowledge a grant or renewal
+/// (with `min_replicas` ≥ 1 only).
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(50);
+/// Most replicas a grant may be made to wait for.
+pub const MAX_MIN_REPLICAS: u32 = 64;
 
 /// A validated key prefix: the namespace two applications sharing one Redis
 /// use to keep their locks apart.
@@ -83,6 +88,10 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) operation_timeout: Duration,
     pub(crate) recheck_interval: Duration,
+    /// Replicas that must acknowledge a grant or renewal (`WAIT`); 0: none.
+    pub(crate) min_replicas: u32,
+    /// Bound on that wait.
+    pub(crate) replica_timeout: Duration,
 }
 
 /// The `redis` crate's connection settings. They hold the password, so
@@ -144,6 +153,8 @@ const KNOWN: &[&str] = &[
     "connect_timeout",
     "operation_timeout|timeout",
     "recheck_interval",
+    "min_replicas",
+    "replica_timeout",
     "protocol",
     "db",
 ];
@@ -157,7 +168,12 @@ impl RedisConfig {
     /// `500ms`, `5s`; default 5 s each), `recheck_interval` (default 1 s: how
     /// long a waiter sleeps at most when no hand-over message reaches it; a
     /// waiter's place in the queue lapses after three missed re-checks plus a
-    /// second); `protocol` and `db` go to the `redis` crate; any other
+    /// second); `min_replicas` (default 0) and `replica_timeout` (default
+    /// 50 ms; only with `min_replicas`): every grant and renewal waits, with
+    /// `WAIT`, until that many replicas acknowledged it or the timeout passed,
+    /// and one that fell short is given back (a grant) and reported as a
+    /// retryable [`Error::Backend`] — see "Replicas" in the crate docs;
+    /// `protocol` and `db` go to the `redis` crate; any other
     /// parameter, or one given twice, is an error
     /// ([`fenced_api::url::params`]). The connection always speaks RESP3
     /// (Redis ≥ 6), which lets one connection carry both the scripts and the
@@ -197,6 +213,8 @@ impl RedisConfig {
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut operation_timeout = DEFAULT_OPERATION_TIMEOUT;
         let mut recheck_interval = DEFAULT_RECHECK_INTERVAL;
+        let mut min_replicas = 0;
+        let mut replica_timeout = None;
         let mut passthrough = Vec::new();
         // A repeated or misspelt parameter must not silently fall back to a
         // default: `prefx=billing` would share the default namespace.
@@ -206,6 +224,15 @@ impl RedisConfig {
                 "connect_timeout" => connect_timeout = parse_duration(p.value)?,
                 "operation_timeout" => operation_timeout = parse_duration(p.value)?,
                 "recheck_interval" => recheck_interval = parse_recheck(p.value)?,
+                "min_replicas" => {
+                    min_replicas = p.value.parse().map_err(|_| {
+                        Error::config(format!(
+                            "min_replicas={} is not a number of replicas (0 to {MAX_MIN_REPLICAS})",
+                            p.value
+                        ))
+                    })?
+                }
+                "replica_timeout" => replica_timeout = Some(parse_duration(p.value)?),
                 "protocol" if !p.value.eq_ignore_ascii_case("resp3") && p.value != "3" => {
                     return Err(Error::config(format!(
                         "protocol={} is not supported: fenced-redis speaks RESP3 (Redis 6 or later)",
@@ -231,7 +258,13 @@ impl RedisConfig {
             .clone()
             .set_protocol(ProtocolVersion::RESP3)
             .set_lib_name("fenced-redis", env!("CARGO_PKG_VERSION"));
-        Ok(RedisConfig {
+        if replica_timeout.is_some() && min_replicas == 0 {
+            return Err(Error::config(
+                "replica_timeout has no effect without min_replicas (the number of replicas a \
+                 grant waits for)",
+            ));
+        }
+        let config = RedisConfig {
             connection: Connection(info.set_redis_settings(settings)),
             display_url: redact(base),
             tls,
@@ -239,7 +272,40 @@ impl RedisConfig {
             connect_timeout,
             operation_timeout,
             recheck_interval,
-        })
+            min_replicas,
+            replica_timeout: replica_timeout.unwrap_or(DEFAULT_REPLICA_TIMEOUT),
+        };
+        config.check_replicas()?;
+        Ok(config)
+    }
+
+    /// `min_replicas` at most [`MAX_MIN_REPLICAS`]; `replica_timeout` from
+    /// 1 ms and below the operation timeout, which bounds the `WAIT` call.
+    pub(crate) fn check_replicas(&self) -> Result<()> {
+        if self.min_replicas > MAX_MIN_REPLICAS {
+            return Err(Error::config(format!(
+                "min_replicas {} is more than {MAX_MIN_REPLICAS}",
+                self.min_replicas
+            )));
+        }
+        let t = self.replica_timeout;
+        if t < Duration::from_millis(1) || t >= self.operation_timeout {
+            return Err(Error::config(format!(
+                "replica_timeout {t:?} must be at least 1ms and below the operation timeout ({:?})",
+                self.operation_timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// Replicas every grant and renewal waits for (0: none).
+    pub fn min_replicas(&self) -> u32 {
+        self.min_replicas
+    }
+
+    /// How long a grant or renewal waits for them.
+    pub fn replica_timeout(&self) -> Duration {
+        self.replica_timeout
     }
 
     /// The key prefix (namespace).
@@ -413,10 +479,38 @@ mod tests {
             "redis://h?nope=1",
             "redis://h?prefix=a&prefix=b",
             "redis://h?operation_timeout=1s&timeout=2s",
+            "redis://h?min_replicas=-1",
+            "redis://h?min_replicas=one",
+            "redis://h?min_replicas=65",
+            "redis://h?replica_timeout=50ms",
+            "redis://h?min_replicas=0&replica_timeout=50ms",
+            "redis://h?min_replicas=1&replica_timeout=0ms",
+            "redis://h?min_replicas=1&replica_timeout=5s",
+            "redis://h?min_replicas=1&timeout=100ms&replica_timeout=200ms",
+            "redis://h?min_replicas=1&min_replicas=2",
         ] {
             let got = RedisConfig::from_url(url);
             assert!(matches!(got, Err(Error::Config { .. })), "{url}: {got:?}");
         }
+    }
+
+    #[test]
+    fn replicas() {
+        let c = RedisConfig::from_url("redis://h").unwrap();
+        assert_eq!(
+            (c.min_replicas(), c.replica_timeout()),
+            (0, DEFAULT_REPLICA_TIMEOUT)
+        );
+        let c = RedisConfig::from_url("redis://h?min_replicas=2").unwrap();
+        assert_eq!(
+            (c.min_replicas(), c.replica_timeout()),
+            (2, DEFAULT_REPLICA_TIMEOUT)
+        );
+        let c = RedisConfig::from_url("redis://h?min_replicas=1&replica_timeout=250ms").unwrap();
+        assert_eq!(
+            (c.min_replicas(), c.replica_timeout()),
+            (1, Duration::from_millis(250))
+        );
     }
 
     #[test]

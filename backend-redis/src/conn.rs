@@ -5,7 +5,9 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use fenced_api::{Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner, Result};
+use fenced_api::{
+    Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
+};
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
@@ -105,6 +107,9 @@ impl Conn {
             .await?;
         if extended == 1 {
             tracing::trace!(key = %lease.key, token = %lease.token, "renewed");
+            // Extended on the primary either way; short of replicas, the
+            // caller hears of it and renews again (a watchdog retries).
+            self.replicated(&lease.key, "renewal").await?;
             Ok(lease.renewed(ttl, sent))
         } else {
             Err(Error::lease_lost(
@@ -113,6 +118,83 @@ impl Conn {
                 "redis no longer has this lease (expired, released, force-released, or lost in a restart)",
             ))
         }
+    }
+}
+
+impl Conn {
+    /// Gives `lease` back (the release script): the next live waiter gets
+    /// the key.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
+        let keys = self.keys(&lease.key);
+        let mut manager = self.manager();
+        let reply = self
+            .bounded(
+                "the release script",
+                scripts::RELEASE
+                    .key(&keys.lock)
+                    .key(&keys.queue)
+                    .arg(lease.owner.as_str())
+                    .arg(lease.token.get())
+                    .invoke_async(&mut manager),
+            )
+            .await?;
+        Ok(match scripts::parse_release(reply)? {
+            Some(0) => ReleaseOutcome::Released,
+            Some(remaining) => ReleaseOutcome::StillHeld { remaining },
+            None => ReleaseOutcome::NotHeld,
+        })
+    }
+
+    /// With `min_replicas` ≥ 1: waits (`WAIT`) until that many replicas
+    /// acknowledged every write this connection made so far — `what` among
+    /// them — or the replica timeout passed; fewer is a retryable error.
+    ///
+    /// `WAIT` counts the writes of the connection it is sent on, and every
+    /// command of this client shares one connection in order, so the write
+    /// it is about (sent before) is covered. While it waits, the server
+    /// answers nothing else on that connection: at most the replica timeout.
+    pub(crate) async fn replicated(&self, key: &LockKey, what: &str) -> Result<()> {
+        let n = self.config.min_replicas;
+        if n == 0 {
+            return Ok(());
+        }
+        let wait = self.config.replica_timeout;
+        let mut manager = self.manager();
+        let acked: i64 = self
+            .bounded(
+                "WAIT",
+                redis::cmd("WAIT")
+                    .arg(n)
+                    .arg(millis_ceil(wait))
+                    .query_async(&mut manager),
+            )
+            .await?;
+        if acked >= i64::from(n) {
+            return Ok(());
+        }
+        tracing::warn!(key = %key, acked, min_replicas = n, "too few replicas acknowledged a {what}");
+        Err(Error::backend(
+            error::BACKEND,
+            true,
+            format!(
+                "only {acked} of the {n} replicas asked for (min_replicas) acknowledged the {what} \
+                 of `{key}` within {wait:?} at {}",
+                self.config.display_url
+            ),
+        ))
+    }
+
+    /// [`replicated`](Self::replicated) for a fresh grant: one that fell short
+    /// is given back (best effort: otherwise it lapses after its TTL) before
+    /// the error is returned, so the caller holds nothing it was not told of.
+    pub(crate) async fn replicated_grant(&self, lease: &Lease) -> Result<()> {
+        let Err(e) = self.replicated(&lease.key, "grant").await else {
+            return Ok(());
+        };
+        if let Err(release) = self.release(lease).await {
+            tracing::warn!(key = %lease.key, token = %lease.token, error = %release, "giving back a grant too few replicas acknowledged failed; it lapses after its TTL");
+        }
+        Err(e)
     }
 }
 

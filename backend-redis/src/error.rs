@@ -20,7 +20,7 @@ pub(crate) fn map(e: RedisError) -> Error {
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
             return Error::config(format!(
             "the redis user lacks a permission fenced needs ({e}); it runs EVALSHA, SCRIPT LOAD, \
-                 SUBSCRIBE and CONFIG GET on its keys and channels"
+                 SUBSCRIBE and CONFIG GET on its keys and channels (and WAIT with min_replicas)"
         ))
         }
         // This crate talks to one node and never follows a redirection: a

@@ -16,7 +16,7 @@ mod wait;
 
 pub use config::{
     Prefix, RedisConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RECHECK_INTERVAL,
+    DEFAULT_RECHECK_INTERVAL, DEFAULT_REPLICA_TIMEOUT, MAX_MIN_REPLICAS,
 };
 pub use lock::{RedisLock, RedisLockBuilder};
 pub use persistence::Persistence;

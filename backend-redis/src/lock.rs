@@ -97,6 +97,25 @@ impl RedisLockBuilder {
         self
     }
 
+    /// Replicas that must acknowledge every grant and renewal (default 0:
+    /// none; at most [`MAX_MIN_REPLICAS`](crate::MAX_MIN_REPLICAS)): after
+    /// each, the client sends `WAIT n replica_timeout`; a grant that fewer
+    /// acknowledged is given back and reported as a retryable
+    /// [`Error::Backend`], a renewal as a retryable error while the lease
+    /// stays extended on the primary. See "Replicas" in the crate docs for
+    /// what this does and does not protect against.
+    pub fn min_replicas(mut self, n: u32) -> Self {
+        self.config.min_replicas = n;
+        self
+    }
+
+    /// How long a grant or renewal waits for its replicas (default 50 ms;
+    /// from 1 ms, below the operation timeout).
+    pub fn replica_timeout(mut self, d: Duration) -> Self {
+        self.config.replica_timeout = d;
+        self
+    }
+
     fn validated(mut self) -> Result<RedisConfig> {
         if let Some(p) = self.prefix.take() {
             self.config.prefix = Prefix::new(&p)?;
@@ -105,6 +124,7 @@ impl RedisLockBuilder {
         check_duration("connect_timeout", c.connect_timeout)?;
         check_duration("operation_timeout", c.operation_timeout)?;
         check_recheck(c.recheck_interval)?;
+        c.check_replicas()?;
         Ok(self.config)
     }
 
@@ -213,7 +233,11 @@ impl DistributedLock for RedisLock {
         let keys = self.inner.conn.keys(key);
         let sent = Instant::now();
         match self.inner.conn.attempt(&keys, opts, &owner, None).await? {
-            Attempt::Granted { token, .. } => Ok(Some(granted(key, owner, token, opts, sent))),
+            Attempt::Granted { token, .. } => {
+                let lease = granted(key, owner, token, opts, sent);
+                self.inner.conn.replicated_grant(&lease).await?;
+                Ok(Some(lease))
+            }
             Attempt::Busy { .. } => Ok(None),
             Attempt::AlreadyHeld => Err(Error::AlreadyHeld { key: key.clone() }),
             Attempt::HandedOver { .. } => Err(error::protocol(
@@ -240,28 +264,11 @@ impl DistributedLock for RedisLock {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {
-        let conn = &self.inner.conn;
-        let keys = conn.keys(&lease.key);
-        let mut manager = conn.manager();
-        let reply = conn
-            .bounded(
-                "the release script",
-                scripts::RELEASE
-                    .key(&keys.lock)
-                    .key(&keys.queue)
-                    .arg(lease.owner.as_str())
-                    .arg(lease.token.get())
-                    .invoke_async(&mut manager),
-            )
-            .await?;
-        Ok(match scripts::parse_release(reply)? {
-            Some(0) => {
-                tracing::debug!(key = %lease.key, token = %lease.token, "released");
-                ReleaseOutcome::Released
-            }
-            Some(remaining) => ReleaseOutcome::StillHeld { remaining },
-            None => ReleaseOutcome::NotHeld,
-        })
+        let outcome = self.inner.conn.release(lease).await?;
+        if outcome == ReleaseOutcome::Released {
+            tracing::debug!(key = %lease.key, token = %lease.token, "released");
+        }
+        Ok(outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -109,6 +109,18 @@ impl RedisPermits {
             .await
     }
 
+    /// A permit just granted, once enough replicas acknowledged it
+    /// (`min_replicas`); one that fell short is given back first.
+    async fn replicated(&self, lease: Lease) -> Result<Lease> {
+        let Err(e) = self.inner.conn.replicated(&lease.key, "permit").await else {
+            return Ok(lease);
+        };
+        if let Err(back) = self.give_back(&lease).await {
+            tracing::warn!(key = %lease.key, token = %lease.token, error = %back, "giving back a permit too few replicas acknowledged failed; it lapses after its TTL");
+        }
+        Err(e)
+    }
+
     fn lease(
         key: &LockKey,
         owner: &Owner,
@@ -162,7 +174,8 @@ impl LineStore for RedisPermits {
         match parts.first().and_then(text).as_deref() {
             Some("granted") => {
                 let token = token_of(parts.get(1))?;
-                Ok(Arrival::Granted(Self::lease(key, owner, token, ttl, sent)))
+                let lease = Self::lease(key, owner, token, ttl, sent);
+                Ok(Arrival::Granted(self.replicated(lease).await?))
             }
             Some("queued") => Ok(Arrival::Queued(token_of(parts.get(1))?)),
             Some("busy") => Ok(Arrival::Busy),
@@ -205,7 +218,10 @@ impl LineStore for RedisPermits {
             ));
         };
         match parts.first().and_then(text).as_deref() {
-            Some("granted") => Ok(Look::Granted(Self::lease(key, owner, token, ttl, sent))),
+            Some("granted") => {
+                let lease = Self::lease(key, owner, token, ttl, sent);
+                Ok(Look::Granted(self.replicated(lease).await?))
+            }
             Some("waiting") => Ok(Look::Waiting),
             Some("gone") => Ok(Look::Gone),
             other => Err(error::protocol(format!(
@@ -241,7 +257,11 @@ impl LineStore for RedisPermits {
                 ],
             )
             .await?;
-        Ok(int(&reply) == Some(1))
+        let renewed = int(&reply) == Some(1);
+        if renewed {
+            self.inner.conn.replicated(&lease.key, "renewal").await?;
+        }
+        Ok(renewed)
     }
 
     async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome> {

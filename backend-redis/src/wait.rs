@@ -304,13 +304,16 @@ pub(crate) async fn acquire(
         let queued = reg.as_ref().map(|r| r.queued(lease_ms));
         let pttl = match conn.attempt(&keys, opts, &owner, queued).await? {
             Attempt::Granted { token, .. } => {
+                let lease = granted(key, owner, token, opts, sent);
+                // Given back when too few replicas acknowledged it.
+                conn.replicated_grant(&lease).await?;
                 if let Some(r) = reg.as_mut() {
                     r.disarm();
                 }
                 if attempts > 1 {
                     tracing::debug!(key = %key, attempts, waited_ms = start.elapsed().as_millis() as u64, "acquired after waiting");
                 }
-                return Ok(granted(key, owner, token, opts, sent));
+                return Ok(lease);
             }
             Attempt::HandedOver { token } => {
                 let Some(r) = reg.as_mut() else {
@@ -385,8 +388,12 @@ pub(crate) async fn acquire(
 /// The release that handed it over ran after this waiter's last queued
 /// attempt, so the server's expiry is at least that attempt's send time +
 /// ttl: the lease counts from there (never later than the server's). When
-/// that leaves less than half the TTL, one renewal makes it whole first.
-/// `None`: the lease ran out before it could be claimed; wait again.
+/// that leaves less than half the TTL, one renewal makes it whole first;
+/// with `min_replicas` always, so that a write of this connection follows
+/// the hand-over (written by the releaser's) and `WAIT` covers both — short
+/// of replicas, the error drops the registration, whose leave script passes
+/// the lease on. `None`: the lease ran out before it could be claimed; wait
+/// again.
 async fn claim(
     conn: &Conn,
     key: &LockKey,
@@ -398,7 +405,7 @@ async fn claim(
 ) -> Result<Option<Lease>> {
     let sent = reg.entry_sent.unwrap_or(start);
     let mut lease = granted(key, owner.clone(), token, opts, sent);
-    if lease.remaining() < lease.ttl / 2 {
+    if conn.config().min_replicas > 0 || lease.remaining() < lease.ttl / 2 {
         match conn.extend(&lease, lease.ttl).await {
             Ok(renewed) => lease = renewed,
             Err(Error::LeaseLost { .. }) => return Ok(None),
