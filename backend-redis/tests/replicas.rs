@@ -88,6 +88,38 @@ async fn a_grant_returns_once_its_replica_has_it() {
             ReleaseOutcome::Released
         );
     }
+    // A hand-over: the waiter gets the key once its claim is replicated.
+    let k = key("rep-ok");
+    let first = lock
+        .try_acquire(&k, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free key");
+    let waiter = {
+        let lock = lock.clone();
+        let k = k.clone();
+        tokio::spawn(async move {
+            let waiting = LockOptions::builder()
+                .ttl(Duration::from_secs(30))
+                .wait_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            lock.acquire(&k, &waiting).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.release(&first).await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second.token > first.token);
+    let on_replica = state_on(&replica, "rep-ok", &k).await;
+    assert!(
+        on_replica
+            .as_deref()
+            .is_some_and(|s| s.starts_with(&second.token.get().to_string())),
+        "the replica has {on_replica:?}, the hand-over was token {}",
+        second.token
+    );
+    lock.release(&second).await.unwrap();
 }
 
 #[tokio::test]
@@ -139,6 +171,42 @@ async fn a_grant_too_few_replicas_acknowledged_is_given_back() {
         left.as_ref().is_none_or(|h| h.holders.is_empty()),
         "permit given back: {left:?}"
     );
+
+    // A hand-over to a waiter: the waiter claims it with a renewal, which
+    // falls short; the error drops the waiter, whose leave passes the key on.
+    let hk = key("rep-short-handover");
+    let holder_lease = {
+        // Taken with the replica stopped: the grant is refused, so the
+        // holder is a client that does not wait for replicas.
+        let plain = RedisLock::connect(&url_for(&primary.url(), "rep-short"))
+            .await
+            .unwrap();
+        let lease = plain
+            .try_acquire(&hk, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .expect("free key");
+        (plain, lease)
+    };
+    let waiter = {
+        let lock = lock.clone();
+        let hk = hk.clone();
+        let waiting = waiting.clone();
+        tokio::spawn(async move { lock.acquire(&hk, &waiting).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (plain, lease) = holder_lease;
+    plain.release(&lease).await.unwrap();
+    let e = waiter.await.unwrap().unwrap_err();
+    assert!(short_of_replicas(&e), "{e}");
+    let start = Instant::now();
+    while lock.inspect(&hk).await.unwrap().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the hand-over was never passed on"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // A renewal short of replicas is reported (a watchdog retries it) while
     // the lease stays extended on the primary.
