@@ -12,6 +12,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("mariadb", "mysql"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+sentinel", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
@@ -195,6 +196,8 @@ mod tests {
             ("etcd://h:2379/p", Err("`etcd` cargo feature")),
             #[cfg(feature = "redis")]
             ("rediss://:pw@cache:6380", Ok("redis")),
+            #[cfg(feature = "redis")]
+            ("redis+sentinel://s1:26379,s2/mymaster", Ok("redis")),
             #[cfg(not(feature = "mysql"))]
             ("mysql://h/db", Err("`mysql` cargo feature")),
             #[cfg(feature = "zookeeper")]
@@ -245,6 +248,7 @@ mod tests {
             ("mariadb://h/db", "mysql"),
             ("redis://h", "redis"),
             ("rediss://h", "redis"),
+            ("redis+sentinel://s1/mymaster", "redis"),
             ("etcd://h:2379/p", "etcd"),
             ("etcds://h:2379/p", "etcd"),
             ("zk://h:2181/p", "zookeeper"),

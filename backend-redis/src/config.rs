@@ -88,10 +88,101 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) operation_timeout: Duration,
     pub(crate) recheck_interval: Duration,
+    /// Where to ask for the primary, when it is found through Sentinel.
+    pub(crate) sentinel: Option<SentinelSettings>,
     /// Replicas that must acknowledge a grant or renewal (`WAIT`); 0: none.
     pub(crate) min_replicas: u32,
     /// Bound on that wait.
     pub(crate) replica_timeout: Duration,
+}
+
+/// A primary found through Sentinel: the sentinels (`host:port`) and the
+/// name they know it by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SentinelSettings {
+    pub(crate) nodes: Vec<String>,
+    pub(crate) master: String,
+}
+
+/// The port sentinels listen on unless told otherwise.
+const SENTINEL_PORT: u16 = 26379;
+
+/// The host of the placeholder URL the primary's settings are parsed from
+/// (its address comes from the sentinels).
+const SENTINEL_PLACEHOLDER: &str = "sentinel-primary.invalid";
+
+impl SentinelSettings {
+    /// Parses what follows `redis+sentinel://` (no query, no fragment):
+    /// `[userinfo@]host[:port],…/master[/db]`. Returns the settings and a
+    /// `redis://[userinfo@]<placeholder>[/db]` URL for the primary's own
+    /// settings (credentials, database).
+    fn parse(rest: &str) -> Result<(SentinelSettings, String)> {
+        // The password is percent-encoded by now: the first `/` ends the
+        // authority, its last `@` the userinfo.
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let mut nodes = Vec::new();
+        for h in hosts.split(',') {
+            // `host`, `host:port`, `[v6]`, `[v6]:port`.
+            let split = if h.starts_with('[') {
+                h.find("]:").map(|i| (&h[..=i], &h[i + 2..]))
+            } else {
+                h.split_once(':')
+            };
+            let (host, port) = match split {
+                Some((host, port)) => {
+                    let port: u16 = port.parse().map_err(|_| {
+                        Error::config(format!("sentinel `{h}` has an invalid port"))
+                    })?;
+                    (host, port)
+                }
+                None => (h, SENTINEL_PORT),
+            };
+            if host.is_empty() || port == 0 {
+                return Err(Error::config(format!(
+                    "redis+sentinel:// needs `host[:port]` for every sentinel, got `{h}`"
+                )));
+            }
+            nodes.push(format!("{host}:{port}"));
+        }
+        let mut segments = path.split('/');
+        let master = segments.next().unwrap_or_default();
+        if master.is_empty() {
+            return Err(Error::config(
+                "redis+sentinel:// needs the primary's name as the path: \
+                 redis+sentinel://s1:26379,s2:26379/mymaster",
+            ));
+        }
+        if !master
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        {
+            return Err(Error::config(format!(
+                "the sentinel primary name {master:?} may hold ASCII letters, digits and `_ . -`"
+            )));
+        }
+        let db = segments.next().filter(|d| !d.is_empty());
+        if segments.next().is_some() {
+            return Err(Error::config(
+                "redis+sentinel:// takes /primary-name[/db] as its path, nothing more",
+            ));
+        }
+        let node_base = format!(
+            "redis://{}{SENTINEL_PLACEHOLDER}{}",
+            userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+            db.map(|d| format!("/{d}")).unwrap_or_default()
+        );
+        Ok((
+            SentinelSettings {
+                nodes,
+                master: master.to_owned(),
+            },
+            node_base,
+        ))
+    }
 }
 
 /// The `redis` crate's connection settings. They hold the password, so
@@ -161,7 +252,11 @@ const KNOWN: &[&str] = &[
 
 impl RedisConfig {
     /// Parses `redis://[user:pass@]host[:port][/db]?prefix=…&connect_timeout=…`
-    /// (or `rediss://` for TLS; append `#insecure` to skip certificate checks).
+    /// (or `rediss://` for TLS; append `#insecure` to skip certificate checks),
+    /// or `redis+sentinel://[user:pass@]s1[:26379],s2[:26379]/primary-name[/db]?…`
+    /// for a primary found through Sentinel (the credentials and database
+    /// are the primary's; the sentinels are asked without a password, over
+    /// plain TCP) — see "Sentinel" in the crate docs.
     ///
     /// fenced's parameters: `prefix` (the namespace, default `fenced`),
     /// `connect_timeout` and `operation_timeout` (also spelt `timeout`;
@@ -195,15 +290,31 @@ impl RedisConfig {
         let (base, query) = split_query(without_fragment);
         let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
         let tls = match scheme {
-            "redis" => false,
+            "redis" | "redis+sentinel" => false,
             "rediss" => true,
+            "rediss+sentinel" => {
+                return Err(Error::config(
+                    "rediss+sentinel:// is not supported: Sentinel discovery speaks plain TCP \
+                     (use redis+sentinel://, or rediss:// to a fixed primary)",
+                ))
+            }
             _ => {
                 return Err(Error::config(format!(
-                    "expected a redis:// or rediss:// url, got `{}`",
+                    "expected a redis://, rediss:// or redis+sentinel:// url, got `{}`",
                     redact(url)
                 )))
             }
         };
+        // `redis+sentinel://[user:pw@]s1:26379,s2:26379/master[/db]`: the
+        // sentinels are asked for the primary; the rest is the primary's.
+        let (base, sentinel) = match base.strip_prefix("redis+sentinel://") {
+            Some(rest) => {
+                let (settings, node_base) = SentinelSettings::parse(rest)?;
+                (node_base, Some(settings))
+            }
+            None => (base.to_owned(), None),
+        };
+        let base = base.as_str();
         if tls && !cfg!(feature = "tls") {
             return Err(Error::config(
                 "rediss:// needs the `tls` feature of fenced-redis",
@@ -264,9 +375,22 @@ impl RedisConfig {
                  grant waits for)",
             ));
         }
+        let display_url = match &sentinel {
+            Some(st) => redact(&format!(
+                "redis+sentinel://{}{}/{}",
+                base.strip_prefix("redis://")
+                    .and_then(|r| r.rsplit_once('@'))
+                    .map(|(userinfo, _)| format!("{userinfo}@"))
+                    .unwrap_or_default(),
+                st.nodes.join(","),
+                st.master
+            )),
+            None => redact(base),
+        };
         let config = RedisConfig {
             connection: Connection(info.set_redis_settings(settings)),
-            display_url: redact(base),
+            display_url,
+            sentinel,
             tls,
             prefix,
             connect_timeout,

@@ -3,12 +3,22 @@
 //! renewal): shared by the handle (`lock.rs`), the waiters (`wait.rs`) and
 //! the listing (`list.rs`).
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, OnceLock, RwLock,
+    },
+    time::Duration,
+};
 
 use fenced_api::{
     Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
 };
-use redis::aio::ConnectionManager;
+use redis::{
+    aio::{ConnectionManager, ConnectionManagerConfig},
+    sentinel::SentinelClient,
+};
 use tokio::time::Instant;
 
 use crate::{
@@ -19,47 +29,175 @@ use crate::{
 };
 
 /// One client's connection (a RESP3 [`ConnectionManager`] that reconnects on
-/// its own) and its configuration. Cheap to clone.
+/// its own) and its configuration. Cheap to clone: clones share the
+/// connection, and a switch to a new primary (Sentinel) reaches them all.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    manager: ConnectionManager,
-    config: Arc<RedisConfig>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Replaced only when Sentinel names another primary.
+    manager: RwLock<ConnectionManager>,
+    /// How many times it was replaced.
+    generation: AtomicU64,
+    config: RedisConfig,
+    follow: Option<Follow>,
+}
+
+/// Following a primary that Sentinel manages.
+pub(crate) struct Follow {
+    /// Asks the sentinels for the primary; one lookup at a time.
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The primary's address the connection goes to.
+    primary: Mutex<String>,
+    /// For the connection to a new primary (same push sender).
+    manager_config: ConnectionManagerConfig,
+    /// Run after a switch (the router wakes its waiters).
+    on_switch: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl Follow {
+    pub(crate) fn new(
+        sentinel: SentinelClient,
+        primary: String,
+        manager_config: ConnectionManagerConfig,
+    ) -> Self {
+        Follow {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            primary: Mutex::new(primary),
+            manager_config,
+            on_switch: OnceLock::new(),
+        }
+    }
 }
 
 impl Conn {
-    pub(crate) fn new(manager: ConnectionManager, config: RedisConfig) -> Self {
+    pub(crate) fn new(
+        manager: ConnectionManager,
+        config: RedisConfig,
+        follow: Option<Follow>,
+    ) -> Self {
         Conn {
-            manager,
-            config: Arc::new(config),
+            shared: Arc::new(Shared {
+                manager: RwLock::new(manager),
+                generation: AtomicU64::new(0),
+                config,
+                follow,
+            }),
         }
     }
 
     pub(crate) fn config(&self) -> &RedisConfig {
-        &self.config
+        &self.shared.config
     }
 
     /// A handle on the connection, for one call.
     pub(crate) fn manager(&self) -> ConnectionManager {
-        self.manager.clone()
+        self.manager_and_generation().0
+    }
+
+    /// The connection and how many times it was replaced, read together.
+    pub(crate) fn manager_and_generation(&self) -> (ConnectionManager, u64) {
+        let m = self
+            .shared
+            .manager
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        (m.clone(), self.shared.generation.load(Ordering::Acquire))
+    }
+
+    /// How many times the connection was replaced by one to a new primary.
+    pub(crate) fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// Sets what runs after a switch to a new primary (once).
+    pub(crate) fn on_switch(&self, f: impl Fn() + Send + Sync + 'static) {
+        if let Some(follow) = &self.shared.follow {
+            let _ = follow.on_switch.set(Box::new(f));
+        }
     }
 
     /// The Redis names of `key` under this client's prefix.
     pub(crate) fn keys(&self, key: &LockKey) -> Keys {
-        Keys::new(&self.config.prefix, key)
+        Keys::new(&self.shared.config.prefix, key)
     }
 
     /// The bound on one call.
     pub(crate) fn timeout(&self) -> Duration {
-        self.config.operation_timeout
+        self.shared.config.operation_timeout
     }
 
-    /// Runs one round trip within the operation timeout.
+    /// Runs one round trip within the operation timeout. Following Sentinel,
+    /// a failure that a failover explains (the server unreachable or silent,
+    /// no longer the primary) sends this client to ask the sentinels for the
+    /// primary, and switches to it if it moved; the error still goes back to
+    /// the caller, who tries again.
     pub(crate) async fn bounded<T>(
         &self,
         what: &str,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
-        error::bounded(self.timeout(), what, &self.config.display_url, call).await
+        let config = &self.shared.config;
+        let following = self.shared.follow.is_some();
+        let res = error::bounded(self.timeout(), what, &config.display_url, following, call).await;
+        if following && res.as_ref().is_err_and(Error::is_retryable) {
+            self.follow_primary().await;
+        }
+        res
+    }
+
+    /// Asks the sentinels where the primary is and, if it moved, replaces
+    /// the connection with one to it (bounded by the connect timeout; a
+    /// lookup already under way is not repeated).
+    async fn follow_primary(&self) {
+        let Some(follow) = &self.shared.follow else {
+            return;
+        };
+        let Ok(mut sentinel) = follow.sentinel.try_lock() else {
+            return;
+        };
+        let limit = self.shared.config.connect_timeout;
+        let client = match tokio::time::timeout(limit, sentinel.async_get_client()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "asking the sentinels for the primary failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(?limit, "the sentinels did not name a primary in time");
+                return;
+            }
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        {
+            let mut primary = follow.primary.lock().unwrap_or_else(|p| p.into_inner());
+            if *primary == addr {
+                return;
+            }
+            let manager = match ConnectionManager::new_lazy_with_config(
+                client,
+                follow.manager_config.clone(),
+            ) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(primary = %addr, error = %e, "cannot set up a connection to the new primary");
+                    return;
+                }
+            };
+            tracing::warn!(from = %primary, to = %addr, "Sentinel names a new primary: switching to it");
+            *self
+                .shared
+                .manager
+                .write()
+                .unwrap_or_else(|p| p.into_inner()) = manager;
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            *primary = addr;
+        }
+        if let Some(f) = follow.on_switch.get() {
+            f();
+        }
     }
 
     /// One run of the acquire script; `queued` queues the caller when busy.
@@ -154,11 +292,11 @@ impl Conn {
     /// it is about (sent before) is covered. While it waits, the server
     /// answers nothing else on that connection: at most the replica timeout.
     pub(crate) async fn replicated(&self, key: &LockKey, what: &str) -> Result<()> {
-        let n = self.config.min_replicas;
+        let n = self.shared.config.min_replicas;
         if n == 0 {
             return Ok(());
         }
-        let wait = self.config.replica_timeout;
+        let wait = self.shared.config.replica_timeout;
         let mut manager = self.manager();
         let acked: i64 = self
             .bounded(
@@ -179,7 +317,7 @@ impl Conn {
             format!(
                 "only {acked} of the {n} replicas asked for (min_replicas) acknowledged the {what} \
                  of `{key}` within {wait:?} at {}",
-                self.config.display_url
+                self.shared.config.display_url
             ),
         ))
     }

@@ -11,7 +11,23 @@ pub(crate) const BACKEND: &str = "redis";
 /// fix is configuration (a replica, missing permissions, no RESP3, a Redis
 /// Cluster node that does not serve the key's slot).
 pub(crate) fn map(e: RedisError) -> Error {
+    map_with(e, false)
+}
+
+/// [`map`], for a client that follows Sentinel (`following`): there a
+/// read-only reply means the server it talks to was demoted by a failover,
+/// which asking Sentinel again fixes — a retryable error, not configuration.
+pub(crate) fn map_with(e: RedisError, following: bool) -> Error {
     match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ReadOnly) if following => {
+            return Error::backend(
+                BACKEND,
+                true,
+                format!(
+                    "the server is no longer the primary ({e}); asking Sentinel for the new one"
+                ),
+            )
+        }
         ErrorKind::Server(ServerErrorKind::ReadOnly) => {
             return Error::config(format!(
                 "the redis server is a read-only replica ({e}); locks must live on the primary"
@@ -89,10 +105,11 @@ pub(crate) async fn bounded<T>(
     limit: Duration,
     what: &str,
     server: &str,
+    following: bool,
     fut: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
     fenced_api::bounded(BACKEND, format!("{what} at {server}"), limit, async {
-        fut.await.map_err(map)
+        fut.await.map_err(|e| map_with(e, following))
     })
     .await
 }
@@ -152,7 +169,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn bounded_turns_a_hang_into_a_retryable_error() {
         let never = std::future::pending::<redis::RedisResult<()>>();
-        let e = bounded(Duration::from_millis(50), "PING", "redis://h", never)
+        let e = bounded(Duration::from_millis(50), "PING", "redis://h", false, never)
             .await
             .unwrap_err();
         assert!(e.is_retryable(), "{e}");

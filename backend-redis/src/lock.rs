@@ -142,12 +142,54 @@ impl RedisLockBuilder {
             // Picks ring for rustls unless the application installed a provider.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
-            Error::config(format!(
-                "invalid redis settings for {}: {e}",
-                config.display_url
-            ))
-        })?;
+        // Through Sentinel: the sentinels name the primary first.
+        let (client, sentinel) = match &config.sentinel {
+            Some(st) => {
+                let mut sentinel = redis::sentinel::SentinelClient::build(
+                    st.nodes.iter().map(|n| format!("redis://{n}")).collect(),
+                    st.master.clone(),
+                    Some(
+                        redis::sentinel::SentinelNodeConnectionInfo::default()
+                            .set_redis_connection_info(config.connection.redis_settings().clone()),
+                    ),
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(|e| {
+                    Error::config(format!(
+                        "invalid sentinel settings for {}: {e}",
+                        config.display_url
+                    ))
+                })?;
+                let client =
+                    match tokio::time::timeout(config.connect_timeout, sentinel.async_get_client())
+                        .await
+                    {
+                        Ok(Ok(client)) => client,
+                        Ok(Err(e)) => return Err(error::map(e).connecting(&config.display_url)),
+                        Err(_) => {
+                            return Err(Error::backend(
+                                BACKEND,
+                                true,
+                                format!(
+                                    "no sentinel of {} named the primary `{}` within {:?}",
+                                    config.display_url, st.master, config.connect_timeout
+                                ),
+                            ))
+                        }
+                    };
+                (client, Some(sentinel))
+            }
+            None => {
+                let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
+                    Error::config(format!(
+                        "invalid redis settings for {}: {e}",
+                        config.display_url
+                    ))
+                })?;
+                (client, None)
+            }
+        };
+        let primary = client.get_connection_info().addr().to_string();
         let router = Arc::new(Router::new(keys::wake_channel(
             &config.prefix,
             &uuid::Uuid::new_v4().simple().to_string(),
@@ -168,6 +210,7 @@ impl RedisLockBuilder {
                 Ok::<(), ()>(())
             })
             .set_automatic_resubscription();
+        let follow = sentinel.map(|s| crate::conn::Follow::new(s, primary, manager.clone()));
         let manager =
             ConnectionManager::new_lazy_with_config(client, manager).map_err(error::map)?;
         // The first command opens the connection: bounded by the connect
@@ -181,8 +224,16 @@ impl RedisLockBuilder {
         .await
         .map_err(|e| e.connecting(&config.display_url))?;
         tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
-        let conn = Conn::new(manager, config);
+        let conn = Conn::new(manager, config, follow);
         router.attach(conn.clone());
+        // After a switch to a new primary every waiter looks again (and
+        // subscribes there).
+        let weak = Arc::downgrade(&router);
+        conn.on_switch(move || {
+            if let Some(router) = weak.upgrade() {
+                router.wake_all();
+            }
+        });
         let permits = RedisPermits::new(conn.clone(), capabilities_for(&persistence));
         Ok(RedisLock {
             inner: Arc::new(Inner {

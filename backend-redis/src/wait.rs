@@ -21,10 +21,9 @@ use fenced_api::{
     wait::wait_deadline, Error, FencingToken, Lease, LockKey, LockOptions, Owner, Result,
 };
 use redis::{PushInfo, PushKind};
-use tokio::{
-    sync::{Notify, OnceCell},
-    time::Instant,
-};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::{sync::Notify, time::Instant};
 
 use crate::{
     conn::{granted, Conn},
@@ -38,8 +37,12 @@ pub(crate) struct Router {
     conn: OnceLock<Conn>,
     /// This client's wake-up channel.
     channel: String,
-    /// Set once the server confirmed the subscription.
-    subscribed: OnceCell<()>,
+    /// 1 + the connection generation (see [`Conn::generation`]) the server
+    /// confirmed the subscription on; 0 for none yet. A switch to a new
+    /// primary (Sentinel) needs a subscription there.
+    subscribed: AtomicU64,
+    /// One SUBSCRIBE at a time.
+    subscribing: tokio::sync::Mutex<()>,
     waiters: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
 }
 
@@ -84,7 +87,8 @@ impl Router {
         Router {
             conn: OnceLock::new(),
             channel,
-            subscribed: OnceCell::new(),
+            subscribed: AtomicU64::new(0),
+            subscribing: tokio::sync::Mutex::new(()),
             waiters: Mutex::new(HashMap::new()),
         }
     }
@@ -100,8 +104,19 @@ impl Router {
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Subscribed on the connection as it is now.
     fn is_subscribed(&self) -> bool {
-        self.subscribed.initialized()
+        self.conn
+            .get()
+            .is_some_and(|c| self.subscribed.load(Ordering::Acquire) == c.generation() + 1)
+    }
+
+    /// Every waiter looks again (messages may have been lost, or went to a
+    /// server that is no longer the primary).
+    pub(crate) fn wake_all(&self) {
+        for slot in self.waiters().values() {
+            slot.notify.notify_one();
+        }
     }
 
     fn connection(&self) -> Result<Conn> {
@@ -140,11 +155,7 @@ impl Router {
             }
             // Messages may have been lost while the connection was down:
             // every waiter looks again.
-            PushKind::Disconnection => {
-                for slot in self.waiters().values() {
-                    slot.notify.notify_one();
-                }
-            }
+            PushKind::Disconnection => self.wake_all(),
             _ => {}
         }
     }
@@ -178,17 +189,20 @@ impl Router {
         }
     }
 
-    /// Subscribes to this client's wake-up channel (once per client).
+    /// Subscribes to this client's wake-up channel (once per connection: the
+    /// connection manager subscribes again by itself after a reconnect, a
+    /// connection to a new primary needs it anew).
     async fn subscribe(&self) -> Result<()> {
-        self.subscribed
-            .get_or_try_init(|| async {
-                let conn = self.connection()?;
-                let mut manager = conn.manager();
-                conn.bounded("SUBSCRIBE", manager.subscribe(&self.channel))
-                    .await
-            })
-            .await
-            .map(|_| ())
+        let _one = self.subscribing.lock().await;
+        let conn = self.connection()?;
+        let (mut manager, generation) = conn.manager_and_generation();
+        if self.subscribed.load(Ordering::Acquire) == generation + 1 {
+            return Ok(());
+        }
+        conn.bounded("SUBSCRIBE", manager.subscribe(&self.channel))
+            .await?;
+        self.subscribed.store(generation + 1, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -296,6 +310,11 @@ pub(crate) async fn acquire(
     let mut reg = (may_wait && router.is_subscribed()).then(|| router.register());
     let mut attempts = 0u32;
     loop {
+        if reg.is_some() && !router.is_subscribed() {
+            // The connection now goes to a new primary (Sentinel): subscribe
+            // there before queueing, or no hand-over could reach this waiter.
+            subscribe_within(router, deadline, key, start).await?;
+        }
         if let Some(r) = reg.as_mut() {
             r.arm(conn, &keys);
         }
@@ -352,18 +371,7 @@ pub(crate) async fn acquire(
         let Some(r) = reg.as_mut() else {
             // Not subscribed yet: subscribe (never past the caller's wait
             // bound), then try again at once — queued this time.
-            match deadline {
-                Some(d) => match tokio::time::timeout_at(d, router.subscribe()).await {
-                    Ok(res) => res?,
-                    Err(_) => {
-                        return Err(Error::Timeout {
-                            key: key.clone(),
-                            waited: start.elapsed(),
-                        })
-                    }
-                },
-                None => router.subscribe().await?,
-            }
+            subscribe_within(router, deadline, key, start).await?;
             reg = Some(router.register());
             continue;
         };
@@ -380,6 +388,25 @@ pub(crate) async fn acquire(
         }
         // Otherwise: look again (refreshing the entry), or time out at the
         // top of the next round.
+    }
+}
+
+/// Subscribes, never past the caller's wait bound.
+async fn subscribe_within(
+    router: &Router,
+    deadline: Option<Instant>,
+    key: &LockKey,
+    start: Instant,
+) -> Result<()> {
+    match deadline {
+        Some(d) => match tokio::time::timeout_at(d, router.subscribe()).await {
+            Ok(res) => res,
+            Err(_) => Err(Error::Timeout {
+                key: key.clone(),
+                waited: start.elapsed(),
+            }),
+        },
+        None => router.subscribe().await,
     }
 }
 

@@ -139,7 +139,7 @@ Examples:
   fenced migrate --url mysql://root@127.0.0.1:3306/test
 
 Store URLs: sqlite:///path/locks.db (default), mysql://user:pw@host/db?strategy=unique_key|row_lock|optimistic,
-  redis://host:6379, rediss://, etcd://h1:2379,h2:2379/prefix, etcds://, memory:// (this process only).
+  redis://host:6379, rediss://, redis+sentinel://s1:26379,s2/mymaster, etcd://h1:2379,h2:2379/prefix, etcds://, memory:// (this process only).
 
 Exit codes of `run`: the command's own code (128+N if killed by signal N);
   75 lock held elsewhere for the whole --wait; 76 lock lost or running out while the command ran, or

@@ -170,6 +170,90 @@ impl PrivateRedis {
     process_controls!();
 }
 
+/// A Redis Sentinel (`redis-server <conf> --sentinel`) on a free loopback
+/// port, watching one primary as `mymaster` with a quorum of 1, quick to act:
+/// the primary is down after 500 ms of silence, a failover may take 2 s.
+/// Killed and removed on drop.
+#[derive(Debug)]
+pub struct PrivateSentinel {
+    proc: Proc,
+    dir: tempfile::TempDir,
+    port: u16,
+    primary: u16,
+}
+
+impl PrivateSentinel {
+    /// The name the sentinel knows the primary by.
+    pub const MASTER: &'static str = "mymaster";
+
+    /// Starts a sentinel watching the server on `primary_port`.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-server` is missing (naming `scripts/services.sh`) or the
+    /// sentinel does not answer.
+    pub async fn start(primary_port: u16) -> Result<Self> {
+        let sentinel = PrivateSentinel {
+            dir: temp_dir("redis-sentinel")?,
+            port: free_port()?,
+            primary: primary_port,
+            proc: Proc::default(),
+        };
+        sentinel.launch().await?;
+        Ok(sentinel)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis+sentinel://127.0.0.1:<port>/mymaster`.
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/{}", self.port, Self::MASTER)
+    }
+
+    /// A plain connection to the sentinel itself.
+    ///
+    /// # Errors
+    ///
+    /// When the sentinel cannot be reached.
+    pub async fn admin(&self) -> Result<redis::aio::MultiplexedConnection> {
+        admin_connection(&format!("redis://127.0.0.1:{}", self.port)).await
+    }
+
+    fn command(&self) -> Result<Command> {
+        // The sentinel rewrites its configuration file: it lives in the
+        // sentinel's own directory.
+        let conf = self.dir.path().join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+             sentinel monitor {m} 127.0.0.1 {primary} 1\n\
+             sentinel down-after-milliseconds {m} 500\n\
+             sentinel failover-timeout {m} 2000\n\
+             sentinel parallel-syncs {m} 1\n",
+            port = self.port,
+            dir = self.dir.path().display(),
+            m = Self::MASTER,
+            primary = self.primary,
+        );
+        std::fs::write(&conf, text).map_err(|e| fail(format!("sentinel.conf: {e}")))?;
+        let mut cmd = Command::new(find_binary(&["redis-server"], "Redis")?);
+        cmd.arg(conf).arg("--sentinel");
+        Ok(cmd)
+    }
+
+    async fn launch(&self) -> Result<()> {
+        self.proc.spawn(self.command()?, "redis-sentinel")?;
+        let url = format!("redis://127.0.0.1:{}", self.port);
+        self.proc
+            .wait_until_up("redis-sentinel", || ping(&url))
+            .await
+    }
+
+    process_controls!();
+}
+
 /// A plain admin connection (RESP2) to any Redis URL the `redis` crate accepts.
 ///
 /// # Errors
