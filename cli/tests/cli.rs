@@ -306,6 +306,43 @@ async fn status_and_force_release() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `release --force` frees a key's reader-writer holders too (a key's mutex
+/// and its family are separate locks; the admin means the key).
+#[tokio::test]
+async fn force_release_frees_a_writer() {
+    let (_dir, url) = sqlite_store("force-family");
+    let mut writer = std::process::Command::new(BIN)
+        .args([
+            "--url",
+            &url,
+            "run",
+            "--key",
+            "ledger",
+            "--exclusive",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let held = status_once_held(&url, &["ledger"], Duration::from_secs(10));
+    assert_eq!(held[0]["lock"], "writer", "{held:?}");
+    let out = fenced(&["--url", &url, "release", "--force", "ledger"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("released `ledger`"), "{said}");
+    let v = status_json(&url, &["ledger"]);
+    assert_eq!(v[0]["held"], false, "{v}");
+    let status = wait_bounded(
+        &mut writer,
+        Duration::from_secs(30),
+        "the evicted writer kept running",
+    );
+    assert_eq!(status.code(), Some(76));
+    let out = fenced(&["--url", &url, "release", "--force", "ledger"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("was not held"));
+}
+
 /// With no --url and no FENCED_URL, `fenced run` uses the embedded SQLite
 /// file under FENCED_HOME (or the XDG state directory): no server needed.
 #[test]

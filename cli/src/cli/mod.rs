@@ -133,13 +133,15 @@ Examples:
   fenced run --key gpu-pool --permits 4 --wait forever -- ./train.sh
   fenced run --key config --shared -- ./read-config.sh      # --exclusive for the writer
   FENCED_URL=mysql://app:pw@db/app fenced run --key orders:1001 -- ./fix-order 1001
-  fenced status                                  # every held lock (SQLite, memory)
+  fenced status                                  # every held lock, every kind
   fenced status --url redis://127.0.0.1 nightly-report deploy --json
   fenced release --force deploy
   fenced migrate --url mysql://root@127.0.0.1:3306/test
 
 Store URLs: sqlite:///path/locks.db (default), mysql://user:pw@host/db?strategy=unique_key|row_lock|optimistic,
-  redis://host:6379, rediss://, redis+sentinel://s1:26379,s2/mymaster, etcd://h1:2379,h2:2379/prefix, etcds://, memory:// (this process only).
+  postgres://user:pw@host/db?strategy=lease|advisory, redis://host:6379, rediss://,
+  redis+sentinel://s1:26379,s2/mymaster, etcd://h1:2379,h2:2379/prefix, etcds://,
+  zk://h1:2181,h2:2181/prefix, zks://, memory:// (this process only).
 
 Exit codes of `run`: the command's own code (128+N if killed by signal N);
   75 lock held elsewhere for the whole --wait; 76 lock lost or running out while the command ran, or
@@ -186,8 +188,10 @@ Exit codes: CMD's own (128+N if it died of signal N);
   76 lock lost or running out while CMD ran (see the timeline), or --max-hold reached
      (CMD was stopped for it); also when CMD finished but the store had taken the lock
      away meanwhile (a force release not yet noticed);
-  69 store failed or unreachable; 78 bad URL/key/option/label, a --grace that does not fit
-     --ttl, or missing schema; 127 CMD could not start.
+  69 store failed or unreachable; 78 bad URL/key/label, a --grace that does not fit
+     --ttl, missing schema, or K in use as another kind (another --permits N, a reader or
+     writer on a semaphore, a semaphore on a reader-writer lock); 2 a malformed command line
+     (unknown or conflicting options, --permits outside 1..=1000000); 127 CMD could not start.
   CMD's own code can equal one of these: fenced's own failures always print a `fenced:` line on
   stderr, CMD's codes pass through silently.
 
@@ -350,7 +354,9 @@ pub(crate) struct ReleaseArgs {
     /// Required: confirms you mean to evict whoever holds the key.
     #[arg(long, required = true)]
     pub(crate) force: bool,
-    /// The key to free.
+    /// The key to free: its mutex and every holder (and waiter) of its
+    /// semaphore or reader-writer lock. Evicted holders learn it at their
+    /// next renewal; fencing tokens keep them from the resource meanwhile.
     pub(crate) key: String,
 }
 
@@ -627,17 +633,30 @@ async fn release(url: Option<String>, args: ReleaseArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    match store.force_release(&key).await {
-        Ok(true) => {
-            print(&format!("released `{key}`\n"));
-            0
-        }
-        Ok(false) => {
-            print(&format!("`{key}` was not held\n"));
-            0
-        }
-        Err(e) => fail(&e),
+    // A key names a mutex and, apart from it, a semaphore or reader-writer
+    // lock (their namespaces are separate): free whichever is held.
+    let mutex = match store.force_release(&key).await {
+        Ok(freed) => freed,
+        Err(e) => return fail(&e),
+    };
+    let family = match store.semaphores() {
+        Some(sems) => match sems.force_release(&key).await {
+            Ok(freed) => freed,
+            Err(e) => return fail(&e),
+        },
+        None => false,
+    };
+    match (mutex, family) {
+        (true, true) => print(&format!(
+            "released `{key}` (the mutex, and every holder of its semaphore or reader-writer lock)\n"
+        )),
+        (true, false) => print(&format!("released `{key}`\n")),
+        (false, true) => print(&format!(
+            "released `{key}` (every holder of its semaphore or reader-writer lock)\n"
+        )),
+        (false, false) => print(&format!("`{key}` was not held\n")),
     }
+    0
 }
 
 async fn migrate(url: Option<String>) -> u8 {
