@@ -328,6 +328,24 @@ async fn force_release_frees_a_writer() {
         .unwrap();
     let held = status_once_held(&url, &["ledger"], Duration::from_secs(10));
     assert_eq!(held[0]["lock"], "writer", "{held:?}");
+    assert_eq!(held[0]["waiting"], 0, "{held:?}");
+    // A reader in line shows in the writer's row (JSON `waiting`).
+    let mut reader = std::process::Command::new(BIN)
+        .args([
+            "--url", &url, "run", "--key", "ledger", "--shared", "--wait", "60s", "--", "true",
+        ])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while status_json(&url, &["ledger"])[0]["waiting"] != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the waiting reader never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    terminate(&mut reader, "the waiting reader");
     let out = fenced(&["--url", &url, "release", "--force", "ledger"]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("released `ledger`"), "{said}");

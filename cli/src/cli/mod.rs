@@ -450,6 +450,8 @@ pub(crate) struct StatusRow {
     pub(crate) lock: &'static str,
     /// A semaphore's number of permits.
     pub(crate) permits: Option<u32>,
+    /// A semaphore's or reader-writer lock's entries waiting in line.
+    pub(crate) waiting: Option<usize>,
     pub(crate) info: Option<LockInfo>,
 }
 
@@ -459,6 +461,7 @@ impl StatusRow {
             key,
             lock: "mutex",
             permits: None,
+            waiting: None,
             info,
         }
     }
@@ -488,6 +491,7 @@ async fn permit_rows(
             key: key.clone(),
             lock: h.permits.role(),
             permits: (!h.permits.is_rw()).then_some(line.capacity),
+            waiting: Some(line.waiting),
             info: Some(h.info),
         });
     }
@@ -567,8 +571,10 @@ fn cannot_list(backend: &str) -> String {
 
 /// `[{"key", "lock", "held", "owner", "label", "token", "remaining_ms", "hold_count"}…]`,
 /// one line: `lock` is `mutex`, `permit` (with `permits`, the semaphore's
-/// number), `reader` or `writer`; `label` null when the holder gave none or
-/// the store keeps none; only `key`, `lock` and `held` for a free key.
+/// number), `reader` or `writer` (those three with `waiting`, the entries
+/// in the key's line behind its holders; 0 where the store cannot tell);
+/// `label` null when the holder gave none or the store keeps none; only
+/// `key`, `lock` and `held` for a free key.
 fn status_json(rows: &[StatusRow]) -> String {
     let list: Vec<serde_json::Value> = rows
         .iter()
@@ -586,8 +592,13 @@ fn status_json(rows: &[StatusRow]) -> String {
                     serde_json::json!({ "key": row.key.as_str(), "lock": row.lock, "held": false })
                 }
             };
-            if let (Some(n), Some(obj)) = (row.permits, v.as_object_mut()) {
-                obj.insert("permits".into(), n.into());
+            if let Some(obj) = v.as_object_mut() {
+                if let Some(n) = row.permits {
+                    obj.insert("permits".into(), n.into());
+                }
+                if let Some(n) = row.waiting {
+                    obj.insert("waiting".into(), n.into());
+                }
             }
             v
         })
