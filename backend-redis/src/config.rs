@@ -412,6 +412,10 @@ impl RedisConfig {
                 self.min_replicas
             )));
         }
+        if self.min_replicas == 0 {
+            // Unused: an operation timeout of any length is fine.
+            return Ok(());
+        }
         let t = self.replica_timeout;
         if t < Duration::from_millis(1) || t >= self.operation_timeout {
             return Err(Error::config(format!(
@@ -620,6 +624,8 @@ mod tests {
 
     #[test]
     fn replicas() {
+        // Without min_replicas the replica timeout is unused: any operation timeout goes.
+        assert!(RedisConfig::from_url("redis://h?timeout=20ms").is_ok());
         let c = RedisConfig::from_url("redis://h").unwrap();
         assert_eq!(
             (c.min_replicas(), c.replica_timeout()),
