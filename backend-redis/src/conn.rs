@@ -158,15 +158,10 @@ impl Conn {
         let Ok(mut sentinel) = follow.sentinel.try_lock() else {
             return;
         };
-        let limit = self.shared.config.connect_timeout;
-        let client = match tokio::time::timeout(limit, sentinel.async_get_client()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => {
+        let client = match ask_sentinels(&mut sentinel, &self.shared.config).await {
+            Ok(client) => client,
+            Err(e) => {
                 tracing::debug!(error = %e, "asking the sentinels for the primary failed");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(?limit, "the sentinels did not name a primary in time");
                 return;
             }
         };
@@ -187,12 +182,16 @@ impl Conn {
                 }
             };
             tracing::warn!(from = %primary, to = %addr, "Sentinel names a new primary: switching to it");
-            *self
+            // The generation moves under the write guard, so a reader never
+            // sees the new connection with the old generation.
+            let mut current = self
                 .shared
                 .manager
                 .write()
-                .unwrap_or_else(|p| p.into_inner()) = manager;
+                .unwrap_or_else(|p| p.into_inner());
+            *current = manager;
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            drop(current);
             *primary = addr;
         }
         if let Some(f) = follow.on_switch.get() {
@@ -333,6 +332,27 @@ impl Conn {
             tracing::warn!(key = %lease.key, token = %lease.token, error = %release, "giving back a grant too few replicas acknowledged failed; it lapses after its TTL");
         }
         Err(e)
+    }
+}
+
+/// The current primary as the sentinels name it (`ROLE`-checked), within
+/// the connect timeout: at connect and after a failure a failover explains.
+pub(crate) async fn ask_sentinels(
+    sentinel: &mut SentinelClient,
+    config: &RedisConfig,
+) -> Result<redis::Client> {
+    let limit = config.connect_timeout;
+    match tokio::time::timeout(limit, sentinel.async_get_client()).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(error::map(e).connecting(&config.display_url)),
+        Err(_) => Err(Error::backend(
+            error::BACKEND,
+            true,
+            format!(
+                "no sentinel of {} named the primary within {limit:?}",
+                config.display_url
+            ),
+        )),
     }
 }
 

@@ -160,23 +160,7 @@ impl RedisLockBuilder {
                         config.display_url
                     ))
                 })?;
-                let client =
-                    match tokio::time::timeout(config.connect_timeout, sentinel.async_get_client())
-                        .await
-                    {
-                        Ok(Ok(client)) => client,
-                        Ok(Err(e)) => return Err(error::map(e).connecting(&config.display_url)),
-                        Err(_) => {
-                            return Err(Error::backend(
-                                BACKEND,
-                                true,
-                                format!(
-                                    "no sentinel of {} named the primary `{}` within {:?}",
-                                    config.display_url, st.master, config.connect_timeout
-                                ),
-                            ))
-                        }
-                    };
+                let client = crate::conn::ask_sentinels(&mut sentinel, &config).await?;
                 (client, Some(sentinel))
             }
             None => {
