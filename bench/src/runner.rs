@@ -306,7 +306,52 @@ pub(crate) async fn setup(
         }
     }
     let tag = uuid::Uuid::new_v4().simple().to_string();
-    Ok((lockers, format!("{}-{}", s.name, &tag[..8])))
+    let key_base = format!("{}-{}", s.name, &tag[..8]);
+    warm_up(imp, s, &mut lockers, &key_base).await?;
+    Ok((lockers, key_base))
+}
+
+/// How long a warm-up acquisition may wait before the cell is failed.
+const WARM_UP_BOUND: Duration = Duration::from_secs(10);
+
+/// One untimed acquire and release by every locker, on a key of its own,
+/// before the cell's window opens: the window measures a running client,
+/// not its first connection, session or the store's first write to a fresh
+/// data directory (on a just-started ZooKeeper one first acquisition has
+/// taken half a second, longer than the smoke profile's whole window).
+async fn warm_up(
+    imp: &dyn Implementation,
+    s: &Scenario,
+    lockers: &mut [Box<dyn Locker>],
+    key_base: &str,
+) -> Result<(), CellResult> {
+    let role = match s.kind {
+        ScenarioKind::Semaphore { permits } => Some(Role::Permit(permits)),
+        ScenarioKind::ReadWrite { .. } => Some(Role::Read),
+        _ => None,
+    };
+    for (i, locker) in lockers.iter_mut().enumerate() {
+        let key = format!("{key_base}-warmup-{i}");
+        let give_up = Instant::now() + WARM_UP_BOUND;
+        let taken = match role {
+            Some(role) => locker.acquire_as(&key, role, give_up).await,
+            None => locker.acquire(&key, give_up).await,
+        };
+        let outcome = match taken {
+            Ok(true) => locker.release(&key).await,
+            Ok(false) => Err(BenchError::new(format!(
+                "a free key was not granted within {WARM_UP_BOUND:?}"
+            ))),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            let mut r = CellResult::empty(imp.name(), imp.kind(), s);
+            r.errors = 1;
+            r.error_sample = Some(format!("warm-up: {e}"));
+            return Err(r);
+        }
+    }
+    Ok(())
 }
 
 /// Fills `r` from the tasks' outcome over the window `start..deadline`:
