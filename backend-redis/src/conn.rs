@@ -5,6 +5,7 @@
 
 use std::{
     future::Future,
+    pin::Pin,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, OnceLock, RwLock,
@@ -16,8 +17,10 @@ use fenced_api::{
     Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
 };
 use redis::{
-    aio::{ConnectionManager, ConnectionManagerConfig},
+    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
     sentinel::SentinelClient,
+    AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisError, ScriptInvocation,
+    ServerErrorKind,
 };
 use tokio::time::Instant;
 
@@ -38,12 +41,31 @@ pub(crate) struct Conn {
 
 struct Shared {
     /// Replaced only when Sentinel names another primary.
-    manager: RwLock<ConnectionManager>,
+    primary: RwLock<Primary>,
     /// How many times it was replaced.
     generation: AtomicU64,
+    /// Idle connections of their own for writes that `WAIT` confirms
+    /// (`min_replicas` ≥ 1; see [`Lane`]), each with the generation it was
+    /// opened in.
+    lanes: Mutex<Vec<(u64, MultiplexedConnection)>>,
     config: RedisConfig,
     follow: Option<Follow>,
 }
+
+/// The primary this client talks to: the shared connection and the client
+/// that opens more connections to it.
+struct Primary {
+    manager: ConnectionManager,
+    client: redis::Client,
+}
+
+/// At most this many idle [`Lane`] connections are kept; more are opened
+/// while more replicated writes run at once, and closed after.
+const MAX_IDLE_LANES: usize = 16;
+
+/// At most one sentinel lookup per this interval: a burst of failing calls
+/// during a failover asks once, not once per call.
+const MIN_LOOKUP_GAP: Duration = Duration::from_millis(100);
 
 /// Following a primary that Sentinel manages.
 pub(crate) struct Follow {
@@ -51,6 +73,8 @@ pub(crate) struct Follow {
     sentinel: tokio::sync::Mutex<SentinelClient>,
     /// The primary's address the connection goes to.
     primary: Mutex<String>,
+    /// When the sentinels were last asked (after connect).
+    asked: Mutex<Option<Instant>>,
     /// For the connection to a new primary (same push sender).
     manager_config: ConnectionManagerConfig,
     /// Run after a switch (the router wakes its waiters).
@@ -66,6 +90,7 @@ impl Follow {
         Follow {
             sentinel: tokio::sync::Mutex::new(sentinel),
             primary: Mutex::new(primary),
+            asked: Mutex::new(None),
             manager_config,
             on_switch: OnceLock::new(),
         }
@@ -75,13 +100,15 @@ impl Follow {
 impl Conn {
     pub(crate) fn new(
         manager: ConnectionManager,
+        client: redis::Client,
         config: RedisConfig,
         follow: Option<Follow>,
     ) -> Self {
         Conn {
             shared: Arc::new(Shared {
-                manager: RwLock::new(manager),
+                primary: RwLock::new(Primary { manager, client }),
                 generation: AtomicU64::new(0),
+                lanes: Mutex::new(Vec::new()),
                 config,
                 follow,
             }),
@@ -99,12 +126,15 @@ impl Conn {
 
     /// The connection and how many times it was replaced, read together.
     pub(crate) fn manager_and_generation(&self) -> (ConnectionManager, u64) {
-        let m = self
+        let p = self
             .shared
-            .manager
+            .primary
             .read()
             .unwrap_or_else(|p| p.into_inner());
-        (m.clone(), self.shared.generation.load(Ordering::Acquire))
+        (
+            p.manager.clone(),
+            self.shared.generation.load(Ordering::Acquire),
+        )
     }
 
     /// How many times the connection was replaced by one to a new primary.
@@ -139,9 +169,19 @@ impl Conn {
         what: &str,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
+        self.bounded_by(self.timeout(), what, call).await
+    }
+
+    /// [`bounded`](Self::bounded) within `limit`.
+    async fn bounded_by<T>(
+        &self,
+        limit: Duration,
+        what: &str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
         let config = &self.shared.config;
         let following = self.shared.follow.is_some();
-        let res = error::bounded(self.timeout(), what, &config.display_url, following, call).await;
+        let res = error::bounded(limit, what, &config.display_url, following, call).await;
         if following && res.as_ref().is_err_and(Error::is_retryable) {
             self.follow_primary().await;
         }
@@ -158,6 +198,13 @@ impl Conn {
         let Ok(mut sentinel) = follow.sentinel.try_lock() else {
             return;
         };
+        {
+            let mut asked = follow.asked.lock().unwrap_or_else(|p| p.into_inner());
+            if asked.is_some_and(|t| t.elapsed() < MIN_LOOKUP_GAP) {
+                return;
+            }
+            *asked = Some(Instant::now());
+        }
         let client = match ask_sentinels(&mut sentinel, &self.shared.config).await {
             Ok(client) => client,
             Err(e) => {
@@ -172,7 +219,7 @@ impl Conn {
                 return;
             }
             let manager = match ConnectionManager::new_lazy_with_config(
-                client,
+                client.clone(),
                 follow.manager_config.clone(),
             ) {
                 Ok(m) => m,
@@ -186,12 +233,17 @@ impl Conn {
             // sees the new connection with the old generation.
             let mut current = self
                 .shared
-                .manager
+                .primary
                 .write()
                 .unwrap_or_else(|p| p.into_inner());
-            *current = manager;
+            *current = Primary { manager, client };
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
             drop(current);
+            self.shared
+                .lanes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
             *primary = addr;
         }
         if let Some(f) = follow.on_switch.get() {
@@ -199,9 +251,77 @@ impl Conn {
         }
     }
 
-    /// One run of the acquire script; `queued` queues the caller when busy.
+    /// Where the next write runs: see [`Lane`]. Without `min_replicas` the
+    /// shared connection; with it an idle connection of this client's own
+    /// or, when none is idle, a new one (within the connect timeout).
+    pub(crate) async fn lane(&self) -> Result<Lane> {
+        let config = &self.shared.config;
+        if config.min_replicas == 0 {
+            return Ok(self.shared_lane());
+        }
+        let (client, generation) = {
+            let p = self
+                .shared
+                .primary
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            (
+                p.client.clone(),
+                self.shared.generation.load(Ordering::Acquire),
+            )
+        };
+        let idle = {
+            let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            // Connections to a former primary are dropped on the way.
+            std::iter::from_fn(|| lanes.pop()).find(|(g, _)| *g == generation)
+        };
+        let conn = match idle {
+            Some((_, conn)) => conn,
+            None => {
+                let settings = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(None);
+                self.bounded_by(
+                    config.connect_timeout + config.operation_timeout,
+                    "opening a connection for a replicated write",
+                    client.get_multiplexed_async_connection_with_config(&settings),
+                )
+                .await?
+            }
+        };
+        Ok(Lane {
+            conn: self.clone(),
+            kind: LaneKind::Own {
+                conn,
+                generation,
+                ready: true,
+            },
+        })
+    }
+
+    /// The shared connection as a lane, for writes no `WAIT` follows.
+    pub(crate) fn shared_lane(&self) -> Lane {
+        Lane {
+            conn: self.clone(),
+            kind: LaneKind::Shared(self.manager()),
+        }
+    }
+
+    /// Keeps an idle lane's connection for the next replicated write, unless
+    /// it goes to a former primary or enough are idle already.
+    fn put_back(&self, generation: u64, conn: MultiplexedConnection) {
+        let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        if generation == self.generation() && lanes.len() < MAX_IDLE_LANES {
+            lanes.push((generation, conn));
+        }
+    }
+
+    /// One run of the acquire script on `lane`; `queued` queues the caller
+    /// when busy. A grant is the caller's once [`confirm_grant`](Self::confirm_grant)
+    /// on the same lane says so.
     pub(crate) async fn attempt(
         &self,
+        lane: &mut Lane,
         keys: &Keys,
         opts: &LockOptions,
         owner: &Owner,
@@ -214,12 +334,8 @@ impl Conn {
             reentrant: opts.is_reentrant(),
             queued,
         };
-        let mut conn = self.manager();
-        let reply = self
-            .bounded(
-                "the acquire script",
-                scripts::acquire(&mut conn, keys, &args),
-            )
+        let reply = lane
+            .run("the acquire script", &scripts::acquire(keys, &args))
             .await?;
         scripts::parse_acquire(reply)
     }
@@ -229,24 +345,23 @@ impl Conn {
     pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = Duration::from_millis(millis_ceil(LockOptions::validate_ttl(ttl)?));
         let keys = self.keys(&lease.key);
-        let mut conn = self.manager();
+        let mut lane = self.lane().await?;
         let sent = Instant::now();
-        let extended: i64 = self
-            .bounded(
+        let extended: i64 = lane
+            .run(
                 "the extend script",
                 scripts::EXTEND
                     .key(&keys.lock)
                     .arg(lease.owner.as_str())
                     .arg(lease.token.get())
-                    .arg(millis_ceil(ttl))
-                    .invoke_async(&mut conn),
+                    .arg(millis_ceil(ttl)),
             )
             .await?;
         if extended == 1 {
             tracing::trace!(key = %lease.key, token = %lease.token, "renewed");
             // Extended on the primary either way; short of replicas, the
             // caller hears of it and renews again (a watchdog retries).
-            self.replicated(&lease.key, "renewal").await?;
+            self.confirm(&mut lane, &lease.key, "renewal").await?;
             Ok(lease.renewed(ttl, sent))
         } else {
             Err(Error::lease_lost(
@@ -282,34 +397,38 @@ impl Conn {
         })
     }
 
-    /// With `min_replicas` ≥ 1: waits (`WAIT`) until that many replicas
-    /// acknowledged every write this connection made so far — `what` among
-    /// them — or the replica timeout passed; fewer is a retryable error.
-    ///
-    /// `WAIT` counts the writes of the connection it is sent on, and every
-    /// command of this client shares one connection in order, so the write
-    /// it is about (sent before) is covered. While it waits, the server
-    /// answers nothing else on that connection: at most the replica timeout.
-    pub(crate) async fn replicated(&self, key: &LockKey, what: &str) -> Result<()> {
-        let n = self.shared.config.min_replicas;
-        if n == 0 {
+    /// With `min_replicas` ≥ 1: waits (`WAIT`, on the lane's own connection)
+    /// until that many replicas acknowledged every write made on it — the
+    /// `what` just made there last — or the replica timeout passed; fewer
+    /// is a retryable error (and, following Sentinel, a reason to ask where
+    /// the primary is: replicas that stopped acknowledging may follow a new
+    /// one). On the shared lane (no `min_replicas`) there is nothing to wait
+    /// for.
+    pub(crate) async fn confirm(&self, lane: &mut Lane, key: &LockKey, what: &str) -> Result<()> {
+        let LaneKind::Own { conn, ready, .. } = &mut lane.kind else {
             return Ok(());
-        }
+        };
+        let n = self.shared.config.min_replicas;
         let wait = self.shared.config.replica_timeout;
-        let mut manager = self.manager();
+        *ready = false;
         let acked: i64 = self
-            .bounded(
-                "WAIT",
+            .bounded("WAIT", async {
                 redis::cmd("WAIT")
                     .arg(n)
                     .arg(millis_ceil(wait))
-                    .query_async(&mut manager),
-            )
+                    .query_async(conn)
+                    .await
+                    .map_err(demoted)
+            })
             .await?;
+        *ready = true;
         if acked >= i64::from(n) {
             return Ok(());
         }
         tracing::warn!(key = %key, acked, min_replicas = n, "too few replicas acknowledged a {what}");
+        if self.shared.follow.is_some() {
+            self.follow_primary().await;
+        }
         Err(Error::backend(
             error::BACKEND,
             true,
@@ -321,17 +440,137 @@ impl Conn {
         ))
     }
 
-    /// [`replicated`](Self::replicated) for a fresh grant: one that fell short
-    /// is given back (best effort: otherwise it lapses after its TTL) before
-    /// the error is returned, so the caller holds nothing it was not told of.
-    pub(crate) async fn replicated_grant(&self, lease: &Lease) -> Result<()> {
-        let Err(e) = self.replicated(&lease.key, "grant").await else {
+    /// [`confirm`](Self::confirm) for a fresh grant: one that fell short is
+    /// given back (`give_back`, best effort: otherwise it lapses after its
+    /// TTL) before the error is returned, and so is one whose caller stopped
+    /// waiting meanwhile (the future dropped: `give_back` is spawned on the
+    /// current runtime), so the caller holds nothing it was not told of.
+    pub(crate) async fn confirm_grant<F>(
+        &self,
+        lane: &mut Lane,
+        key: &LockKey,
+        give_back: impl FnOnce() -> F,
+    ) -> Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if matches!(lane.kind, LaneKind::Shared(_)) {
             return Ok(());
-        };
-        if let Err(release) = self.release(lease).await {
-            tracing::warn!(key = %lease.key, token = %lease.token, error = %release, "giving back a grant too few replicas acknowledged failed; it lapses after its TTL");
         }
-        Err(e)
+        let mut pending = GiveBack(Some(Box::pin(give_back())));
+        match self.confirm(lane, key, "grant").await {
+            Ok(()) => {
+                pending.0 = None;
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(back) = pending.0.take() {
+                    back.await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The give-back of [`confirm_grant`](Self::confirm_grant) for a lock's
+    /// grant: the release script, its failure logged.
+    pub(crate) fn give_back(&self, lease: &Lease) -> impl Future<Output = ()> + Send + 'static {
+        let (conn, lease) = (self.clone(), lease.clone());
+        async move {
+            if let Err(e) = conn.release(&lease).await {
+                tracing::warn!(key = %lease.key, token = %lease.token, error = %e, "giving back a grant too few replicas acknowledged failed; it lapses after its TTL");
+            }
+        }
+    }
+}
+
+/// Where one write runs. Without `min_replicas`: the shared connection.
+/// With it: a connection of the client's own, used by one write at a time,
+/// so that the `WAIT` sent after the write on the same connection counts
+/// that write (the replication stream is ordered: with it, every write
+/// before it) — a connection that broke in between fails the `WAIT`
+/// instead of answering for another — and so that `WAIT`, which holds its
+/// connection until the replicas answer or the replica timeout passes,
+/// holds up no other call. Dropped, an idle lane's connection is kept for
+/// the next write; one with a call cut short or failed is closed.
+pub(crate) struct Lane {
+    conn: Conn,
+    kind: LaneKind,
+}
+
+enum LaneKind {
+    Shared(ConnectionManager),
+    Own {
+        conn: MultiplexedConnection,
+        /// The connection generation it was opened in.
+        generation: u64,
+        /// No call in flight and none failed: fit for the next write.
+        ready: bool,
+    },
+}
+
+impl Lane {
+    /// Runs `script` on this lane within the operation timeout.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &mut self,
+        what: &str,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<T> {
+        match &mut self.kind {
+            LaneKind::Shared(manager) => {
+                self.conn.bounded(what, script.invoke_async(manager)).await
+            }
+            LaneKind::Own { conn, ready, .. } => {
+                *ready = false;
+                let res = self.conn.bounded(what, script.invoke_async(conn)).await;
+                *ready = res.is_ok();
+                res
+            }
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if let LaneKind::Own {
+            conn,
+            generation,
+            ready: true,
+        } = &self.kind
+        {
+            self.conn.put_back(*generation, conn.clone());
+        }
+    }
+}
+
+/// A give-back that runs unless disarmed: spawned on the current runtime
+/// when dropped armed (the future waiting for replicas was dropped).
+struct GiveBack(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some(back) = self.0.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(back);
+            }
+        }
+    }
+}
+
+/// `WAIT` sent to a replica fails with a plain `ERR … replica …`: the server
+/// was demoted by a failover. Told apart as a read-only reply, which
+/// [`error::map_with`] makes retryable for a client that follows Sentinel.
+fn demoted(e: RedisError) -> RedisError {
+    let replica = e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        && e.detail().is_some_and(|d| d.contains("replica"));
+    if replica {
+        RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "WAIT refused: the server is a replica",
+            e.to_string(),
+        ))
+    } else {
+        e
     }
 }
 
@@ -344,6 +583,18 @@ pub(crate) async fn ask_sentinels(
     let limit = config.connect_timeout;
     match tokio::time::timeout(limit, sentinel.async_get_client()).await {
         Ok(Ok(client)) => Ok(client),
+        // No sentinel names a primary that is up and answers ROLE as one:
+        // during a failover that lasts until a replica is promoted, so it
+        // is worth another try (a wrong primary name looks the same).
+        Ok(Err(e)) if e.kind() == ErrorKind::MasterNameNotFoundBySentinel => Err(Error::backend(
+            error::BACKEND,
+            true,
+            format!(
+                "no sentinel of {} names a primary that is up for this name now (a failover \
+                 under way, or a name the sentinels do not monitor): {e}",
+                config.display_url
+            ),
+        )),
         Ok(Err(e)) => Err(error::map(e).connecting(&config.display_url)),
         Err(_) => Err(Error::backend(
             error::BACKEND,
@@ -367,4 +618,41 @@ pub(crate) fn granted(
     let ttl = Duration::from_millis(millis_ceil(opts.ttl()));
     tracing::debug!(key = %key, token = %token, ttl_ms = ttl.as_millis() as u64, "acquired");
     Lease::new(key.clone(), owner, token, ttl, sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply_error(reply: &[u8]) -> RedisError {
+        redis::parse_redis_value(reply)
+            .and_then(|v| v.extract_error())
+            .unwrap_err()
+    }
+
+    /// `WAIT` on a demoted primary: retryable while following Sentinel (a
+    /// failover explains it), configuration otherwise, like `READONLY`.
+    #[test]
+    fn wait_refused_by_a_replica_reads_as_a_demoted_primary() {
+        let refused = || {
+            demoted(reply_error(
+                b"-ERR WAIT cannot be used with replica instances. Please also note that since \
+                  Redis 4.0 if a replica is configured to be writable (which is not the default) \
+                  writes to replicas are just local and are not propagated.\r\n",
+            ))
+        };
+        let following = error::map_with(refused(), true);
+        assert!(following.is_retryable(), "{following}");
+        assert!(
+            following.to_string().contains("no longer the primary"),
+            "{following}"
+        );
+        assert!(matches!(error::map(refused()), Error::Config { .. }));
+        // Any other error is left as it is.
+        let other = demoted(reply_error(b"-ERR unknown command 'WAIT'\r\n"));
+        assert_eq!(
+            other.kind(),
+            ErrorKind::Server(ServerErrorKind::ResponseError)
+        );
+    }
 }

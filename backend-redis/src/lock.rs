@@ -196,7 +196,7 @@ impl RedisLockBuilder {
             .set_automatic_resubscription();
         let follow = sentinel.map(|s| crate::conn::Follow::new(s, primary, manager.clone()));
         let manager =
-            ConnectionManager::new_lazy_with_config(client, manager).map_err(error::map)?;
+            ConnectionManager::new_lazy_with_config(client.clone(), manager).map_err(error::map)?;
         // The first command opens the connection: bounded by the connect
         // timeout plus one short round trip, so an unreachable or silent
         // server fails within about the connect timeout.
@@ -208,7 +208,7 @@ impl RedisLockBuilder {
         .await
         .map_err(|e| e.connecting(&config.display_url))?;
         tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
-        let conn = Conn::new(manager, config, follow);
+        let conn = Conn::new(manager, client, config, follow);
         router.attach(conn.clone());
         // After a switch to a new primary every waiter looks again (and
         // subscribes there).
@@ -266,11 +266,14 @@ impl DistributedLock for RedisLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
         let owner = opts.owner_or_random();
         let keys = self.inner.conn.keys(key);
+        let conn = &self.inner.conn;
+        let mut lane = conn.lane().await?;
         let sent = Instant::now();
-        match self.inner.conn.attempt(&keys, opts, &owner, None).await? {
+        match conn.attempt(&mut lane, &keys, opts, &owner, None).await? {
             Attempt::Granted { token, .. } => {
                 let lease = granted(key, owner, token, opts, sent);
-                self.inner.conn.replicated_grant(&lease).await?;
+                conn.confirm_grant(&mut lane, key, || conn.give_back(&lease))
+                    .await?;
                 Ok(Some(lease))
             }
             Attempt::Busy { .. } => Ok(None),

@@ -31,7 +31,11 @@ use fenced_api::{
 use redis::{Script, Value};
 use tokio::time::Instant;
 
-use crate::{conn::Conn, error, list, scripts::millis_ceil};
+use crate::{
+    conn::{Conn, Lane},
+    error, list,
+    scripts::millis_ceil,
+};
 
 static PERMITS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/permits.lua")));
@@ -94,31 +98,46 @@ impl RedisPermits {
         }
     }
 
-    /// One run of the script on `key`'s line: `op` and its arguments.
+    /// One run of the script on `key`'s line: `op` and its arguments, on
+    /// the shared connection.
     async fn run(&self, key: &LockKey, op: &str, args: &[String]) -> Result<Value> {
+        let mut lane = self.inner.conn.shared_lane();
+        self.run_on(&mut lane, key, op, args).await
+    }
+
+    /// [`run`](Self::run) on `lane`: for the writes that
+    /// [`Conn::confirm`] must confirm (`min_replicas`).
+    async fn run_on(
+        &self,
+        lane: &mut Lane,
+        key: &LockKey,
+        op: &str,
+        args: &[String],
+    ) -> Result<Value> {
         let name = self.inner.conn.keys(key).permits;
         let mut invocation = PERMITS.key(name);
         invocation.arg(op);
         for a in args {
             invocation.arg(a.as_str());
         }
-        let mut conn = self.inner.conn.manager();
-        self.inner
-            .conn
-            .bounded("the permits script", invocation.invoke_async(&mut conn))
-            .await
+        lane.run("the permits script", &invocation).await
     }
 
-    /// A permit just granted, once enough replicas acknowledged it
+    /// A permit just granted on `lane`, once enough replicas acknowledged it
     /// (`min_replicas`); one that fell short is given back first.
-    async fn replicated(&self, lease: Lease) -> Result<Lease> {
-        let Err(e) = self.inner.conn.replicated(&lease.key, "permit").await else {
-            return Ok(lease);
+    async fn replicated(&self, lane: &mut Lane, lease: Lease) -> Result<Lease> {
+        let this = self.clone();
+        let back = lease.clone();
+        let give_back = || async move {
+            if let Err(e) = this.give_back(&back).await {
+                tracing::warn!(key = %back.key, token = %back.token, error = %e, "giving back a permit too few replicas acknowledged failed; it lapses after its TTL");
+            }
         };
-        if let Err(back) = self.give_back(&lease).await {
-            tracing::warn!(key = %lease.key, token = %lease.token, error = %back, "giving back a permit too few replicas acknowledged failed; it lapses after its TTL");
-        }
-        Err(e)
+        self.inner
+            .conn
+            .confirm_grant(lane, &lease.key, give_back)
+            .await?;
+        Ok(lease)
     }
 
     fn lease(
@@ -150,9 +169,11 @@ impl LineStore for RedisPermits {
         queue: bool,
     ) -> Result<Arrival> {
         let (ms, ttl) = ttl_ms(opts);
+        let mut lane = self.inner.conn.lane().await?;
         let sent = Instant::now();
         let reply = self
-            .run(
+            .run_on(
+                &mut lane,
                 key,
                 "arrive",
                 &[
@@ -175,7 +196,7 @@ impl LineStore for RedisPermits {
             Some("granted") => {
                 let token = token_of(parts.get(1))?;
                 let lease = Self::lease(key, owner, token, ttl, sent);
-                Ok(Arrival::Granted(self.replicated(lease).await?))
+                Ok(Arrival::Granted(self.replicated(&mut lane, lease).await?))
             }
             Some("queued") => Ok(Arrival::Queued(token_of(parts.get(1))?)),
             Some("busy") => Ok(Arrival::Busy),
@@ -199,9 +220,11 @@ impl LineStore for RedisPermits {
         renew: bool,
     ) -> Result<Look> {
         let (ms, ttl) = ttl_ms(opts);
+        let mut lane = self.inner.conn.lane().await?;
         let sent = Instant::now();
         let reply = self
-            .run(
+            .run_on(
+                &mut lane,
                 key,
                 "look",
                 &[
@@ -220,7 +243,7 @@ impl LineStore for RedisPermits {
         match parts.first().and_then(text).as_deref() {
             Some("granted") => {
                 let lease = Self::lease(key, owner, token, ttl, sent);
-                Ok(Look::Granted(self.replicated(lease).await?))
+                Ok(Look::Granted(self.replicated(&mut lane, lease).await?))
             }
             Some("waiting") => Ok(Look::Waiting),
             Some("gone") => Ok(Look::Gone),
@@ -246,8 +269,10 @@ impl LineStore for RedisPermits {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
+        let mut lane = self.inner.conn.lane().await?;
         let reply = self
-            .run(
+            .run_on(
+                &mut lane,
                 &lease.key,
                 "extend",
                 &[
@@ -259,7 +284,10 @@ impl LineStore for RedisPermits {
             .await?;
         let renewed = int(&reply) == Some(1);
         if renewed {
-            self.inner.conn.replicated(&lease.key, "renewal").await?;
+            self.inner
+                .conn
+                .confirm(&mut lane, &lease.key, "renewal")
+                .await?;
         }
         Ok(renewed)
     }

@@ -10,7 +10,7 @@
 use std::{sync::LazyLock, time::Duration};
 
 use fenced_api::{FencingToken, Label, LockInfo, LockKey, Owner, Result};
-use redis::{aio::ConnectionManager, Script, Value};
+use redis::{Script, ScriptInvocation, Value};
 
 use crate::{error, keys::Keys};
 
@@ -94,11 +94,8 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) queued: Option<Queued<'a>>,
 }
 
-pub(crate) async fn acquire(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    a: &AcquireArgs<'_>,
-) -> redis::RedisResult<Value> {
+/// The acquire script's call for `keys` with `a`.
+pub(crate) fn acquire(keys: &Keys, a: &AcquireArgs<'_>) -> ScriptInvocation<'static> {
     let mut inv = ACQUIRE.key(&keys.lock);
     inv.key(&keys.queue)
         .arg(a.owner)
@@ -114,7 +111,7 @@ pub(crate) async fn acquire(
     } else {
         inv.arg("");
     }
-    inv.invoke_async(conn).await
+    inv
 }
 
 pub(crate) fn parse_acquire(v: Value) -> Result<Attempt> {

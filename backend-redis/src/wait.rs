@@ -318,14 +318,16 @@ pub(crate) async fn acquire(
         if let Some(r) = reg.as_mut() {
             r.arm(conn, &keys);
         }
+        let mut lane = conn.lane().await?;
         let sent = Instant::now();
         attempts += 1;
         let queued = reg.as_ref().map(|r| r.queued(lease_ms));
-        let pttl = match conn.attempt(&keys, opts, &owner, queued).await? {
+        let pttl = match conn.attempt(&mut lane, &keys, opts, &owner, queued).await? {
             Attempt::Granted { token, .. } => {
                 let lease = granted(key, owner, token, opts, sent);
                 // Given back when too few replicas acknowledged it.
-                conn.replicated_grant(&lease).await?;
+                conn.confirm_grant(&mut lane, key, || conn.give_back(&lease))
+                    .await?;
                 if let Some(r) = reg.as_mut() {
                     r.disarm();
                 }
@@ -352,6 +354,8 @@ pub(crate) async fn acquire(
                 pttl
             }
         };
+        // Its connection (with min_replicas) serves other writes meanwhile.
+        drop(lane);
         // A hand-over may have arrived while the attempt was in flight.
         if let Some(r) = reg.as_mut() {
             if let Some(token) = r.slot.take() {

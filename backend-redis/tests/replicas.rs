@@ -264,3 +264,85 @@ async fn replica_settings_are_checked_before_connecting() {
         .replica_timeout(Duration::ZERO);
     assert!(matches!(builder.connect().await, Err(Error::Config { .. })));
 }
+
+/// `WAIT` runs on connections of the client's own: while grants wait for
+/// a stopped replica, the client's other calls go through, and the grants
+/// wait side by side rather than one behind another.
+#[tokio::test]
+async fn waiting_for_replicas_holds_up_no_other_call() {
+    let (_primary, replica, lock) = pair("rep-lanes", "min_replicas=1&replica_timeout=1s").await;
+    let held = lock
+        .try_acquire(&key("rep-lanes"), &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free key");
+    replica.signal("STOP").await;
+
+    const GRANTS: usize = 6;
+    let start = Instant::now();
+    let grants: Vec<_> = (0..GRANTS)
+        .map(|_| {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                lock.try_acquire(&key("rep-lanes"), &opts(Duration::from_secs(30)))
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Calls on the shared connection answer while every grant still waits
+    // for its replica (each waits the whole replica timeout, 1 s).
+    let info = lock.inspect(&held.key).await.unwrap().expect("held");
+    assert_eq!(info.token, held.token);
+    assert!(
+        grants.iter().all(|g| !g.is_finished()),
+        "a grant came back before its replica timeout"
+    );
+    for g in grants {
+        let e = g.await.unwrap().unwrap_err();
+        assert!(short_of_replicas(&e), "{e}");
+    }
+    // Side by side they take about one replica timeout; one behind another
+    // they would take at least six.
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "{GRANTS} grants waiting for replicas took {took:?}: they waited in turn"
+    );
+    replica.signal("CONT").await;
+}
+
+/// A caller that stops waiting while its grant waits for replicas does not
+/// leave the key held for nobody until the TTL: the grant is given back.
+#[tokio::test]
+async fn a_grant_whose_caller_left_during_wait_is_given_back() {
+    let (_primary, replica, lock) = pair("rep-drop", "min_replicas=1&replica_timeout=3s").await;
+    replica.signal("STOP").await;
+    let k = key("rep-drop");
+    let trying = {
+        let lock = lock.clone();
+        let k = k.clone();
+        tokio::spawn(async move { lock.try_acquire(&k, &opts(Duration::from_secs(60))).await })
+    };
+    // The grant is written on the primary; its WAIT is under way.
+    let start = Instant::now();
+    while lock.inspect(&k).await.unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the grant never reached the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!trying.is_finished(), "returned before its replica timeout");
+    trying.abort();
+    assert!(trying.await.unwrap_err().is_cancelled());
+    let start = Instant::now();
+    while lock.inspect(&k).await.unwrap().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the abandoned grant was not given back (its TTL is 60 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replica.signal("CONT").await;
+}
