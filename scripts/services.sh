@@ -3,6 +3,7 @@
 #
 #   MariaDB  :3306  (root over TCP with an empty password, database `test`)
 #   Redis    :6379
+#   Redis Cluster :7000-7005 (3 primaries, 3 replicas; bus ports 17000-17005)
 #   etcd     :2379  (client) / :2380 (peer)
 #   ZooKeeper :2181 (standalone, its own data dir, a 256 MiB heap)
 #   PostgreSQL :5432 (role `postgres` over TCP without a password, database
@@ -23,6 +24,8 @@ APT_LOG=/var/log/fenced-ci-apt.log    # apt output goes here to keep our output 
 ETCD_DATA_DIR=/var/lib/fenced-etcd    # our own data dir, separate from the package's
 ETCD_LOG=/var/log/fenced-etcd.log
 REDIS_LOG=/var/log/redis/ci.log
+REDIS_CLUSTER_PORTS=(7000 7001 7002 7003 7004 7005)
+REDIS_CLUSTER_DIR=/var/lib/fenced-redis-cluster   # one data dir per node: <dir>/<port>
 MARIADB_LOG=/var/log/mysql/fenced-ci.log   # mariadbd's stdout/stderr
 ZK_DIR=/var/lib/fenced-zookeeper      # our own config and data dir, separate from the package's
 ZK_LOG=/var/log/fenced-zookeeper.log
@@ -247,6 +250,91 @@ setup_redis() {
         did+=("started, answering after ${WAITED}s")
     fi
     report redis "${did[@]}"
+}
+
+# --- Redis Cluster -----------------------------------------------------------
+# Six nodes on 7000-7005, formed with `redis-cli --cluster create` into three
+# primaries with one replica each. No persistence; nodes.conf (the cluster's
+# own state) lives in each node's directory, so a restart keeps the cluster.
+
+# Every node answers PING and sees the cluster as ok.
+redis_cluster_ok() {
+    local p
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+    done
+}
+
+redis_cluster_start_nodes() {
+    local p
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        if ! redis-cli -p "$p" ping >/dev/null 2>&1; then
+            mkdir -p "$REDIS_CLUSTER_DIR/$p"
+            redis-server --daemonize yes --bind 127.0.0.1 --port "$p" \
+                --cluster-enabled yes --cluster-config-file nodes.conf \
+                --cluster-node-timeout 2000 --save "" --appendonly no \
+                --dir "$REDIS_CLUSTER_DIR/$p" --logfile "$REDIS_CLUSTER_DIR/$p/redis.log"
+        fi
+    done
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        local start=$SECONDS
+        until redis-cli -p "$p" ping >/dev/null 2>&1; do
+            ((SECONDS - start < WAIT_SECS)) || {
+                show_log "$REDIS_CLUSTER_DIR/$p/redis.log"
+                die "redis cluster node $p did not answer within ${WAIT_SECS}s"
+            }
+            sleep 0.2
+        done
+    done
+}
+
+# Waits until redis_cluster_ok, at most $1 seconds; false when it is not.
+redis_cluster_wait() {
+    local start=$SECONDS
+    until redis_cluster_ok; do
+        ((SECONDS - start < $1)) || return 1
+        sleep 0.5
+    done
+}
+
+redis_cluster_create() {
+    local nodes=() p
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do nodes+=("127.0.0.1:$p"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+        >"$REDIS_CLUSTER_DIR/create.log" 2>&1 || {
+        show_log "$REDIS_CLUSTER_DIR/create.log"
+        die "redis-cli --cluster create failed"
+    }
+}
+
+setup_redis_cluster() {
+    if redis_cluster_ok; then
+        report redis-cluster "already running"
+        return
+    fi
+    local did=()
+    redis_cluster_start_nodes
+    if redis_cluster_wait 10; then
+        report redis-cluster "started its nodes, formed from their saved state"
+        return
+    fi
+    # Not formed, or a broken leftover: start from empty nodes.
+    if [ "$(redis-cli -p "${REDIS_CLUSTER_PORTS[0]}" cluster info | grep -c '^cluster_slots_assigned:0')" = 0 ]; then
+        local p
+        for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+            redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true
+        done
+        sleep 1
+        rm -rf "$REDIS_CLUSTER_DIR"
+        redis_cluster_start_nodes
+        did+=("reset a broken cluster")
+    fi
+    redis_cluster_create
+    redis_cluster_wait "$WAIT_SECS" || {
+        redis-cli -p "${REDIS_CLUSTER_PORTS[0]}" cluster info >&2 || true
+        die "the redis cluster on ${REDIS_CLUSTER_PORTS[*]} is not ok after ${WAIT_SECS}s"
+    }
+    report redis-cluster "created (3 primaries, 3 replicas)" "${did[@]}"
 }
 
 # --- etcd ------------------------------------------------------------------
@@ -595,6 +683,7 @@ setup_faketime() {
 
 setup_mariadb
 setup_redis
+setup_redis_cluster
 setup_etcd
 setup_zookeeper
 setup_postgres

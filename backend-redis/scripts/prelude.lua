@@ -16,6 +16,11 @@
 -- KEYS[2]  queue  {prefix/key}:q  zset of waiters in arrival order, kept
 --          RETAIN ms after it was started or a waiter last refreshed:
 --            member deadline|ttl|waiter id|wake-up channel|holder
+--          the channel is a whole channel name (`{prefix/}:w:<client>`, one
+--          server: PUBLISH), or `:w:<client>` for the channel of that name
+--          after this key's hash tag (a Cluster client: SPUBLISH, which a
+--          script may only do in its keys' slot; the key itself may hold '|',
+--          so the entry names only the suffix)
 --            score  arrival time in server µs (kept when a waiter refreshes)
 --          deadline is the entry's liveness deadline in server ms; dead
 --          entries are dropped when the key passes on.
@@ -89,7 +94,8 @@ end
 
 -- The key is free: hand it to the first live waiter in arrival order. An
 -- entry is live while its deadline has not passed and a connection listens
--- on its channel (PUBLISH counts the receivers); others are dropped.
+-- on its channel (PUBLISH and SPUBLISH count the receivers); others are
+-- dropped.
 -- Returns 'other', ttl   handed over: state saved, waiter told
 --         'self'         `self` (the caller's own entry) came first; popped
 --         'empty'        no live waiter; the queue is empty now
@@ -106,7 +112,14 @@ local function hand_over(tok, now_ms, now_us, now_us_s, self)
     local dl, ttl, id, ch, h = string.match(m, '^(%d+)|(%d+)|(%x+)|([^|]+)|(.+)$')
     if dl and tonumber(dl) > now_ms then
       local t = next_token(tok, now_us, now_us_s)
-      if redis.call('PUBLISH', ch, 'g|' .. t .. '|' .. id .. '|' .. S) > 0 then
+      local msg = 'g|' .. t .. '|' .. id .. '|' .. S
+      local heard
+      if string.sub(ch, 1, 1) == ':' then
+        heard = redis.call('SPUBLISH', string.sub(S, 1, -3) .. ch, msg)
+      else
+        heard = redis.call('PUBLISH', ch, msg)
+      end
+      if heard > 0 then
         ttl = tonumber(ttl)
         local own, lab = split_holder(h)
         save(t, 1, now_ms + ttl, 1, id, own, lab)

@@ -90,6 +90,8 @@ pub struct RedisConfig {
     pub(crate) recheck_interval: Duration,
     /// Where to ask for the primary, when it is found through Sentinel.
     pub(crate) sentinel: Option<SentinelSettings>,
+    /// The seed nodes, for a Redis Cluster.
+    pub(crate) cluster: Option<ClusterSettings>,
     /// Replicas that must acknowledge a grant or renewal (`WAIT`); 0: none.
     pub(crate) min_replicas: u32,
     /// Bound on that wait.
@@ -107,9 +109,9 @@ pub(crate) struct SentinelSettings {
 /// The port sentinels listen on unless told otherwise.
 const SENTINEL_PORT: u16 = 26379;
 
-/// The host of the placeholder URL the primary's settings are parsed from
-/// (its address comes from the sentinels).
-const SENTINEL_PLACEHOLDER: &str = "sentinel-primary.invalid";
+/// The host of the placeholder URL the settings of servers found later are
+/// parsed from (a primary Sentinel names, the nodes of a Cluster).
+const PLACEHOLDER_HOST: &str = "discovered-node.invalid";
 
 impl SentinelSettings {
     /// Parses what follows `redis+sentinel://` (no query, no fragment):
@@ -117,37 +119,11 @@ impl SentinelSettings {
     /// `redis://[userinfo@]<placeholder>[/db]` URL for the primary's own
     /// settings (credentials, database).
     fn parse(rest: &str) -> Result<(SentinelSettings, String)> {
-        // The password is percent-encoded by now: the first `/` ends the
-        // authority, its last `@` the userinfo.
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let mut nodes = Vec::new();
-        for h in hosts.split(',') {
-            // `host`, `host:port`, `[v6]`, `[v6]:port`.
-            let split = if h.starts_with('[') {
-                h.find("]:").map(|i| (&h[..=i], &h[i + 2..]))
-            } else {
-                h.split_once(':')
-            };
-            let (host, port) = match split {
-                Some((host, port)) => {
-                    let port: u16 = port.parse().map_err(|_| {
-                        Error::config(format!("sentinel `{h}` has an invalid port"))
-                    })?;
-                    (host, port)
-                }
-                None => (h, SENTINEL_PORT),
-            };
-            if host.is_empty() || port == 0 {
-                return Err(Error::config(format!(
-                    "redis+sentinel:// needs `host[:port]` for every sentinel, got `{h}`"
-                )));
-            }
-            nodes.push(format!("{host}:{port}"));
-        }
+        let (userinfo, hosts, path) = split_hosts(rest);
+        let nodes = parse_nodes(hosts, SENTINEL_PORT, "redis+sentinel://", "sentinel")?
+            .into_iter()
+            .map(|(host, port)| format!("{host}:{port}"))
+            .collect();
         let mut segments = path.split('/');
         let master = segments.next().unwrap_or_default();
         if master.is_empty() {
@@ -171,7 +147,7 @@ impl SentinelSettings {
             ));
         }
         let node_base = format!(
-            "redis://{}{SENTINEL_PLACEHOLDER}{}",
+            "redis://{}{PLACEHOLDER_HOST}{}",
             userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
             db.map(|d| format!("/{d}")).unwrap_or_default()
         );
@@ -183,6 +159,82 @@ impl SentinelSettings {
             node_base,
         ))
     }
+}
+
+/// The nodes of a Redis Cluster to learn its layout from (`host`, `port`):
+/// any reachable one names all others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClusterSettings {
+    pub(crate) nodes: Vec<(String, u16)>,
+}
+
+/// The port cluster nodes listen on unless told otherwise.
+const CLUSTER_PORT: u16 = 6379;
+
+impl ClusterSettings {
+    /// Parses what follows `redis+cluster://` (no query, no fragment):
+    /// `[userinfo@]host[:port],…[/]`. Returns the settings and a
+    /// `redis://[userinfo@]<placeholder>` URL for the nodes' own settings
+    /// (credentials).
+    fn parse(rest: &str) -> Result<(ClusterSettings, String)> {
+        let (userinfo, hosts, path) = split_hosts(rest);
+        let nodes = parse_nodes(hosts, CLUSTER_PORT, "redis+cluster://", "cluster node")?;
+        if !path.is_empty() && path != "0" {
+            return Err(Error::config(format!(
+                "redis+cluster:// takes no path: a Redis Cluster has database 0 only, got `/{path}`"
+            )));
+        }
+        let node_base = format!(
+            "redis://{}{PLACEHOLDER_HOST}",
+            userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+        );
+        Ok((ClusterSettings { nodes }, node_base))
+    }
+}
+
+/// `[userinfo@]hosts[/path]` → (userinfo, hosts, path). The password is
+/// percent-encoded by now: the first `/` ends the authority, its last `@`
+/// the userinfo.
+fn split_hosts(rest: &str) -> (Option<&str>, &str, &str) {
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h, path),
+        None => (None, authority, path),
+    }
+}
+
+/// A comma-separated list of `host`, `host:port`, `[v6]` or `[v6]:port`,
+/// each with `default_port` unless it names one.
+fn parse_nodes(
+    hosts: &str,
+    default_port: u16,
+    scheme: &str,
+    what: &str,
+) -> Result<Vec<(String, u16)>> {
+    let mut nodes = Vec::new();
+    for h in hosts.split(',') {
+        let split = if h.starts_with('[') {
+            h.find("]:").map(|i| (&h[..=i], &h[i + 2..]))
+        } else {
+            h.split_once(':')
+        };
+        let (host, port) = match split {
+            Some((host, port)) => {
+                let port: u16 = port
+                    .parse()
+                    .map_err(|_| Error::config(format!("{what} `{h}` has an invalid port")))?;
+                (host, port)
+            }
+            None => (h, default_port),
+        };
+        if host.is_empty() || port == 0 {
+            return Err(Error::config(format!(
+                "{scheme} needs `host[:port]` for every {what}, got `{h}`"
+            )));
+        }
+        nodes.push((host.to_owned(), port));
+    }
+    Ok(nodes)
 }
 
 /// The `redis` crate's connection settings. They hold the password, so
@@ -256,7 +308,10 @@ impl RedisConfig {
     /// or `redis+sentinel://[user:pass@]s1[:26379],s2[:26379]/primary-name[/db]?…`
     /// for a primary found through Sentinel (the credentials and database
     /// are the primary's; the sentinels are asked without a password, over
-    /// plain TCP) — see "Sentinel" in the crate docs.
+    /// plain TCP) — see "Sentinel" in the crate docs — or
+    /// `redis+cluster://[user:pass@]h1[:6379],h2[:6379]?…` for a Redis
+    /// Cluster (any reachable node names the rest; every lock lives on the
+    /// shard of its key's slot — see "Redis Cluster" in the crate docs).
     ///
     /// fenced's parameters: `prefix` (the namespace, default `fenced`),
     /// `connect_timeout` and `operation_timeout` (also spelt `timeout`;
@@ -290,8 +345,14 @@ impl RedisConfig {
         let (base, query) = split_query(without_fragment);
         let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
         let tls = match scheme {
-            "redis" | "redis+sentinel" => false,
+            "redis" | "redis+sentinel" | "redis+cluster" => false,
             "rediss" => true,
+            "rediss+cluster" => {
+                return Err(Error::config(
+                    "rediss+cluster:// is not supported yet: use redis+cluster:// (plain TCP) \
+                     or rediss:// to one server",
+                ))
+            }
             "rediss+sentinel" => {
                 return Err(Error::config(
                     "rediss+sentinel:// is not supported: Sentinel discovery speaks plain TCP \
@@ -300,7 +361,8 @@ impl RedisConfig {
             }
             _ => {
                 return Err(Error::config(format!(
-                    "expected a redis://, rediss:// or redis+sentinel:// url, got `{}`",
+                    "expected a redis://, rediss://, redis+sentinel:// or redis+cluster:// url, \
+                     got `{}`",
                     redact(url)
                 )))
             }
@@ -313,6 +375,15 @@ impl RedisConfig {
                 (node_base, Some(settings))
             }
             None => (base.to_owned(), None),
+        };
+        // `redis+cluster://[user:pw@]h1:7000,h2:7001`: the nodes name the
+        // rest of the cluster; the credentials are every node's.
+        let (base, cluster) = match base.strip_prefix("redis+cluster://") {
+            Some(rest) => {
+                let (settings, node_base) = ClusterSettings::parse(rest)?;
+                (node_base, Some(settings))
+            }
+            None => (base, None),
         };
         let base = base.as_str();
         if tls && !cfg!(feature = "tls") {
@@ -369,28 +440,47 @@ impl RedisConfig {
             .clone()
             .set_protocol(ProtocolVersion::RESP3)
             .set_lib_name("fenced-redis", env!("CARGO_PKG_VERSION"));
+        if cluster.is_some() && settings.db() != 0 {
+            return Err(Error::config(format!(
+                "db={} with redis+cluster://: a Redis Cluster has database 0 only",
+                settings.db()
+            )));
+        }
         if replica_timeout.is_some() && min_replicas == 0 {
             return Err(Error::config(
                 "replica_timeout has no effect without min_replicas (the number of replicas a \
                  grant waits for)",
             ));
         }
-        let display_url = match &sentinel {
-            Some(st) => redact(&format!(
+        let userinfo = || {
+            base.strip_prefix("redis://")
+                .and_then(|r| r.rsplit_once('@'))
+                .map(|(userinfo, _)| format!("{userinfo}@"))
+                .unwrap_or_default()
+        };
+        let display_url = match (&sentinel, &cluster) {
+            (Some(st), _) => redact(&format!(
                 "redis+sentinel://{}{}/{}",
-                base.strip_prefix("redis://")
-                    .and_then(|r| r.rsplit_once('@'))
-                    .map(|(userinfo, _)| format!("{userinfo}@"))
-                    .unwrap_or_default(),
+                userinfo(),
                 st.nodes.join(","),
                 st.master
             )),
-            None => redact(base),
+            (None, Some(cl)) => redact(&format!(
+                "redis+cluster://{}{}",
+                userinfo(),
+                cl.nodes
+                    .iter()
+                    .map(|(h, p)| format!("{h}:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
+            (None, None) => redact(base),
         };
         let config = RedisConfig {
             connection: Connection(info.set_redis_settings(settings)),
             display_url,
             sentinel,
+            cluster,
             tls,
             prefix,
             connect_timeout,
@@ -415,6 +505,12 @@ impl RedisConfig {
         if self.min_replicas == 0 {
             // Unused: an operation timeout of any length is fine.
             return Ok(());
+        }
+        if self.cluster.is_some() {
+            return Err(Error::config(
+                "min_replicas is not supported with redis+cluster:// yet (WAIT must run on the \
+                 connection to the shard that took the write)",
+            ));
         }
         let t = self.replica_timeout;
         if t < Duration::from_millis(1) || t >= self.operation_timeout {

@@ -17,10 +17,12 @@ use fenced_api::{
     Error, FencingToken, Label, Lease, LockKey, LockOptions, Owner, ReleaseOutcome, Result,
 };
 use redis::{
-    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+    cluster_async::ClusterConnection,
+    cluster_routing::{RoutingInfo, SingleNodeRoutingInfo},
     sentinel::SentinelClient,
-    AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisError, ScriptInvocation,
-    ServerErrorKind,
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
+    RedisResult, ScriptInvocation, ServerErrorKind, Value,
 };
 use tokio::time::Instant;
 
@@ -31,9 +33,9 @@ use crate::{
     scripts::{self, millis_ceil, AcquireArgs, Attempt, Queued},
 };
 
-/// One client's connection (a RESP3 [`ConnectionManager`] that reconnects on
-/// its own) and its configuration. Cheap to clone: clones share the
-/// connection, and a switch to a new primary (Sentinel) reaches them all.
+/// One client's connection (a [`Link`]) and its configuration. Cheap to
+/// clone: clones share the connection, and a switch to a new primary
+/// (Sentinel) reaches them all.
 #[derive(Clone)]
 pub(crate) struct Conn {
     shared: Arc<Shared>,
@@ -52,11 +54,196 @@ struct Shared {
     follow: Option<Follow>,
 }
 
-/// The primary this client talks to: the shared connection and the client
-/// that opens more connections to it.
+/// The primary this client talks to: the shared connection and, for one
+/// server, the client that opens more connections to it.
 struct Primary {
-    manager: ConnectionManager,
-    client: redis::Client,
+    link: Link,
+    client: Option<redis::Client>,
+}
+
+/// The connection every call goes through (but a replicated write's, see
+/// [`Lane`]). Both kinds reconnect on their own and speak RESP3, so one
+/// connection carries the scripts and the hand-over subscriptions.
+#[derive(Clone)]
+pub(crate) enum Link {
+    /// One server (or the primary Sentinel names): one multiplexed
+    /// connection.
+    Single(ConnectionManager),
+    /// A Redis Cluster: a connection per node, each command sent to the node
+    /// that serves its first key's slot (every script's keys share one hash
+    /// tag, so one slot), redirections (`MOVED`, `ASK`) followed.
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    /// Subscribes to a wake-up channel: `SUBSCRIBE` on one server,
+    /// `SSUBSCRIBE` (sharded, on the node serving the channel's slot) in a
+    /// Cluster. Either is renewed by the connection after a reconnect.
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Link::Single(m) => m.subscribe(channel).await,
+            Link::Cluster(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    /// Ends a subscription made with [`subscribe`](Self::subscribe).
+    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Link::Single(m) => m.unsubscribe(channel).await,
+            Link::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+
+    /// The primaries, each as a connection to that node alone (for `SCAN`
+    /// and `CONFIG GET`, which are per node): the one server, or every
+    /// Cluster primary as `CLUSTER SLOTS` names it.
+    pub(crate) async fn primaries(&self) -> RedisResult<Vec<Node>> {
+        match self {
+            Link::Single(m) => Ok(vec![Node::Single(m.clone())]),
+            Link::Cluster(c) => {
+                let slots = c
+                    .clone()
+                    .route_command(
+                        redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                    )
+                    .await?;
+                let mut nodes: Vec<(String, u16)> = cluster_primaries(&slots)?;
+                nodes.sort();
+                nodes.dedup();
+                Ok(nodes
+                    .into_iter()
+                    .map(|(host, port)| Node::Cluster {
+                        conn: c.clone(),
+                        host,
+                        port,
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Single(m) => m.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Single(m) => m.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Single(m) => m.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// One primary, as a connection that sends everything to it.
+#[derive(Clone)]
+pub(crate) enum Node {
+    Single(ConnectionManager),
+    Cluster {
+        conn: ClusterConnection,
+        host: String,
+        port: u16,
+    },
+}
+
+impl Node {
+    fn route(host: &str, port: u16) -> SingleNodeRoutingInfo {
+        SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        }
+    }
+}
+
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Node::Single(_) => f.write_str("the server"),
+            Node::Cluster { host, port, .. } => write!(f, "node {host}:{port}"),
+        }
+    }
+}
+
+impl ConnectionLike for Node {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Node::Single(m) => m.req_packed_command(cmd),
+            Node::Cluster { conn, host, port } => {
+                let route = RoutingInfo::SingleNode(Node::route(host, *port));
+                Box::pin(conn.route_command(cmd.clone(), route))
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Node::Single(m) => m.req_packed_commands(pipeline, offset, count),
+            Node::Cluster { conn, host, port } => {
+                let route = Node::route(host, *port);
+                Box::pin(conn.route_pipeline(pipeline.clone(), offset, count, route))
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Node::Single(m) => m.get_db(),
+            Node::Cluster { .. } => 0,
+        }
+    }
+}
+
+/// The primaries' addresses in a `CLUSTER SLOTS` reply: per slot range
+/// `[start, end, [host, port, id, …], replicas…]`.
+fn cluster_primaries(reply: &Value) -> RedisResult<Vec<(String, u16)>> {
+    let bad = || {
+        RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "an unexpected CLUSTER SLOTS reply",
+        ))
+    };
+    let Value::Array(ranges) = reply else {
+        return Err(bad());
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(fields) = range else {
+                return Err(bad());
+            };
+            let Some(Value::Array(primary)) = fields.get(2) else {
+                return Err(bad());
+            };
+            let host = primary.first().and_then(scripts::text).ok_or_else(bad)?;
+            let port = match primary.get(1) {
+                Some(Value::Int(p)) => u16::try_from(*p).map_err(|_| bad())?,
+                _ => return Err(bad()),
+            };
+            Ok((host, port))
+        })
+        .collect()
 }
 
 /// At most this many idle [`Lane`] connections are kept; more are opened
@@ -99,14 +286,14 @@ impl Follow {
 
 impl Conn {
     pub(crate) fn new(
-        manager: ConnectionManager,
-        client: redis::Client,
+        link: Link,
+        client: Option<redis::Client>,
         config: RedisConfig,
         follow: Option<Follow>,
     ) -> Self {
         Conn {
             shared: Arc::new(Shared {
-                primary: RwLock::new(Primary { manager, client }),
+                primary: RwLock::new(Primary { link, client }),
                 generation: AtomicU64::new(0),
                 lanes: Mutex::new(Vec::new()),
                 config,
@@ -120,21 +307,27 @@ impl Conn {
     }
 
     /// A handle on the connection, for one call.
-    pub(crate) fn manager(&self) -> ConnectionManager {
+    pub(crate) fn manager(&self) -> Link {
         self.manager_and_generation().0
     }
 
     /// The connection and how many times it was replaced, read together.
-    pub(crate) fn manager_and_generation(&self) -> (ConnectionManager, u64) {
+    pub(crate) fn manager_and_generation(&self) -> (Link, u64) {
         let p = self
             .shared
             .primary
             .read()
             .unwrap_or_else(|p| p.into_inner());
         (
-            p.manager.clone(),
+            p.link.clone(),
             self.shared.generation.load(Ordering::Acquire),
         )
+    }
+
+    /// Whether this client follows topology changes (Sentinel, or a Cluster
+    /// client): see [`error::map_with`].
+    fn follows(&self) -> bool {
+        self.shared.follow.is_some() || self.shared.config.cluster.is_some()
     }
 
     /// How many times the connection was replaced by one to a new primary.
@@ -180,9 +373,8 @@ impl Conn {
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let config = &self.shared.config;
-        let following = self.shared.follow.is_some();
-        let res = error::bounded(limit, what, &config.display_url, following, call).await;
-        if following && res.as_ref().is_err_and(Error::is_retryable) {
+        let res = error::bounded(limit, what, &config.display_url, self.follows(), call).await;
+        if self.shared.follow.is_some() && res.as_ref().is_err_and(Error::is_retryable) {
             self.follow_primary().await;
         }
         res
@@ -236,7 +428,10 @@ impl Conn {
                 .primary
                 .write()
                 .unwrap_or_else(|p| p.into_inner());
-            *current = Primary { manager, client };
+            *current = Primary {
+                link: Link::Single(manager),
+                client: Some(client),
+            };
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
             drop(current);
             self.shared
@@ -259,7 +454,7 @@ impl Conn {
         if config.min_replicas == 0 {
             return Ok(self.shared_lane());
         }
-        let (client, generation) = {
+        let (Some(client), generation) = ({
             let p = self
                 .shared
                 .primary
@@ -269,6 +464,11 @@ impl Conn {
                 p.client.clone(),
                 self.shared.generation.load(Ordering::Acquire),
             )
+        }) else {
+            // The configuration refuses min_replicas for a Cluster.
+            return Err(error::protocol(
+                "replicated writes need a connection to one server",
+            ));
         };
         let idle = {
             let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
@@ -499,7 +699,7 @@ pub(crate) struct Lane {
 }
 
 enum LaneKind {
-    Shared(ConnectionManager),
+    Shared(Link),
     Own {
         conn: MultiplexedConnection,
         /// The connection generation it was opened in.

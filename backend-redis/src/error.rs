@@ -14,18 +14,18 @@ pub(crate) fn map(e: RedisError) -> Error {
     map_with(e, false)
 }
 
-/// [`map`], for a client that follows Sentinel (`following`): there a
-/// read-only reply means the server it talks to was demoted by a failover,
-/// which asking Sentinel again fixes — a retryable error, not configuration.
+/// [`map`], for a client that follows topology changes (`following`: through
+/// Sentinel, or as a Cluster client): there a read-only reply means the
+/// server it talks to was demoted by a failover, and a redirection that the
+/// client could not follow means the slot moved meanwhile — retryable
+/// errors, not configuration.
 pub(crate) fn map_with(e: RedisError, following: bool) -> Error {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::ReadOnly) if following => {
             return Error::backend(
                 BACKEND,
                 true,
-                format!(
-                    "the server is no longer the primary ({e}); asking Sentinel for the new one"
-                ),
+                format!("the server is no longer the primary ({e}); looking for the new one"),
             )
         }
         ErrorKind::Server(ServerErrorKind::ReadOnly) => {
@@ -39,15 +39,23 @@ pub(crate) fn map_with(e: RedisError, following: bool) -> Error {
                  SUBSCRIBE and CONFIG GET on its keys and channels (and WAIT with min_replicas)"
         ))
         }
-        // This crate talks to one node and never follows a redirection: a
-        // multi-shard cluster is not supported (see the crate docs). Retrying
-        // cannot help, so say what to change instead.
+        // A Cluster client follows redirections itself; one that still
+        // surfaces means the slot moved again meanwhile (a resharding or
+        // failover under way): worth another try.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) if following => {
+            return Error::backend(
+                BACKEND,
+                true,
+                format!("the cluster moved this lock's slot while it was asked ({e})"),
+            )
+        }
+        // A `redis://` client talks to one node and never follows a
+        // redirection: retrying cannot help, so say what to change instead.
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
             return Error::config(format!(
                 "the redis server is a Redis Cluster node that does not serve this lock's hash \
-                 slot (it answered {} {}); fenced-redis connects to a single node and does not \
-                 follow cluster redirections, so it supports a standalone server or a cluster \
-                 with one shard (point it at that shard's primary), not a multi-shard cluster",
+                 slot (it answered {} {}); a redis:// url connects to that one node and does \
+                 not follow cluster redirections: use redis+cluster://host:port,… for a cluster",
                 e.code().unwrap_or("MOVED"),
                 e.detail().unwrap_or("")
             ))
@@ -140,7 +148,9 @@ mod tests {
     }
 
     /// A cluster redirection, parsed from the reply a Redis Cluster node
-    /// sends: a configuration error naming the limitation, never retryable.
+    /// sends: for a `redis://` client a configuration error naming the fix,
+    /// never retryable; for a Cluster client (which follows redirections
+    /// itself, so one that surfaces is a slot moving again) retryable.
     #[test]
     fn cluster_redirections_are_configuration_errors() {
         for (reply, code) in [
@@ -157,7 +167,11 @@ mod tests {
             };
             assert!(reason.contains(code), "{reason}");
             assert!(reason.contains("3999 127.0.0.1:6381"), "{reason}");
-            assert!(reason.contains("multi-shard cluster"), "{reason}");
+            assert!(reason.contains("redis+cluster://"), "{reason}");
+            let e = redis::parse_redis_value(reply)
+                .and_then(|v| v.extract_error())
+                .unwrap_err();
+            assert!(map_with(e, true).is_retryable());
         }
         // Other cluster states stay retryable backend errors.
         let down = redis::parse_redis_value(b"-CLUSTERDOWN The cluster is down\r\n")

@@ -61,6 +61,15 @@ impl Keys {
     }
 }
 
+impl Keys {
+    /// A Cluster client's wake-up channel for this key: `{prefix/key}` then
+    /// `suffix` (`:w:<client>`), in the key's slot.
+    pub(crate) fn channel(&self, suffix: &str) -> String {
+        let tag = self.lock.strip_suffix(":l").unwrap_or(&self.lock);
+        format!("{tag}{suffix}")
+    }
+}
+
 /// The wake-up channel of one client (one [`RedisLock`](crate::RedisLock)
 /// instance): `{prefix/}:w:<id>`. A lock key is never empty, so no lock's
 /// tag is `{prefix/}`; channels are not keys, and Redis Cluster does not

@@ -7,14 +7,20 @@
 //! trip per batch): a state key outlives its hold (it keeps the last token),
 //! so only the ones with a current lease are held. Names come back from the
 //! server byte-exact and are mapped back to their keys by stripping the tag,
-//! so keys containing `*`, `?`, `[`, `{`, `}` are listed as they are.
+//! so keys containing `*`, `?`, `[`, `{`, `}` are listed as they are. In a
+//! Redis Cluster every primary is walked in turn ([`Scan`]), and each batch
+//! is read on the node that returned it.
 
 use std::collections::BTreeMap;
 
 use fenced_api::{LockInfo, LockKey, Result};
 use redis::Value;
 
-use crate::{config::Prefix, conn::Conn, error, scripts};
+use crate::{
+    config::Prefix,
+    conn::{Conn, Node},
+    error, scripts,
+};
 
 /// Slots walked by one `SCAN` call (its `COUNT`).
 pub(crate) const SCAN_COUNT: usize = 1000;
@@ -69,25 +75,11 @@ pub(crate) async fn held(conn: &Conn, limit: usize) -> Result<Vec<LockInfo>> {
         return Ok(Vec::new());
     }
     let prefix = &conn.config().prefix;
-    let pattern = state_pattern(prefix);
-    let mut manager = conn.manager();
+    let mut scan = Scan::new(conn, state_pattern(prefix)).await?;
     // By key: SCAN may return a name twice (the table was resized while
     // scanning); the second reading replaces the first.
     let mut held: BTreeMap<LockKey, LockInfo> = BTreeMap::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, names): (u64, Vec<Vec<u8>>) = conn
-            .bounded(
-                "SCAN",
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query_async(&mut manager),
-            )
-            .await?;
+    while let Some((mut node, names)) = scan.next().await? {
         let found: Vec<(Vec<u8>, LockKey)> = names
             .into_iter()
             .filter_map(|n| key_of(prefix, &n).map(|k| (n, k)))
@@ -101,7 +93,7 @@ pub(crate) async fn held(conn: &Conn, limit: usize) -> Result<Vec<LockInfo>> {
             let replies: Vec<Value> = conn
                 .bounded(
                     "the inspect scripts of a listing",
-                    pipe.query_async(&mut manager),
+                    pipe.query_async(&mut node),
                 )
                 .await?;
             if replies.len() != found.len() {
@@ -119,12 +111,66 @@ pub(crate) async fn held(conn: &Conn, limit: usize) -> Result<Vec<LockInfo>> {
                 held.insert(key, info);
             }
         }
-        if held.len() >= limit || next == 0 {
+        if held.len() >= limit {
             break;
         }
-        cursor = next;
     }
     Ok(held.into_values().take(limit).collect())
+}
+
+/// A `SCAN … MATCH pattern` over every primary in turn (one server, or each
+/// Cluster primary), one batch per call, each call bounded by the operation
+/// timeout; the walk as a whole is not.
+pub(crate) struct Scan<'a> {
+    conn: &'a Conn,
+    pattern: String,
+    nodes: std::vec::IntoIter<Node>,
+    /// The node being walked and the cursor to go on from.
+    current: Option<(Node, u64)>,
+}
+
+impl<'a> Scan<'a> {
+    pub(crate) async fn new(conn: &'a Conn, pattern: String) -> Result<Scan<'a>> {
+        let link = conn.manager();
+        let nodes = conn
+            .bounded("CLUSTER SLOTS", async { link.primaries().await })
+            .await?;
+        Ok(Scan {
+            conn,
+            pattern,
+            nodes: nodes.into_iter(),
+            current: None,
+        })
+    }
+
+    /// The next batch of names and the node that holds them; `None` once
+    /// every node was walked.
+    pub(crate) async fn next(&mut self) -> Result<Option<(Node, Vec<Vec<u8>>)>> {
+        let (mut node, cursor) = match self.current.take() {
+            Some(current) => current,
+            None => match self.nodes.next() {
+                Some(node) => (node, 0),
+                None => return Ok(None),
+            },
+        };
+        let (next, names): (u64, Vec<Vec<u8>>) = self
+            .conn
+            .bounded(
+                "SCAN",
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&self.pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .query_async(&mut node),
+            )
+            .await?;
+        if next != 0 {
+            self.current = Some((node.clone(), next));
+        }
+        Ok(Some((node, names)))
+    }
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use crate::{
-    config::{check_recheck, Prefix, RedisConfig},
-    conn::{granted, Conn},
+    config::{check_recheck, ClusterSettings, Prefix, RedisConfig},
+    conn::{granted, Conn, Follow, Link},
     error::{self, BACKEND},
-    keys, list,
+    list,
     permits::RedisPermits,
     persistence::{self, Persistence},
     scripts::{self, Attempt},
@@ -142,73 +142,37 @@ impl RedisLockBuilder {
             // Picks ring for rustls unless the application installed a provider.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        // Through Sentinel: the sentinels name the primary first.
-        let (client, sentinel) = match &config.sentinel {
-            Some(st) => {
-                let mut sentinel = redis::sentinel::SentinelClient::build(
-                    st.nodes.iter().map(|n| format!("redis://{n}")).collect(),
-                    st.master.clone(),
-                    Some(
-                        redis::sentinel::SentinelNodeConnectionInfo::default()
-                            .set_redis_connection_info(config.connection.redis_settings().clone()),
-                    ),
-                    redis::sentinel::SentinelServerType::Master,
-                )
-                .map_err(|e| {
-                    Error::config(format!(
-                        "invalid sentinel settings for {}: {e}",
-                        config.display_url
-                    ))
-                })?;
-                let client = crate::conn::ask_sentinels(&mut sentinel, &config).await?;
-                (client, Some(sentinel))
+        let router = Arc::new(Router::new(
+            &config.prefix,
+            uuid::Uuid::new_v4().simple().to_string(),
+            config.cluster.is_some(),
+        ));
+        let weak = Arc::downgrade(&router);
+        let push = move |info: redis::PushInfo| {
+            if let Some(router) = weak.upgrade() {
+                router.on_push(info);
             }
+            Ok::<(), ()>(())
+        };
+        let (link, client, follow) = match &config.cluster {
+            Some(cluster) => (connect_cluster(&config, cluster, push).await?, None, None),
             None => {
-                let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
-                    Error::config(format!(
-                        "invalid redis settings for {}: {e}",
-                        config.display_url
-                    ))
-                })?;
-                (client, None)
+                let (manager, client, follow) = connect_single(&config, push).await?;
+                (Link::Single(manager), Some(client), follow)
             }
         };
-        let primary = client.get_connection_info().addr().to_string();
-        let router = Arc::new(Router::new(keys::wake_channel(
-            &config.prefix,
-            &uuid::Uuid::new_v4().simple().to_string(),
-        )));
-        let weak = Arc::downgrade(&router);
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.operation_timeout))
-            // One quick retry per reconnect; each operation is bounded anyway,
-            // and the next one triggers a new attempt.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500))
-            .set_push_sender(move |info: redis::PushInfo| {
-                if let Some(router) = weak.upgrade() {
-                    router.on_push(info);
-                }
-                Ok::<(), ()>(())
-            })
-            .set_automatic_resubscription();
-        let follow = sentinel.map(|s| crate::conn::Follow::new(s, primary, manager.clone()));
-        let manager =
-            ConnectionManager::new_lazy_with_config(client.clone(), manager).map_err(error::map)?;
-        // The first command opens the connection: bounded by the connect
-        // timeout plus one short round trip, so an unreachable or silent
-        // server fails within about the connect timeout.
-        let persistence = persistence::probe(
-            &mut manager.clone(),
+        // On one server the first command opens the connection: bounded by
+        // the connect timeout plus one short round trip, so an unreachable
+        // or silent server fails within about the connect timeout.
+        let persistence = persistence::probe_primaries(
+            &link,
             config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
             &config.display_url,
         )
         .await
         .map_err(|e| e.connecting(&config.display_url))?;
         tracing::debug!(server = %config.display_url, prefix = %config.prefix, %persistence, "connected");
-        let conn = Conn::new(manager, client, config, follow);
+        let conn = Conn::new(link, client, config, follow);
         router.attach(conn.clone());
         // After a switch to a new primary every waiter looks again (and
         // subscribes there).
@@ -228,6 +192,95 @@ impl RedisLockBuilder {
             }),
         })
     }
+}
+
+/// The connection to one server: the one in the URL, or the primary the
+/// sentinels name (then with what it takes to follow a failover).
+async fn connect_single(
+    config: &RedisConfig,
+    push: impl Fn(redis::PushInfo) -> std::result::Result<(), ()> + Send + Sync + 'static,
+) -> Result<(ConnectionManager, redis::Client, Option<Follow>)> {
+    // Through Sentinel: the sentinels name the primary first.
+    let (client, sentinel) = match &config.sentinel {
+        Some(st) => {
+            let mut sentinel = redis::sentinel::SentinelClient::build(
+                st.nodes.iter().map(|n| format!("redis://{n}")).collect(),
+                st.master.clone(),
+                Some(
+                    redis::sentinel::SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(config.connection.redis_settings().clone()),
+                ),
+                redis::sentinel::SentinelServerType::Master,
+            )
+            .map_err(|e| {
+                Error::config(format!(
+                    "invalid sentinel settings for {}: {e}",
+                    config.display_url
+                ))
+            })?;
+            let client = crate::conn::ask_sentinels(&mut sentinel, config).await?;
+            (client, Some(sentinel))
+        }
+        None => {
+            let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
+                Error::config(format!(
+                    "invalid redis settings for {}: {e}",
+                    config.display_url
+                ))
+            })?;
+            (client, None)
+        }
+    };
+    let primary = client.get_connection_info().addr().to_string();
+    let manager = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.operation_timeout))
+        // One quick retry per reconnect; each operation is bounded anyway,
+        // and the next one triggers a new attempt.
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+        .set_push_sender(push)
+        .set_automatic_resubscription();
+    let follow = sentinel.map(|s| Follow::new(s, primary, manager.clone()));
+    let manager =
+        ConnectionManager::new_lazy_with_config(client.clone(), manager).map_err(error::map)?;
+    Ok((manager, client, follow))
+}
+
+/// The connection to a Redis Cluster: the seed nodes name the others and
+/// which slots each serves (within the connect timeout).
+async fn connect_cluster(
+    config: &RedisConfig,
+    cluster: &ClusterSettings,
+    push: impl Fn(redis::PushInfo) -> std::result::Result<(), ()> + Send + Sync + 'static,
+) -> Result<Link> {
+    let nodes = cluster.nodes.iter().map(|(host, port)| {
+        (*config.connection)
+            .clone()
+            .set_addr(redis::ConnectionAddr::Tcp(host.clone(), *port))
+    });
+    let client = redis::cluster::ClusterClientBuilder::new(nodes)
+        .use_protocol(redis::ProtocolVersion::RESP3)
+        .connection_timeout(config.connect_timeout)
+        .response_timeout(config.operation_timeout)
+        .push_sender(push)
+        .build()
+        .map_err(|e| {
+            Error::config(format!(
+                "invalid cluster settings for {}: {e}",
+                config.display_url
+            ))
+        })?;
+    let conn = fenced_api::bounded(
+        BACKEND,
+        format!("connecting to {}", config.display_url),
+        config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
+        async { client.get_async_connection().await.map_err(error::map) },
+    )
+    .await
+    .map_err(|e| e.connecting(&config.display_url))?;
+    Ok(Link::Cluster(conn))
 }
 
 impl RedisLock {

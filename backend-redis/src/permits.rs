@@ -371,23 +371,9 @@ impl LineStore for RedisPermits {
     async fn list_granted(&self, limit: usize) -> Result<Vec<LockInfo>> {
         let conn = &self.inner.conn;
         let prefix = &conn.config().prefix;
-        let pattern = list::role_pattern(prefix, "p");
-        let mut manager = conn.manager();
+        let mut scan = list::Scan::new(conn, list::role_pattern(prefix, "p")).await?;
         let mut found: BTreeMap<LockKey, Vec<LockInfo>> = BTreeMap::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = conn
-                .bounded(
-                    "SCAN",
-                    redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(list::SCAN_COUNT)
-                        .query_async(&mut manager),
-                )
-                .await?;
+        while let Some((_, names)) = scan.next().await? {
             for key in names
                 .iter()
                 .filter_map(|n| list::key_of_role(prefix, n, "p"))
@@ -402,10 +388,9 @@ impl LineStore for RedisPermits {
                     rows.into_iter().take(granted).map(|r| r.info).collect(),
                 );
             }
-            if found.values().map(Vec::len).sum::<usize>() >= limit || next == 0 {
+            if found.values().map(Vec::len).sum::<usize>() >= limit {
                 break;
             }
-            cursor = next;
         }
         Ok(found.into_values().flatten().take(limit).collect())
     }

@@ -4,9 +4,9 @@
 use std::{collections::HashMap, fmt};
 
 use fenced_api::Result;
-use redis::{aio::ConnectionManager, ErrorKind};
+use redis::{aio::ConnectionLike, ErrorKind};
 
-use crate::error;
+use crate::{conn::Link, error};
 
 /// How the connected Redis persists data, from `CONFIG GET appendonly`,
 /// `appendfsync` and `save` at connect time.
@@ -82,7 +82,7 @@ impl fmt::Display for Persistence {
 /// Reads the configuration in one round trip. A refused `CONFIG` gives
 /// [`Persistence::Unknown`]; a connection failure is an error.
 pub(crate) async fn probe(
-    conn: &mut ConnectionManager,
+    conn: &mut impl ConnectionLike,
     limit: std::time::Duration,
     server: &str,
 ) -> Result<Persistence> {
@@ -121,6 +121,41 @@ pub(crate) async fn probe(
         }
         Err(e) => Err(error::map(e)),
     }
+}
+
+/// [`probe`] of every primary (one server, or each Cluster primary): the
+/// weakest answer, so a Cluster counts as durable only when every primary
+/// is. Each node within `limit`.
+pub(crate) async fn probe_primaries(
+    link: &Link,
+    limit: std::time::Duration,
+    server: &str,
+) -> Result<Persistence> {
+    let nodes = fenced_api::bounded(
+        error::BACKEND,
+        format!("CLUSTER SLOTS at {server} while connecting"),
+        limit,
+        async { link.primaries().await.map_err(error::map) },
+    )
+    .await?;
+    let mut weakest: Option<Persistence> = None;
+    for mut node in nodes {
+        let at = format!("{server} ({node})");
+        let p = probe(&mut node, limit, &at).await?;
+        // The first non-durable answer stays; a durable one is replaced
+        // by any that is not.
+        weakest = Some(match weakest {
+            Some(w) if !w.is_durable() || p.is_durable() => w,
+            _ => p,
+        });
+    }
+    weakest.ok_or_else(|| {
+        fenced_api::Error::backend(
+            error::BACKEND,
+            true,
+            format!("{server}: the cluster has no primary serving slots yet"),
+        )
+    })
 }
 
 #[cfg(test)]

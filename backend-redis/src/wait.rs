@@ -26,24 +26,62 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::{sync::Notify, time::Instant};
 
 use crate::{
+    config::Prefix,
     conn::{granted, Conn},
     error,
-    keys::Keys,
+    keys::{self, Keys},
     scripts::{self, millis_ceil, Attempt, Entry, Queued},
 };
 
 /// Routes hand-over messages from the connection to this client's waiters.
 pub(crate) struct Router {
     conn: OnceLock<Conn>,
-    /// This client's wake-up channel.
-    channel: String,
-    /// 1 + the connection generation (see [`Conn::generation`]) the server
-    /// confirmed the subscription on; 0 for none yet. A switch to a new
-    /// primary (Sentinel) needs a subscription there.
+    channels: Channels,
+    /// One server: 1 + the connection generation (see [`Conn::generation`])
+    /// the server confirmed the subscription on; 0 for none yet. A switch to
+    /// a new primary (Sentinel) needs a subscription there.
     subscribed: AtomicU64,
     /// One SUBSCRIBE at a time.
     subscribing: tokio::sync::Mutex<()>,
     waiters: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
+}
+
+/// Where hand-overs to this client's waiters are published.
+enum Channels {
+    /// One server: `{prefix/}:w:<client>`, one channel for every key,
+    /// subscribed once.
+    One(Arc<str>),
+    /// A Redis Cluster: per key, `{prefix/key}:w:<client>` — in the key's
+    /// slot, so the scripts (which may only touch their keys' slot) can
+    /// `SPUBLISH` to it and count who listens — subscribed (`SSUBSCRIBE`, on
+    /// the node serving the slot) while this client has waiters on the key.
+    PerKey {
+        /// `:w:<client>`, after the key's hash tag.
+        suffix: String,
+        subs: Mutex<HashMap<Arc<str>, Arc<KeySub>>>,
+    },
+}
+
+/// The subscription to one key's channel (a Cluster client).
+#[derive(Default)]
+struct KeySub {
+    state: Mutex<SubState>,
+    /// One `SSUBSCRIBE` or `SUNSUBSCRIBE` of the channel at a time.
+    io: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct SubState {
+    /// Registered waiters on the key; the subscription ends with the last.
+    waiters: usize,
+    /// The server confirmed the subscription and has not ended it since.
+    confirmed: bool,
+}
+
+impl KeySub {
+    fn state(&self) -> MutexGuard<'_, SubState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Where a hand-over for one waiter lands.
@@ -83,10 +121,20 @@ fn parse_grant(payload: &str) -> Option<Grant<'_>> {
 }
 
 impl Router {
-    pub(crate) fn new(channel: String) -> Self {
+    /// The router of the client `client` (a unique id) under `prefix`; a
+    /// Cluster client's channels are per key.
+    pub(crate) fn new(prefix: &Prefix, client: String, cluster: bool) -> Self {
+        let channels = if cluster {
+            Channels::PerKey {
+                suffix: format!(":w:{client}"),
+                subs: Mutex::new(HashMap::new()),
+            }
+        } else {
+            Channels::One(Arc::from(keys::wake_channel(prefix, &client)))
+        };
         Router {
             conn: OnceLock::new(),
-            channel,
+            channels,
             subscribed: AtomicU64::new(0),
             subscribing: tokio::sync::Mutex::new(()),
             waiters: Mutex::new(HashMap::new()),
@@ -104,11 +152,43 @@ impl Router {
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Subscribed on the connection as it is now.
-    fn is_subscribed(&self) -> bool {
-        self.conn
-            .get()
-            .is_some_and(|c| self.subscribed.load(Ordering::Acquire) == c.generation() + 1)
+    /// The wake-up channel of this client's waiters on `keys`.
+    fn channel(&self, keys: &Keys) -> Arc<str> {
+        match &self.channels {
+            Channels::One(ch) => Arc::clone(ch),
+            Channels::PerKey { suffix, .. } => Arc::from(keys.channel(suffix)),
+        }
+    }
+
+    /// Whether `channel` is one of this client's wake-up channels.
+    fn is_ours(&self, channel: &str) -> bool {
+        match &self.channels {
+            Channels::One(ch) => channel == &**ch,
+            Channels::PerKey { suffix, .. } => channel.ends_with(suffix.as_str()),
+        }
+    }
+
+    /// The subscription state of a Cluster client's key channel.
+    fn key_sub(&self, channel: &str) -> Option<Arc<KeySub>> {
+        match &self.channels {
+            Channels::One(_) => None,
+            Channels::PerKey { subs, .. } => subs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(channel)
+                .cloned(),
+        }
+    }
+
+    /// Subscribed to `channel` on the connection as it is now.
+    fn is_subscribed(&self, channel: &str) -> bool {
+        match &self.channels {
+            Channels::One(_) => self
+                .conn
+                .get()
+                .is_some_and(|c| self.subscribed.load(Ordering::Acquire) == c.generation() + 1),
+            Channels::PerKey { .. } => self.key_sub(channel).is_some_and(|s| s.state().confirmed),
+        }
     }
 
     /// Every waiter looks again (messages may have been lost, or went to a
@@ -129,14 +209,14 @@ impl Router {
     /// Called by the connection for every push message; must not block.
     pub(crate) fn on_push(&self, info: PushInfo) {
         match info.kind {
-            PushKind::Message => {
+            PushKind::Message | PushKind::SMessage => {
                 let (Some(channel), Some(payload)) = (
                     info.data.first().and_then(scripts::text),
                     info.data.get(1).and_then(scripts::text),
                 ) else {
                     return;
                 };
-                if channel != self.channel {
+                if !self.is_ours(&channel) {
                     return;
                 }
                 let Some(grant) = parse_grant(&payload) else {
@@ -156,6 +236,28 @@ impl Router {
             // Messages may have been lost while the connection was down:
             // every waiter looks again.
             PushKind::Disconnection => self.wake_all(),
+            // The server ended a key channel's subscription (its slot moved
+            // to another node, by resharding or failover — or this client's
+            // own SUNSUBSCRIBE): waiters on it subscribe again, at the node
+            // that serves the slot now, before they queue again.
+            PushKind::SUnsubscribe => {
+                let Some(sub) = info
+                    .data
+                    .first()
+                    .and_then(scripts::text)
+                    .and_then(|ch| self.key_sub(&ch))
+                else {
+                    return;
+                };
+                let waiting = {
+                    let mut state = sub.state();
+                    state.confirmed = false;
+                    state.waiters > 0
+                };
+                if waiting {
+                    self.wake_all();
+                }
+            }
             _ => {}
         }
     }
@@ -174,14 +276,27 @@ impl Router {
         rt.spawn(leave(conn, keys, Arc::from(grant.waiter), None));
     }
 
-    /// A new waiter (no I/O).
-    fn register(self: &Arc<Self>) -> Registration {
+    /// A new waiter on `keys` (no I/O). A Cluster client's channel for the
+    /// key stays subscribed while it is registered.
+    fn register(self: &Arc<Self>, keys: &Keys) -> Registration {
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
         let slot = Arc::new(Slot::default());
         self.waiters().insert(Arc::clone(&id), Arc::clone(&slot));
+        let channel = self.channel(keys);
+        let entry_channel = match &self.channels {
+            Channels::One(ch) => Arc::clone(ch),
+            Channels::PerKey { suffix, .. } => Arc::from(suffix.as_str()),
+        };
+        if let Channels::PerKey { subs, .. } = &self.channels {
+            let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
+            let sub = subs.entry(Arc::clone(&channel)).or_default();
+            sub.state().waiters += 1;
+        }
         Registration {
             router: Arc::clone(self),
             id,
+            channel,
+            entry_channel,
             slot,
             entry: None,
             entry_sent: None,
@@ -189,20 +304,72 @@ impl Router {
         }
     }
 
-    /// Subscribes to this client's wake-up channel (once per connection: the
-    /// connection manager subscribes again by itself after a reconnect, a
-    /// connection to a new primary needs it anew).
-    async fn subscribe(&self) -> Result<()> {
-        let _one = self.subscribing.lock().await;
+    /// Subscribes to the wake-up channel of a registered waiter. One
+    /// server: once per connection (the connection subscribes again by
+    /// itself after a reconnect; a connection to a new primary needs it
+    /// anew). A Cluster client: per key channel, until the last waiter on it
+    /// leaves or the server ends it.
+    async fn subscribe(&self, channel: &str) -> Result<()> {
         let conn = self.connection()?;
-        let (mut manager, generation) = conn.manager_and_generation();
-        if self.subscribed.load(Ordering::Acquire) == generation + 1 {
+        let Some(sub) = self.key_sub(channel) else {
+            let _one = self.subscribing.lock().await;
+            let (mut link, generation) = conn.manager_and_generation();
+            if self.subscribed.load(Ordering::Acquire) == generation + 1 {
+                return Ok(());
+            }
+            conn.bounded("SUBSCRIBE", link.subscribe(channel)).await?;
+            self.subscribed.store(generation + 1, Ordering::Release);
+            return Ok(());
+        };
+        let _one = sub.io.lock().await;
+        if sub.state().confirmed {
             return Ok(());
         }
-        conn.bounded("SUBSCRIBE", manager.subscribe(&self.channel))
+        conn.bounded("SSUBSCRIBE", conn.manager().subscribe(channel))
             .await?;
-        self.subscribed.store(generation + 1, Ordering::Release);
+        sub.state().confirmed = true;
         Ok(())
+    }
+
+    /// A Cluster client's last waiter on `channel` left: ends the
+    /// subscription, unless a waiter registered meanwhile (best effort:
+    /// spawned; a failed `SUNSUBSCRIBE` leaves a subscription that
+    /// receives nothing more).
+    fn unsubscribe_later(self: &Arc<Self>, channel: Arc<str>) {
+        let (Some(sub), Ok(rt)) = (
+            self.key_sub(&channel),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let router = Arc::clone(self);
+        rt.spawn(async move {
+            let _one = sub.io.lock().await;
+            {
+                let mut state = sub.state();
+                if state.waiters > 0 {
+                    return;
+                }
+                // Unconfirmed from here: a waiter registering now subscribes
+                // anew (after this SUNSUBSCRIBE, behind the same lock).
+                state.confirmed = false;
+            }
+            if let Ok(conn) = router.connection() {
+                let _ = conn
+                    .bounded("SUNSUBSCRIBE", conn.manager().unsubscribe(&channel))
+                    .await;
+            }
+            if let Channels::PerKey { subs, .. } = &router.channels {
+                let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
+                let idle = subs.get(&channel).is_some_and(|s| {
+                    let state = s.state();
+                    state.waiters == 0 && !state.confirmed
+                });
+                if idle {
+                    subs.remove(&channel);
+                }
+            }
+        });
     }
 }
 
@@ -228,6 +395,12 @@ async fn leave(conn: Conn, keys: Keys, id: Arc<str>, entry: Option<String>) {
 struct Registration {
     router: Arc<Router>,
     id: Arc<str>,
+    /// Where hand-overs to it are published.
+    channel: Arc<str>,
+    /// How its queue entry names that channel: the whole name, or (a Cluster
+    /// client) its suffix after the key's hash tag (see the scripts'
+    /// prelude).
+    entry_channel: Arc<str>,
     slot: Arc<Slot>,
     /// The place in the queue from the last attempt.
     entry: Option<Entry>,
@@ -248,7 +421,7 @@ impl Registration {
     fn queued<'a>(&'a self, lease_ms: u64) -> Queued<'a> {
         Queued {
             id: &self.id,
-            channel: &self.router.channel,
+            channel: &self.entry_channel,
             lease_ms,
             entry: self.entry.as_ref(),
         }
@@ -275,6 +448,16 @@ impl Drop for Registration {
     fn drop(&mut self) {
         // First out of the map: a hand-over arriving from now on is passed on.
         self.router.waiters().remove(&self.id);
+        if let Some(sub) = self.router.key_sub(&self.channel) {
+            let last = {
+                let mut state = sub.state();
+                state.waiters = state.waiters.saturating_sub(1);
+                state.waiters == 0
+            };
+            if last {
+                self.router.unsubscribe_later(Arc::clone(&self.channel));
+            }
+        }
         let runtime = tokio::runtime::Handle::try_current();
         if let (Some(LeaveTicket { conn, keys }), Ok(rt)) = (self.leave.take(), runtime) {
             let entry = self.entry.take().map(|e| e.member);
@@ -307,13 +490,19 @@ pub(crate) async fn acquire(
     let may_wait = deadline != Some(start);
     // Not subscribed yet: the first attempt is a plain try (nothing can be
     // handed to a waiter nobody listens for); queued from the second on.
-    let mut reg = (may_wait && router.is_subscribed()).then(|| router.register());
+    let mut reg = if may_wait {
+        let r = router.register(&keys);
+        router.is_subscribed(&r.channel).then_some(r)
+    } else {
+        None
+    };
     let mut attempts = 0u32;
     loop {
-        if reg.is_some() && !router.is_subscribed() {
-            // The connection now goes to a new primary (Sentinel): subscribe
-            // there before queueing, or no hand-over could reach this waiter.
-            subscribe_within(router, deadline, key, start).await?;
+        if let Some(r) = reg.as_ref().filter(|r| !router.is_subscribed(&r.channel)) {
+            // The connection now goes to a new primary (Sentinel), or the
+            // key's slot moved (Cluster): subscribe there before queueing,
+            // or no hand-over could reach this waiter.
+            subscribe_within(router, &r.channel, deadline, key, start).await?;
         }
         if let Some(r) = reg.as_mut() {
             r.arm(conn, &keys);
@@ -375,8 +564,9 @@ pub(crate) async fn acquire(
         let Some(r) = reg.as_mut() else {
             // Not subscribed yet: subscribe (never past the caller's wait
             // bound), then try again at once — queued this time.
-            subscribe_within(router, deadline, key, start).await?;
-            reg = Some(router.register());
+            let r = router.register(&keys);
+            subscribe_within(router, &r.channel, deadline, key, start).await?;
+            reg = Some(r);
             continue;
         };
         let nap = next_check(pttl, recheck);
@@ -395,22 +585,23 @@ pub(crate) async fn acquire(
     }
 }
 
-/// Subscribes, never past the caller's wait bound.
+/// Subscribes to `channel`, never past the caller's wait bound.
 async fn subscribe_within(
     router: &Router,
+    channel: &str,
     deadline: Option<Instant>,
     key: &LockKey,
     start: Instant,
 ) -> Result<()> {
     match deadline {
-        Some(d) => match tokio::time::timeout_at(d, router.subscribe()).await {
+        Some(d) => match tokio::time::timeout_at(d, router.subscribe(channel)).await {
             Ok(res) => res,
             Err(_) => Err(Error::Timeout {
                 key: key.clone(),
                 waited: start.elapsed(),
             }),
         },
-        None => router.subscribe().await,
+        None => router.subscribe(channel).await,
     }
 }
 
@@ -521,9 +712,11 @@ mod tests {
 
     #[tokio::test]
     async fn hand_overs_reach_only_the_named_waiter() {
-        let router = Arc::new(Router::new("{p/}:w:me".into()));
-        let a = router.register();
-        let b = router.register();
+        let prefix = Prefix::new("p").unwrap();
+        let router = Arc::new(Router::new(&prefix, "me".into(), false));
+        let k = Keys::new(&prefix, &LockKey::new("k").unwrap());
+        let a = router.register(&k);
+        let b = router.register(&k);
         router.on_push(message("{p/}:w:me", &format!("g|42|{}|{{p/k}}:l", b.id)));
         assert!(woke(&b).await, "the named waiter has a wake-up");
         assert_eq!(b.slot.take(), Some(FencingToken::new(42)));

@@ -41,6 +41,15 @@ pub fn redis_url() -> String {
     env_or("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
+/// The Redis Cluster test URL (`FENCED_TEST_REDIS_CLUSTER_URL`): the
+/// cluster `scripts/services.sh` forms on 127.0.0.1:7000-7005.
+pub fn redis_cluster_url() -> String {
+    env_or(
+        "FENCED_TEST_REDIS_CLUSTER_URL",
+        "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
+    )
+}
+
 /// The etcd test endpoint (`FENCED_TEST_ETCD_URL`).
 pub fn etcd_url() -> String {
     env_or("FENCED_TEST_ETCD_URL", "http://127.0.0.1:2379")
@@ -162,6 +171,27 @@ pub async fn probe_redis(url: &str) -> Result<(), String> {
             "Redis",
             url,
             &format!("PING answered {reply:?}"),
+        ))
+    }
+}
+
+/// Checks that the first seed node of the cluster at `url`
+/// (`redis+cluster://h:p,…`) answers and sees the cluster as ok.
+///
+/// # Errors
+///
+/// [`unreachable_message`] when it does not.
+pub async fn probe_redis_cluster(url: &str) -> Result<(), String> {
+    let first = url.split(',').next().unwrap_or(url);
+    let stream = connect("Redis Cluster", first, 6379).await?;
+    let reply = exchange("Redis Cluster", url, stream, b"CLUSTER INFO\r\n").await?;
+    if reply.contains("cluster_state:ok") {
+        Ok(())
+    } else {
+        Err(unreachable_message(
+            "Redis Cluster",
+            url,
+            &format!("CLUSTER INFO answered {reply:?}"),
         ))
     }
 }

@@ -27,6 +27,26 @@ pub async fn redis() -> Result<String, String> {
     services::probe_redis(&url).await.map(|()| url)
 }
 
+/// The shared Redis Cluster's URL (`FENCED_TEST_REDIS_CLUSTER_URL`,
+/// `redis+cluster://…`) once its first seed sees the cluster as ok.
+///
+/// # Errors
+///
+/// The probe's message (naming `scripts/services.sh`) when it does not.
+pub async fn redis_cluster() -> Result<String, String> {
+    let url = services::redis_cluster_url();
+    services::probe_redis_cluster(&url).await.map(|()| url)
+}
+
+/// [`redis_cluster()`], for a test.
+///
+/// # Panics
+///
+/// With the probe's message when the cluster does not answer.
+pub async fn require_redis_cluster() -> String {
+    required(redis_cluster().await)
+}
+
 /// `host:port` of the shared etcd (`FENCED_TEST_ETCD_URL`, an `http://`
 /// URL) once it reports itself healthy.
 ///

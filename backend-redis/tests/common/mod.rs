@@ -30,11 +30,13 @@ pub fn url_for(server: &str, prefix: &str) -> String {
     format!("{server}{sep}prefix={prefix}&connect_timeout=5s&operation_timeout=5s")
 }
 
-/// Runs the suite against one Redis server.
+/// Runs the suite against one Redis server, or the shared Redis Cluster.
 pub struct RedisHarness {
     server: String,
     prefix: String,
     private: Option<Arc<PrivateRedis>>,
+    /// On the shared Cluster: no private server of the same kind to restart.
+    cluster: bool,
 }
 
 impl RedisHarness {
@@ -44,6 +46,18 @@ impl RedisHarness {
             server: server_url().await,
             prefix: run_prefix().to_owned(),
             private: None,
+            cluster: false,
+        }
+    }
+
+    /// On the shared Redis Cluster (`FENCED_TEST_REDIS_CLUSTER_URL`), in
+    /// this run's prefix.
+    pub async fn cluster() -> Self {
+        RedisHarness {
+            server: fenced_testkit::shared::require_redis_cluster().await,
+            prefix: run_prefix().to_owned(),
+            private: None,
+            cluster: true,
         }
     }
 
@@ -53,6 +67,7 @@ impl RedisHarness {
             server: server.url(),
             prefix: "fenced-private".into(),
             private: Some(server),
+            cluster: false,
         }
     }
 
@@ -98,6 +113,9 @@ impl Harness for RedisHarness {
     }
 
     async fn private_store(&self) -> Option<Result<Box<dyn Harness>>> {
+        if self.cluster {
+            return None;
+        }
         // Durable configuration: AOF with fsync on every write.
         Some(
             PrivateRedis::start(Mode::AofAlways)

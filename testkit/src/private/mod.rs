@@ -95,7 +95,10 @@ pub use mariadb::{MariaDbOptions, PrivateMariaDb};
 #[cfg(feature = "postgres")]
 pub use postgres::{bin_dir as postgres_bin_dir, PostgresOptions, PrivatePostgres};
 #[cfg(feature = "redis")]
-pub use redis::{admin_connection, PrivateRedis, PrivateSentinel, RedisOptions, RedisPersistence};
+pub use redis::{
+    admin_connection, PrivateRedis, PrivateRedisCluster, PrivateSentinel, RedisOptions,
+    RedisPersistence,
+};
 pub use tempfile::TempDir;
 pub use tls::TlsFiles;
 #[cfg(feature = "zookeeper")]

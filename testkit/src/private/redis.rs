@@ -130,8 +130,11 @@ impl PrivateRedis {
                 .arg(primary.to_string());
         }
         if let Some(bus) = self.cluster_bus {
+            // A node that misses pings for 1 s is failing: failovers in
+            // tests take seconds, not Redis's default 15 s.
             cmd.args(["--cluster-enabled", "yes"])
                 .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-node-timeout", "1000"])
                 .arg("--cluster-port")
                 .arg(bus.to_string());
         }
@@ -252,6 +255,188 @@ impl PrivateSentinel {
     }
 
     process_controls!();
+}
+
+/// A Redis Cluster on loopback: `primaries` nodes sharing the 16384 slots
+/// in equal ranges, each with `replicas` replicas; the node timeout is 1 s,
+/// so a killed primary's replica takes over within seconds. Every node is
+/// killed and removed on drop.
+#[derive(Debug)]
+pub struct PrivateRedisCluster {
+    primaries: Vec<PrivateRedis>,
+    /// `replicas[i]`: the replicas of `primaries[i]` at start.
+    replicas: Vec<Vec<PrivateRedis>>,
+}
+
+impl PrivateRedisCluster {
+    /// Starts the nodes, assigns the slots, joins them, makes the replicas
+    /// and waits (up to 60 s) until every node sees the cluster as `ok`
+    /// with every replica in sync.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-server` is missing (naming `scripts/services.sh`) or the
+    /// cluster does not form.
+    pub async fn start(primaries: usize, replicas: usize) -> Result<Self> {
+        let node = || {
+            PrivateRedis::start(RedisOptions {
+                cluster: true,
+                ..RedisOptions::default()
+            })
+        };
+        let mut cluster = PrivateRedisCluster {
+            primaries: Vec::new(),
+            replicas: Vec::new(),
+        };
+        for _ in 0..primaries.max(1) {
+            cluster.primaries.push(node().await?);
+            let mut mine = Vec::new();
+            for _ in 0..replicas {
+                mine.push(node().await?);
+            }
+            cluster.replicas.push(mine);
+        }
+        let n = cluster.primaries.len();
+        for (i, p) in cluster.primaries.iter().enumerate() {
+            let (lo, hi) = (16384 * i / n, 16384 * (i + 1) / n - 1);
+            let mut c = p.admin().await?;
+            cmd_ok(
+                redis::cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(lo).arg(hi),
+                &mut c,
+            )
+            .await?;
+        }
+        let mut first = cluster.primaries[0].admin().await?;
+        for other in cluster.nodes().skip(1) {
+            let bus = other
+                .cluster_bus()
+                .ok_or_else(|| fail("a cluster node without a bus port"))?;
+            cmd_ok(
+                redis::cmd("CLUSTER")
+                    .arg("MEET")
+                    .arg("127.0.0.1")
+                    .arg(other.port())
+                    .arg(bus),
+                &mut first,
+            )
+            .await?;
+        }
+        let total = cluster.nodes().count();
+        cluster
+            .wait_for(
+                Duration::from_secs(30),
+                "every node to know the others",
+                |info, _| info.contains(&format!("cluster_known_nodes:{total}")),
+            )
+            .await?;
+        for (p, reps) in cluster.primaries.iter().zip(&cluster.replicas) {
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(&mut p.admin().await?)
+                .await
+                .map_err(|e| fail(format!("CLUSTER MYID: {e}")))?;
+            for r in reps {
+                cmd_ok(
+                    redis::cmd("CLUSTER").arg("REPLICATE").arg(&id),
+                    &mut r.admin().await?,
+                )
+                .await?;
+            }
+        }
+        cluster
+            .wait_for(
+                Duration::from_secs(60),
+                "the cluster to be ok with every replica in sync",
+                |info, replication| {
+                    info.contains("cluster_state:ok")
+                        && (replication.contains("role:master")
+                            || replication.contains("master_link_status:up"))
+                },
+            )
+            .await?;
+        Ok(cluster)
+    }
+
+    /// Every node: primaries first (in slot order), then replicas.
+    pub fn nodes(&self) -> impl Iterator<Item = &PrivateRedis> {
+        self.primaries.iter().chain(self.replicas.iter().flatten())
+    }
+
+    /// The node that started as the primary of the `i`-th slot range.
+    pub fn primary(&self, i: usize) -> &PrivateRedis {
+        &self.primaries[i]
+    }
+
+    /// The nodes that started as replicas of [`primary(i)`](Self::primary).
+    pub fn replicas_of(&self, i: usize) -> &[PrivateRedis] {
+        &self.replicas[i]
+    }
+
+    /// `redis+cluster://127.0.0.1:<p>,…` naming every primary as a seed.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self
+            .primaries
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port()))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// Waits until `ready(CLUSTER INFO, INFO replication)` holds on every
+    /// node that is up (a killed node is skipped), polling every 100 ms.
+    ///
+    /// # Errors
+    ///
+    /// When it does not within `limit`, naming `what` and the last answers.
+    pub async fn wait_for(
+        &self,
+        limit: Duration,
+        what: &str,
+        ready: impl Fn(&str, &str) -> bool,
+    ) -> Result<()> {
+        let start = std::time::Instant::now();
+        loop {
+            let mut last = String::new();
+            let mut all = true;
+            for node in self.nodes().filter(|n| n.pid().is_some()) {
+                let (info, replication) = match node.admin().await {
+                    Ok(mut c) => (
+                        redis::cmd("CLUSTER")
+                            .arg("INFO")
+                            .query_async::<String>(&mut c)
+                            .await
+                            .unwrap_or_default(),
+                        redis::cmd("INFO")
+                            .arg("replication")
+                            .query_async::<String>(&mut c)
+                            .await
+                            .unwrap_or_default(),
+                    ),
+                    Err(_) => Default::default(),
+                };
+                if !ready(&info, &replication) {
+                    all = false;
+                    last = format!("node {}: {info} {replication}", node.port());
+                    break;
+                }
+            }
+            if all {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(fail(format!(
+                    "the cluster did not reach {what} within {limit:?}: {last}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn cmd_ok(cmd: &redis::Cmd, conn: &mut redis::aio::MultiplexedConnection) -> Result<()> {
+    cmd.query_async::<()>(conn)
+        .await
+        .map_err(|e| fail(format!("{cmd:?}: {e}")))
 }
 
 /// A plain admin connection (RESP2) to any Redis URL the `redis` crate accepts.
