@@ -13,6 +13,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+sentinel", "redis"),
+    ("redis+cluster", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
@@ -198,6 +199,8 @@ mod tests {
             ("rediss://:pw@cache:6380", Ok("redis")),
             #[cfg(feature = "redis")]
             ("redis+sentinel://s1:26379,s2/mymaster", Ok("redis")),
+            #[cfg(feature = "redis")]
+            ("redis+cluster://h1:7000,h2:7001", Ok("redis")),
             #[cfg(not(feature = "mysql"))]
             ("mysql://h/db", Err("`mysql` cargo feature")),
             #[cfg(feature = "zookeeper")]
@@ -249,6 +252,7 @@ mod tests {
             ("redis://h", "redis"),
             ("rediss://h", "redis"),
             ("redis+sentinel://s1/mymaster", "redis"),
+            ("redis+cluster://h1:7000", "redis"),
             ("etcd://h:2379/p", "etcd"),
             ("etcds://h:2379/p", "etcd"),
             ("zk://h:2181/p", "zookeeper"),

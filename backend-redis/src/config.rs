@@ -415,6 +415,12 @@ impl RedisConfig {
                     })?
                 }
                 "replica_timeout" => replica_timeout = Some(parse_duration(p.value)?),
+                "db" if cluster.is_some() && p.value != "0" => {
+                    return Err(Error::config(format!(
+                        "db={} with redis+cluster://: a Redis Cluster has database 0 only",
+                        p.value
+                    )))
+                }
                 "protocol" if !p.value.eq_ignore_ascii_case("resp3") && p.value != "3" => {
                     return Err(Error::config(format!(
                         "protocol={} is not supported: fenced-redis speaks RESP3 (Redis 6 or later)",
@@ -440,12 +446,6 @@ impl RedisConfig {
             .clone()
             .set_protocol(ProtocolVersion::RESP3)
             .set_lib_name("fenced-redis", env!("CARGO_PKG_VERSION"));
-        if cluster.is_some() && settings.db() != 0 {
-            return Err(Error::config(format!(
-                "db={} with redis+cluster://: a Redis Cluster has database 0 only",
-                settings.db()
-            )));
-        }
         if replica_timeout.is_some() && min_replicas == 0 {
             return Err(Error::config(
                 "replica_timeout has no effect without min_replicas (the number of replicas a \

@@ -23,7 +23,7 @@ pub use persistence::Persistence;
 pub use redis;
 
 /// URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel"];
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel", "redis+cluster"];
 
 /// This backend's entry for the `fenced::connect(url)` registry.
 pub fn driver() -> fenced_api::Driver {

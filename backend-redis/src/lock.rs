@@ -21,10 +21,12 @@ use crate::{
     wait::{self, Router},
 };
 
-/// A lock store on one Redis server (or one Cluster shard's primary).
+/// A lock store on one Redis server, the primary Sentinel names, or a Redis
+/// Cluster.
 ///
 /// Every instance has its own connection — a RESP3 [`ConnectionManager`]
-/// that reconnects on its own and carries both the scripts and the release
+/// (one server) or cluster connection (a connection per node) that
+/// reconnects on its own and carries both the scripts and the release
 /// subscriptions — so two instances behave like two nodes. Clones share it.
 /// See the [crate docs](crate) for the design and its limits.
 #[derive(Clone)]
@@ -384,7 +386,8 @@ impl DistributedLock for RedisLock {
     /// `limit` held ones are found. Which ones come back when more are held
     /// is the order of the scan, not of the keys.
     ///
-    /// Cost: `SCAN` walks the whole database's keyspace (its `MATCH` filters
+    /// Cost: `SCAN` walks the whole database's keyspace — every primary's,
+    /// in a Redis Cluster — (its `MATCH` filters
     /// after the walk), so a full listing is O(keys in the database) in
     /// round trips of 1000 slots, plus one script per state key of this
     /// prefix — free keys' state is kept 7 days after their last use, so

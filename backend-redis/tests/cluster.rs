@@ -1,0 +1,403 @@
+//! `redis+cluster://`: every lock lives on the shard that serves its key's
+//! slot. On the shared cluster (`scripts/services.sh`, 7000-7005): locks on
+//! every shard, hand-over by sharded pub/sub on each, the listing across
+//! shards. On private clusters (loopback, own ports, 1 s node timeout): a
+//! primary killed while a lock is held, and a held key's slot moved to
+//! another shard.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use common::{key, opts};
+use fenced_api::{fence::TokenFence, DistributedLock, Error, Lease, LockKey, ReleaseOutcome};
+use fenced_redis::{redis, RedisLock};
+use fenced_testkit::private::{admin_connection, PrivateRedisCluster};
+
+/// `server` with a prefix and a re-check interval of 10 s: a waiter that
+/// gets a key well within that was woken by a message, not by a re-check.
+fn url(server: &str, prefix: &str) -> String {
+    format!("{server}?prefix={prefix}&recheck_interval=10s&connect_timeout=5s&operation_timeout=5s")
+}
+
+fn prefix() -> String {
+    format!("{}.cl", common::run_prefix())
+}
+
+/// The primaries' `host:port` by slot range, from `CLUSTER SLOTS`.
+async fn slot_ranges(admin: &mut redis::aio::MultiplexedConnection) -> Vec<(u16, u16, String)> {
+    let reply: Vec<redis::Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(admin)
+        .await
+        .unwrap();
+    reply
+        .into_iter()
+        .map(|range| {
+            let redis::Value::Array(f) = range else {
+                panic!("CLUSTER SLOTS: {range:?}")
+            };
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(i) => *i,
+                other => panic!("CLUSTER SLOTS: {other:?}"),
+            };
+            let redis::Value::Array(primary) = &f[2] else {
+                panic!("CLUSTER SLOTS: {f:?}")
+            };
+            let host: String = redis::from_redis_value(primary[0].clone()).unwrap();
+            (
+                int(&f[0]) as u16,
+                int(&f[1]) as u16,
+                format!("{host}:{}", int(&primary[1])),
+            )
+        })
+        .collect()
+}
+
+/// The slot of a lock's names (`{prefix/key}`).
+async fn slot_of(admin: &mut redis::aio::MultiplexedConnection, prefix: &str, k: &LockKey) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(format!("{{{prefix}/{k}}}:l"))
+        .query_async(admin)
+        .await
+        .unwrap()
+}
+
+/// One fresh key served by each primary: primary `host:port` → key.
+async fn key_per_shard(
+    admin: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+) -> HashMap<String, LockKey> {
+    let ranges = slot_ranges(admin).await;
+    let shards: std::collections::HashSet<&String> = ranges.iter().map(|r| &r.2).collect();
+    let mut keys = HashMap::new();
+    for _ in 0..1000 {
+        if keys.len() == shards.len() {
+            break;
+        }
+        let k = key("shard");
+        let slot = slot_of(admin, prefix, &k).await;
+        let owner = &ranges
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .expect("every slot is served")
+            .2;
+        keys.entry(owner.clone()).or_insert(k);
+    }
+    assert_eq!(keys.len(), shards.len(), "a key for every shard");
+    keys
+}
+
+/// Whether the node at `addr` holds the Redis key `name` itself (no
+/// redirection: `EXISTS` on a node that does not serve the slot is MOVED).
+async fn node_has(addr: &str, name: &str) -> bool {
+    let mut c = admin_connection(&format!("redis://{addr}")).await.unwrap();
+    let n: redis::RedisResult<i64> = redis::cmd("EXISTS").arg(name).query_async(&mut c).await;
+    n.is_ok_and(|n| n == 1)
+}
+
+/// Retries a retryable error for up to `limit` (a failover or a slot move
+/// under way), returning the first other outcome.
+async fn retrying<T, F, Fut>(limit: Duration, mut f: F) -> fenced_api::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = fenced_api::Result<T>>,
+{
+    let start = Instant::now();
+    loop {
+        match f().await {
+            Err(e) if e.is_retryable() && start.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A holder on one client, a waiter on another: the release hands the key
+/// over by message, on every shard, and the lock's names live on the shard
+/// that serves the key (and nowhere else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shard_hands_over_by_message() {
+    let server = fenced_testkit::shared::require_redis_cluster().await;
+    let seed = server.trim_start_matches("redis+cluster://");
+    let seed = seed.split(',').next().unwrap().to_owned();
+    let mut admin = admin_connection(&format!("redis://{seed}")).await.unwrap();
+    let prefix = prefix();
+    let keys = key_per_shard(&mut admin, &prefix).await;
+    assert_eq!(keys.len(), 3, "the shared cluster has three shards");
+    let holder = RedisLock::connect(&url(&server, &prefix)).await.unwrap();
+    let waiter = RedisLock::connect(&url(&server, &prefix)).await.unwrap();
+    let o = opts(Duration::from_secs(30));
+    let wait = o
+        .to_builder()
+        .wait_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    for (shard, k) in &keys {
+        let held = holder.try_acquire(k, &o).await.unwrap().expect("free");
+        let state = format!("{{{prefix}/{k}}}:l");
+        assert!(node_has(shard, &state).await, "{state} lives on {shard}");
+        let waiting = {
+            let (waiter, k, wait) = (waiter.clone(), k.clone(), wait.clone());
+            tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+        };
+        // Until the waiter is queued on that shard.
+        let queue = format!("{{{prefix}/{k}}}:q");
+        let mut node = admin_connection(&format!("redis://{shard}")).await.unwrap();
+        let start = Instant::now();
+        while common::queue_len(&mut node, &queue).await == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let released = Instant::now();
+        assert_eq!(
+            holder.release(&held).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let got = waiting.await.unwrap().unwrap();
+        let took = released.elapsed();
+        // The re-check interval is 10 s: only the message explains this.
+        assert!(
+            took < Duration::from_secs(3),
+            "hand-over on {shard} took {took:?}"
+        );
+        assert!(got.token > held.token, "{} > {}", got.token, held.token);
+        assert_eq!(
+            waiter.release(&got).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+    // The listing walks every shard.
+    let mut held = Vec::new();
+    for k in keys.values() {
+        held.push(holder.try_acquire(k, &o).await.unwrap().expect("free"));
+    }
+    let listed: Vec<LockKey> = holder
+        .list(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
+    for k in keys.values() {
+        assert!(listed.contains(k), "{k} listed: {listed:?}");
+    }
+    for l in held {
+        holder.release(&l).await.unwrap();
+    }
+}
+
+/// Bad cluster URLs are configuration errors, before anything connects.
+#[tokio::test]
+async fn cluster_urls_are_checked() {
+    for (bad, says) in [
+        ("redis+cluster://h1:7000,h2:x", "invalid port"),
+        ("redis+cluster://h1:7000/3", "database 0"),
+        ("redis+cluster://h1:7000?db=2", "database 0"),
+        ("redis+cluster://h1:7000?min_replicas=1", "min_replicas"),
+        ("rediss+cluster://h1:7000", "not supported"),
+        ("redis+cluster://,h2:7000", "host[:port]"),
+    ] {
+        match RedisLock::connect(bad).await {
+            Err(Error::Config { reason }) => assert!(reason.contains(says), "{bad}: {reason}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // Nothing listens: a retryable error within about the connect timeout.
+    let start = Instant::now();
+    let e = RedisLock::connect("redis+cluster://127.0.0.1:1?connect_timeout=1s")
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A primary is SIGKILLed while a lock on its shard is held; its replica
+/// takes over (node timeout 1 s). Replication is asynchronous: the lock is
+/// on the promoted replica if it was replicated before the kill (on an idle
+/// loopback it always is), so the holder renews it there and a contender
+/// stays out. Either way every later grant's token is above the old
+/// holder's, so a resource that keeps the highest token it saw rejects the
+/// old holder's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_fails_over_and_fencing_holds() {
+    let cluster = PrivateRedisCluster::start(3, 1).await.unwrap();
+    let server = cluster.url();
+    let prefix = "failover";
+    let primary = format!("127.0.0.1:{}", cluster.primary(0).port());
+    let mut admin = cluster.primary(1).admin().await.unwrap();
+    let k = key_per_shard(&mut admin, prefix)
+        .await
+        .remove(&primary)
+        .unwrap();
+    let holder = RedisLock::connect(&url(&server, prefix)).await.unwrap();
+    let contender = RedisLock::connect(&url(&server, prefix)).await.unwrap();
+    let o = opts(Duration::from_secs(30));
+    let held = holder.try_acquire(&k, &o).await.unwrap().expect("free");
+    let fence = TokenFence::new();
+    assert!(fence.check(held.token).is_accepted());
+
+    cluster.primary(0).kill();
+    cluster
+        .wait_for(
+            Duration::from_secs(30),
+            "the replica promoted",
+            |info, _| info.contains("cluster_state:ok"),
+        )
+        .await
+        .unwrap();
+    let replica = format!("127.0.0.1:{}", cluster.replicas_of(0)[0].port());
+
+    // The holder renews on the new primary: the lock was replicated.
+    let renewed: Lease = retrying(Duration::from_secs(20), || holder.extend(&held, o.ttl()))
+        .await
+        .expect("the lock survived on the promoted replica");
+    assert_eq!(renewed.token, held.token);
+    assert!(node_has(&replica, &format!("{{{prefix}/{k}}}:l")).await);
+    let busy = retrying(Duration::from_secs(10), || contender.try_acquire(&k, &o))
+        .await
+        .unwrap();
+    assert!(busy.is_none(), "the key is still held after the failover");
+
+    // The next holder's token is above every earlier one: the old holder,
+    // had it lost the lock, could not write past the fence.
+    assert_eq!(
+        retrying(Duration::from_secs(10), || holder.release(&renewed))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let next = retrying(Duration::from_secs(10), || contender.try_acquire(&k, &o))
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert!(next.token > held.token, "{} > {}", next.token, held.token);
+    assert!(fence.check(next.token).is_accepted());
+    assert!(
+        !fence.check(held.token).is_accepted(),
+        "the old holder's token is stale"
+    );
+}
+
+/// The slot of a held key moves to another shard (`CLUSTER SETSLOT …
+/// MIGRATING/IMPORTING`, `MIGRATE`, `SETSLOT … NODE`) while a waiter waits
+/// on it: the holder renews and releases on the new shard (redirections
+/// followed), the lock's names moved with the slot, and the waiter — whose
+/// subscription the old shard ended — gets the key on the new shard, by
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_keys_slot_moves_to_another_shard() {
+    let cluster = PrivateRedisCluster::start(2, 0).await.unwrap();
+    let server = cluster.url();
+    let prefix = "reshard";
+    let (a, b) = (cluster.primary(0), cluster.primary(1));
+    let from = format!("127.0.0.1:{}", a.port());
+    let to = format!("127.0.0.1:{}", b.port());
+    let (mut ca, mut cb) = (a.admin().await.unwrap(), b.admin().await.unwrap());
+    let k = key_per_shard(&mut ca, prefix).await.remove(&from).unwrap();
+    let slot = slot_of(&mut ca, prefix, &k).await;
+    let holder = RedisLock::connect(&url(&server, prefix)).await.unwrap();
+    let waiter = RedisLock::connect(&url(&server, prefix)).await.unwrap();
+    let o = opts(Duration::from_secs(30));
+    let held = holder.try_acquire(&k, &o).await.unwrap().expect("free");
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        let wait = o
+            .to_builder()
+            .wait_timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+    };
+    let queue = format!("{{{prefix}/{k}}}:q");
+    let start = Instant::now();
+    while common::queue_len(&mut ca, &queue).await == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let id = |c: &mut redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async::<String>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let (ida, idb) = (id(&mut ca).await, id(&mut cb).await);
+    let setslot = |state: &str, node: &str| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("SETSLOT").arg(slot).arg(state).arg(node);
+        c
+    };
+    let () = setslot("IMPORTING", &ida)
+        .query_async(&mut cb)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", &idb)
+        .query_async(&mut ca)
+        .await
+        .unwrap();
+    let names: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query_async(&mut ca)
+        .await
+        .unwrap();
+    assert!(names.len() >= 2, "state and queue in the slot: {names:?}");
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(b.port())
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&names)
+        .query_async(&mut ca)
+        .await
+        .unwrap();
+    let () = setslot("NODE", &idb).query_async(&mut cb).await.unwrap();
+    let () = setslot("NODE", &idb).query_async(&mut ca).await.unwrap();
+    let state = format!("{{{prefix}/{k}}}:l");
+    assert!(node_has(&to, &state).await, "the state moved to {to}");
+    assert!(!node_has(&from, &state).await, "and left {from}");
+
+    // The holder renews and releases on the new shard.
+    let renewed = retrying(Duration::from_secs(10), || holder.extend(&held, o.ttl()))
+        .await
+        .unwrap();
+    assert_eq!(renewed.token, held.token);
+    let released = Instant::now();
+    assert_eq!(
+        retrying(Duration::from_secs(10), || holder.release(&renewed))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let got = waiting.await.unwrap().unwrap();
+    assert!(got.token > held.token);
+    // The waiter subscribed again on the new shard, so the release reached
+    // it by message (a re-check would take up to 10 s).
+    let took = released.elapsed();
+    assert!(took < Duration::from_secs(5), "hand-over took {took:?}");
+    assert!(waiter
+        .inspect(&k)
+        .await
+        .unwrap()
+        .is_some_and(|i| i.token == got.token));
+    waiter.release(&got).await.unwrap();
+}
