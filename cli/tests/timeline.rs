@@ -422,9 +422,13 @@ fn a_refused_renewal_kills_the_command_without_grace() {
 fn background_children_end_before_the_lock_is_released() {
     let (dir, url) = sqlite_store("leftovers");
     let (polite, stubborn) = (dir.join("polite.pid"), dir.join("stubborn.pid"));
+    // The stubborn child writes its pid only once its trap is set, and the
+    // command waits for that file: exiting earlier let fenced's SIGTERM
+    // reach the child before its trap (CI saw it end politely).
     let script = format!(
         r#"sleep 60 & echo $! > {polite}
-(trap '' TERM; exec sleep 60) & echo $! > {stubborn}
+sh -c 'trap "" TERM; echo $$ > {stubborn}.tmp; mv {stubborn}.tmp {stubborn}; exec sleep 60' &
+while [ ! -s {stubborn} ]; do sleep 0.01; done
 exit 3"#,
         polite = polite.display(),
         stubborn = stubborn.display()

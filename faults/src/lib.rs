@@ -41,7 +41,7 @@ pub mod private {
     pub use fenced_testkit::private::{
         find_binary, free_port, send_signal, EtcdMember, EtcdOptions, MariaDbOptions,
         PostgresOptions, PrivateEtcd, PrivateMariaDb, PrivatePostgres, PrivateRedis,
-        PrivateZooKeeper, RedisOptions, RedisPersistence, TestCa, TlsFiles, ZooKeeperMember,
-        ZooKeeperOptions, START_TIMEOUT,
+        PrivateRedisCluster, PrivateSentinelGroup, PrivateZooKeeper, RedisOptions,
+        RedisPersistence, TestCa, TlsFiles, ZooKeeperMember, ZooKeeperOptions, START_TIMEOUT,
     };
 }

@@ -32,11 +32,21 @@ pub enum Target {
     /// PostgreSQL, `advisory` strategy (a session-level advisory lock on a
     /// connection held per lock).
     PostgresAdvisory,
+    /// Redis Cluster (`redis+cluster://`): the shared 3+3 cluster of
+    /// `scripts/services.sh`, or a private one for the failover. Clients
+    /// learn the nodes' own addresses from the cluster, so no per-client
+    /// proxy sits in their path: the network faults do not apply yet.
+    RedisCluster,
+    /// A Redis primary found and followed through Sentinel
+    /// (`redis+sentinel://`), on a private primary, replica and sentinel:
+    /// the failover only.
+    RedisSentinel,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 9] = [
+    /// New targets go last: recorded runs name their cell by index.
+    pub const ALL: [Target; 11] = [
         Target::Sqlite,
         Target::MySqlUniqueKey,
         Target::MySqlRowLock,
@@ -46,6 +56,8 @@ impl Target {
         Target::ZooKeeper,
         Target::PostgresLease,
         Target::PostgresAdvisory,
+        Target::RedisCluster,
+        Target::RedisSentinel,
     ];
 
     /// Its name in reports.
@@ -60,6 +72,8 @@ impl Target {
             Target::ZooKeeper => "zookeeper",
             Target::PostgresLease => "postgres-lease",
             Target::PostgresAdvisory => "postgres-advisory",
+            Target::RedisCluster => "redis-cluster",
+            Target::RedisSentinel => "redis-sentinel",
         }
     }
 
@@ -76,8 +90,13 @@ impl Target {
         )
     }
 
-    fn networked(self) -> bool {
-        self != Target::Sqlite
+    /// Whether each client's traffic goes through a proxy of its own, which
+    /// the network faults (blackhole, cuts, delays, lost replies) act on.
+    pub(crate) fn proxied(self) -> bool {
+        !matches!(
+            self,
+            Target::Sqlite | Target::RedisCluster | Target::RedisSentinel
+        )
     }
 }
 
@@ -192,13 +211,16 @@ impl Fault {
 
     /// Its name in reports, on `target`. Only two faults' names depend on
     /// the store: the leader kill says which kind of cluster lost its
-    /// leader (`etcd-leader-kill`, `zk-leader-kill`), and the session kill
+    /// leader (`etcd-leader-kill`, `zk-leader-kill`; a Redis primary:
+    /// `cluster-primary-kill`, `sentinel-primary-kill`), and the session kill
     /// says how the server ended the holder's session (MySQL's `KILL`:
     /// `server-kill-connection`; PostgreSQL's `pg_terminate_backend`:
     /// `server-terminate-backend`).
     pub fn name(self, target: Target) -> &'static str {
         match self {
             Fault::LeaderKill if target == Target::ZooKeeper => "zk-leader-kill",
+            Fault::LeaderKill if target == Target::RedisCluster => "cluster-primary-kill",
+            Fault::LeaderKill if target == Target::RedisSentinel => "sentinel-primary-kill",
             Fault::KillConnection if target.is_postgres() => "server-terminate-backend",
             Fault::Contention => "contention",
             Fault::PausePastTtl => "pause-past-ttl",
@@ -292,7 +314,10 @@ impl Fault {
                     | Target::ZooKeeper
                     | Target::PostgresLease
             ),
-            Fault::ServerRestartAof | Fault::LeaderKill => true,
+            // A Redis failover keeps what the promoted replica had:
+            // replication is asynchronous, so the lock may be lost.
+            Fault::LeaderKill => !matches!(target, Target::RedisCluster | Target::RedisSentinel),
+            Fault::ServerRestartAof => true,
             _ => false,
         }
     }
@@ -300,10 +325,22 @@ impl Fault {
     /// Whether the fault can be injected on `target` (network faults need a
     /// network).
     pub fn applies_to(self, target: Target) -> bool {
+        // Sentinel's cells run on a private primary, replica and sentinel,
+        // which only the failover starts.
+        if target == Target::RedisSentinel {
+            return self == Fault::LeaderKill;
+        }
         match self {
-            Fault::ServerRestart => return target != Target::Sqlite,
+            Fault::ServerRestart => {
+                return !matches!(target, Target::Sqlite | Target::RedisCluster)
+            }
             Fault::ServerRestartAof => return target == Target::Redis,
-            Fault::LeaderKill => return matches!(target, Target::Etcd | Target::ZooKeeper),
+            Fault::LeaderKill => {
+                return matches!(
+                    target,
+                    Target::Etcd | Target::ZooKeeper | Target::RedisCluster
+                )
+            }
             // Only where a lock lives in a server session: a `row_lock`
             // transaction, a PostgreSQL advisory lock. Elsewhere the lock
             // is data (a row, a key) and a killed connection is the
@@ -329,7 +366,7 @@ impl Fault {
                 | Fault::ReplyDelayedPastTtl
                 | Fault::RenewalsDelayed
                 | Fault::LostAcquireAck
-        ) || target.networked()
+        ) || target.proxied()
     }
 }
 

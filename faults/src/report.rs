@@ -222,6 +222,12 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          in a trial run the key changed hands just then, and the victim's stale write landed \
          between the successor's read and its write — a lost update no token check can refuse, \
          since the resource learns a token only when it is written.\n\n\
+         Redis Cluster (`redis-cluster`): the shared cluster of `scripts/services.sh` (three \
+         primaries, a replica each, on 7000–7005) without a proxy — a cluster client connects to \
+         the nodes the cluster names, not to a proxy in front of its seed, so the network faults \
+         (blackhole, cut, delays, lost replies) have no cells there yet; the server record is \
+         `MONITOR` on the primary that serves the lock's slot. Sentinel (`redis-sentinel`) has \
+         the failover cell only: its runs need a private primary, replica and sentinel.\n\n\
          PostgreSQL: TTL 600 ms as on MySQL, the shared server (database `fenced_test`) through \
          the proxy, plain TCP (`sslmode=disable`: a reply the proxy drops must go missing, not \
          break a TLS record stream). `postgres-lease` keeps a lock in a row whose expiry the \
@@ -264,7 +270,12 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          sequence survive, advisory locks die with the sessions), \
          `server-restart-aof-always` does the same to a Redis with AOF `appendfsync always`, \
          `etcd-leader-kill` and `zk-leader-kill` (one fault, named per store) SIGKILL the leader \
-         of a 3-member etcd cluster or ZooKeeper ensemble, `server-kill-connection` runs `KILL` on the connection \
+         of a 3-member etcd cluster or ZooKeeper ensemble, `cluster-primary-kill` SIGKILLs the \
+         primary serving the lock's slot in a Redis Cluster of three primaries with a replica \
+         each (node timeout 1 s; confirmed when another node serves the slot) and \
+         `sentinel-primary-kill` the primary a sentinel watches (confirmed when the sentinel \
+         names the replica) — Redis replicates asynchronously, so a failover may lose the lock \
+         and overlaps are counted, not forbidden, there —, `server-kill-connection` runs `KILL` on the connection \
          holding the `row_lock` transaction and `server-terminate-backend` (the same fault, named \
          per store) runs `pg_terminate_backend` on the backend holding the PostgreSQL advisory \
          lock (found in `pg_locks`), and `lock-conflict-storm` runs 16 clients (TTL \

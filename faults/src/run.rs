@@ -40,6 +40,9 @@ impl Target {
             Target::PostgresLease | Target::PostgresAdvisory => {
                 Some((services::postgres_url(), 5432))
             }
+            Target::RedisCluster => Some((services::redis_cluster_url(), 7000)),
+            // Always a private primary, replica and sentinel.
+            Target::RedisSentinel => None,
         }
     }
 
@@ -54,9 +57,12 @@ impl Target {
         private: Option<&str>,
         ttl: Duration,
     ) -> Result<String, String> {
+        if self == Target::Sqlite {
+            return Ok(format!("sqlite://{}", dir.join("faults.db").display()));
+        }
         let base = match (self.server(), private) {
-            (None, _) => return Ok(format!("sqlite://{}", dir.join("faults.db").display())),
-            (Some(_), Some(p)) => p.to_owned(),
+            (_, Some(p)) => p.to_owned(),
+            (None, None) => return Err(format!("{}: its runs need a private server", self.name())),
             (Some((url, port)), None) => {
                 let hp = fenced_conformance::services::host_port(&url, port)?;
                 match via {
@@ -70,7 +76,9 @@ impl Target {
             Target::MySqlUniqueKey => format!("{base}?strategy=unique_key&table=ff_{ns}"),
             Target::MySqlRowLock => format!("{base}?strategy=row_lock&table=ff_{ns}"),
             Target::MySqlOptimistic => format!("{base}?strategy=optimistic&table=ff_{ns}"),
-            Target::Redis => format!("{base}?prefix=ff{ns}"),
+            Target::Redis | Target::RedisCluster | Target::RedisSentinel => {
+                format!("{base}?prefix=ff{ns}")
+            }
             Target::Etcd => {
                 let hp = base
                     .trim_start_matches("http://")
@@ -108,6 +116,11 @@ impl Target {
     }
 
     pub(crate) fn upstream(self) -> Result<Option<SocketAddr>, String> {
+        // A Cluster client talks to the nodes the cluster names, not to a
+        // proxy in front of its seed.
+        if !self.proxied() {
+            return Ok(None);
+        }
         let Some((url, port)) = self.server() else {
             return Ok(None);
         };
@@ -201,7 +214,14 @@ pub(crate) async fn start_recorder(
         .await
         .map(|s| Recorder::Holders(Box::new(s)));
     }
-    Recorder::start(cfg.target, &prep.admin_url, prep.dir.path(), history).await
+    Recorder::start(
+        cfg.target,
+        &prep.admin_url,
+        &prep.key,
+        prep.dir.path(),
+        history,
+    )
+    .await
 }
 
 /// Why server faults have no server truth (but on PostgreSQL, whose audit

@@ -264,6 +264,18 @@ impl Ctx {
         }
     }
 
+    /// The Redis state key of the run's lock (`{prefix/key}:l`; the prefix
+    /// is the URL's), which names its Cluster slot.
+    fn state_key(&self) -> String {
+        let prefix = self
+            .url
+            .split("prefix=")
+            .nth(1)
+            .and_then(|p| p.split('&').next())
+            .unwrap_or_default();
+        format!("{{{prefix}/{}}}:l", self.key)
+    }
+
     fn proxy(&self) -> Option<&FaultProxy> {
         self.proxy.as_deref()
     }
@@ -587,7 +599,7 @@ async fn server_fault(ctx: &Ctx) {
     let started = Instant::now();
     let done = match ctx.cfg.fault {
         Fault::ServerRestart | Fault::ServerRestartAof => server.restart().await,
-        Fault::LeaderKill => server.kill_leader().await,
+        Fault::LeaderKill => server.kill_leader(&ctx.state_key()).await,
         Fault::KillConnection => server.kill_lock_connection().await,
         _ => return,
     };

@@ -8,6 +8,8 @@
 //!   PostgreSQL (crash recovery from the WAL: lease rows and the token
 //!   sequence survive, advisory locks die with the sessions);
 //! * the leader killed in a 3-member etcd cluster or ZooKeeper ensemble;
+//!   the primary serving the lock's slot killed in a Redis Cluster of three
+//!   primaries with a replica each, and the primary Sentinel watches killed;
 //! * `KILL <id>` of the connection holding a `row_lock` transaction, and
 //!   `pg_terminate_backend` of the backend holding a PostgreSQL advisory
 //!   lock;
@@ -25,12 +27,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row as _};
+use fenced::redis::redis;
 
 use crate::{
     model::{Fault, Target},
     private::{
         EtcdOptions, MariaDbOptions, PostgresOptions, PrivateEtcd, PrivateMariaDb, PrivatePostgres,
-        PrivateRedis, PrivateZooKeeper, RedisOptions, RedisPersistence, ZooKeeperOptions,
+        PrivateRedis, PrivateRedisCluster, PrivateSentinelGroup, PrivateZooKeeper, RedisOptions,
+        RedisPersistence, ZooKeeperOptions,
     },
 };
 
@@ -48,6 +52,10 @@ pub enum PrivateStore {
     ZooKeeper(PrivateZooKeeper),
     /// A private PostgreSQL.
     Postgres(PrivatePostgres),
+    /// A private Redis Cluster: three primaries with a replica each.
+    RedisCluster(PrivateRedisCluster),
+    /// A private primary, replica and sentinel.
+    RedisSentinel(Box<PrivateSentinelGroup>),
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
@@ -121,6 +129,16 @@ impl PrivateStore {
                     .await
                     .map_err(|e| err("private PostgreSQL", e))?,
             ),
+            Target::RedisCluster => PrivateStore::RedisCluster(
+                PrivateRedisCluster::start(3, 1)
+                    .await
+                    .map_err(|e| err("private Redis Cluster", e))?,
+            ),
+            Target::RedisSentinel => PrivateStore::RedisSentinel(Box::new(
+                PrivateSentinelGroup::start()
+                    .await
+                    .map_err(|e| err("private Redis Sentinel group", e))?,
+            )),
             Target::Sqlite => return Ok(None),
         };
         Ok(Some(store))
@@ -134,6 +152,8 @@ impl PrivateStore {
             PrivateStore::Etcd(e) => format!("http://{}", e.hostports()),
             PrivateStore::ZooKeeper(z) => format!("zk://{}", z.hostports()),
             PrivateStore::Postgres(p) => p.url(),
+            PrivateStore::RedisCluster(c) => c.url(),
+            PrivateStore::RedisSentinel(g) => g.url(),
         }
     }
 
@@ -170,6 +190,9 @@ impl PrivateStore {
                 p.restart().await.map_err(|e| e.to_string())?;
                 (before, p.pid())
             }
+            PrivateStore::RedisCluster(_) | PrivateStore::RedisSentinel(_) => {
+                return Err("a restart of a Redis Cluster or Sentinel group is not a cell".into())
+            }
         };
         match (before, after) {
             (Some(b), Some(a)) if a != b => Ok(format!("server restarted: pid {b} -> {a}")),
@@ -180,16 +203,21 @@ impl PrivateStore {
     }
 
     /// Kills the leader of the etcd cluster or ZooKeeper ensemble (SIGKILL)
-    /// and waits until the survivors have elected another. Evidence: the
-    /// old and the new leader.
+    /// and waits until the survivors have elected another; in a Redis
+    /// Cluster, the primary that serves the slot of `name` (the lock's
+    /// state key), until its replica serves it; under Sentinel, the
+    /// primary, until the sentinel names the replica. Evidence: the old and
+    /// the new leader or primary.
     ///
     /// # Errors
     ///
     /// When this is not a cluster, or no new leader shows up within 30 s.
-    pub async fn kill_leader(&self) -> Result<String, String> {
+    pub async fn kill_leader(&self, name: &str) -> Result<String, String> {
         let e = match self {
             PrivateStore::Etcd(e) => e,
             PrivateStore::ZooKeeper(z) => return kill_zookeeper_leader(z).await,
+            PrivateStore::RedisCluster(c) => return kill_cluster_primary(c, name).await,
+            PrivateStore::RedisSentinel(g) => return kill_sentinel_primary(g).await,
             _ => {
                 return Err("the leader kill needs an etcd cluster or a ZooKeeper ensemble".into())
             }
@@ -280,6 +308,95 @@ impl PrivateStore {
             }
         }
         Ok(out)
+    }
+}
+
+/// The port of the primary serving `slot`, as the node at `ask` sees it.
+async fn slot_primary(ask: &PrivateRedis, slot: u16) -> Result<u16, String> {
+    let mut c = ask.admin().await.map_err(|e| e.to_string())?;
+    let ranges: Vec<(u16, u16, (String, u16))> = {
+        let v: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
+        v.into_iter()
+            .filter_map(|r| {
+                let redis::Value::Array(f) = r else {
+                    return None;
+                };
+                let int = |v: &redis::Value| match v {
+                    redis::Value::Int(i) => u16::try_from(*i).ok(),
+                    _ => None,
+                };
+                let redis::Value::Array(p) = f.get(2)? else {
+                    return None;
+                };
+                Some((
+                    int(f.first()?)?,
+                    int(f.get(1)?)?,
+                    (String::new(), int(p.get(1)?)?),
+                ))
+            })
+            .collect()
+    };
+    ranges
+        .into_iter()
+        .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+        .map(|(_, _, (_, port))| port)
+        .ok_or_else(|| format!("no primary serves slot {slot}"))
+}
+
+async fn kill_cluster_primary(c: &PrivateRedisCluster, name: &str) -> Result<String, String> {
+    let first = c.primary(0);
+    let mut admin = first.admin().await.map_err(|e| e.to_string())?;
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(name)
+        .query_async(&mut admin)
+        .await
+        .map_err(|e| format!("CLUSTER KEYSLOT: {e}"))?;
+    let old = slot_primary(first, slot).await?;
+    let victim = c
+        .nodes()
+        .find(|n| n.port() == old)
+        .ok_or_else(|| format!("no node of this cluster on port {old}"))?;
+    victim.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let asked = c.nodes().find(|n| n.pid().is_some() && n.port() != old);
+        if let Some(n) = asked {
+            if let Ok(new) = slot_primary(n, slot).await {
+                if new != old {
+                    return Ok(format!(
+                        "primary :{old} of slot {slot} killed; :{new} serves it now"
+                    ));
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "slot {slot} still served by the killed :{old} 30 s later"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn kill_sentinel_primary(g: &PrivateSentinelGroup) -> Result<String, String> {
+    let old = g.primary.port();
+    g.primary.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match g.named_primary().await {
+            Ok(new) if new != old => {
+                return Ok(format!("primary :{old} killed; the sentinel names :{new}"))
+            }
+            _ if Instant::now() > deadline => {
+                return Err(format!("the sentinel still names :{old} 30 s later"))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
     }
 }
 

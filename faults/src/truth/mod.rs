@@ -254,9 +254,24 @@ pub enum Recorder {
 pub const MYSQL_SHARED_REASON: &str =
     "the run used the shared MariaDB, which keeps no binary log (hold truth::binlog::private_server() while running)";
 
+/// Why a Sentinel cell has no record: its only cell is the failover, whose
+/// kill ends a `MONITOR` stream, as other server faults' do.
+const SERVER_ONLY_REASON: &str =
+    "the Sentinel cells are failovers, which end a MONITOR stream like other server faults";
+
+/// The key prefix and the server part of a Redis URL.
+fn redis_prefix(url: &str) -> Result<(&str, &str), String> {
+    let prefix = url
+        .split("prefix=")
+        .nth(1)
+        .and_then(|p| p.split('&').next())
+        .ok_or("redis truth: no prefix in the run's url")?;
+    Ok((prefix, url.split('?').next().unwrap_or(url)))
+}
+
 impl Recorder {
     /// Starts recording the run of `target` whose admin URL (straight to the
-    /// store, no proxy) is `url`.
+    /// store, no proxy) is `url`, on the lock `key`.
     ///
     /// # Errors
     ///
@@ -264,6 +279,7 @@ impl Recorder {
     pub async fn start(
         target: Target,
         url: &str,
+        key: &str,
         dir: &std::path::Path,
         history: &History,
     ) -> Result<Recorder, String> {
@@ -277,12 +293,7 @@ impl Recorder {
                 Ok(Recorder::Sqlite(a))
             }
             Target::Redis => {
-                let prefix = url
-                    .split("prefix=")
-                    .nth(1)
-                    .and_then(|p| p.split('&').next())
-                    .ok_or("redis truth: no prefix in the run's url")?;
-                let base = url.split('?').next().unwrap_or(url);
+                let (prefix, base) = redis_prefix(url)?;
                 Ok(Recorder::Redis(Box::new(
                     redis::Monitor::start(base, &format!("{{{prefix}/")).await?,
                 )))
@@ -311,6 +322,18 @@ impl Recorder {
             Target::PostgresLease | Target::PostgresAdvisory => Ok(Recorder::Postgres(Box::new(
                 postgres::AuditLog::start(target, url, history).await?,
             ))),
+            // MONITOR on the primary that serves the lock's slot: every
+            // script on the lock runs there (the cells that move the slot,
+            // the failover, record nothing, as other server faults).
+            Target::RedisCluster => {
+                let (prefix, base) = redis_prefix(url)?;
+                let node = redis::slot_node(base, &format!("{{{prefix}/{key}}}:l")).await?;
+                Ok(Recorder::Redis(Box::new(
+                    redis::Monitor::start(&format!("redis://{node}"), &format!("{{{prefix}/"))
+                        .await?,
+                )))
+            }
+            Target::RedisSentinel => Ok(Recorder::None(SERVER_ONLY_REASON)),
         }
     }
 

@@ -149,6 +149,55 @@ async fn command(s: &mut BufReader<TcpStream>, args: &[&str]) -> Result<String, 
     Ok(line.trim_end().to_owned())
 }
 
+/// `host:port` of the primary that serves the slot of the key `name` in the
+/// Redis Cluster whose URL is `url` (`redis+cluster://seed,…`), as its
+/// first seed sees it.
+///
+/// # Errors
+///
+/// When the seed cannot be asked or no primary serves the slot.
+pub async fn slot_node(url: &str, name: &str) -> Result<String, String> {
+    use fenced::redis::redis;
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let seed = rest.split([',', '/', '?']).next().unwrap_or(rest);
+    let mut c = fenced_testkit::private::admin_connection(&format!("redis://{seed}"))
+        .await
+        .map_err(|e| format!("redis truth: {e}"))?;
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(name)
+        .query_async(&mut c)
+        .await
+        .map_err(|e| format!("redis truth: CLUSTER KEYSLOT: {e}"))?;
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut c)
+        .await
+        .map_err(|e| format!("redis truth: CLUSTER SLOTS: {e}"))?;
+    for r in ranges {
+        let redis::Value::Array(f) = r else { continue };
+        let (
+            Some(redis::Value::Int(lo)),
+            Some(redis::Value::Int(hi)),
+            Some(redis::Value::Array(p)),
+        ) = (f.first(), f.get(1), f.get(2))
+        else {
+            continue;
+        };
+        if (*lo..=*hi).contains(&slot) {
+            let host: String = p
+                .first()
+                .and_then(|h| redis::from_redis_value(h.clone()).ok())
+                .ok_or("redis truth: CLUSTER SLOTS without a host")?;
+            let Some(redis::Value::Int(port)) = p.get(1) else {
+                return Err("redis truth: CLUSTER SLOTS without a port".into());
+            };
+            return Ok(format!("{host}:{port}"));
+        }
+    }
+    Err(format!("redis truth: no primary serves slot {slot}"))
+}
+
 impl Monitor {
     /// Opens `MONITOR` on the server of `url` (plain `redis://` only) and
     /// keeps the lines containing `filter` until [`finish`](Self::finish).

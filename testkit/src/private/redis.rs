@@ -433,6 +433,91 @@ impl PrivateRedisCluster {
     }
 }
 
+/// A primary, its replica and a sentinel watching them
+/// ([`PrivateSentinel`]: quorum 1, down after 500 ms), ready to fail over:
+/// the replica is in sync and the sentinel has found it.
+#[derive(Debug)]
+pub struct PrivateSentinelGroup {
+    /// The primary at start.
+    pub primary: PrivateRedis,
+    /// Its replica.
+    pub replica: PrivateRedis,
+    /// The sentinel.
+    pub sentinel: PrivateSentinel,
+}
+
+impl PrivateSentinelGroup {
+    /// Starts the three and waits (up to 60 s) until a failover could run.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-server` is missing (naming `scripts/services.sh`), or the
+    /// replica does not sync or the sentinel does not find it in time.
+    pub async fn start() -> Result<Self> {
+        let primary = PrivateRedis::start(RedisOptions::default()).await?;
+        let replica = PrivateRedis::start(RedisOptions {
+            replica_of: Some(primary.port()),
+            ..RedisOptions::default()
+        })
+        .await?;
+        let sentinel = PrivateSentinel::start(primary.port()).await?;
+        let group = PrivateSentinelGroup {
+            primary,
+            replica,
+            sentinel,
+        };
+        let start = std::time::Instant::now();
+        let port = group.replica.port().to_string();
+        loop {
+            let mut r = group.replica.admin().await?;
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut r)
+                .await
+                .unwrap_or_default();
+            let mut s = group.sentinel.admin().await?;
+            let replicas: redis::Value = redis::cmd("SENTINEL")
+                .arg("REPLICAS")
+                .arg(PrivateSentinel::MASTER)
+                .query_async(&mut s)
+                .await
+                .unwrap_or(redis::Value::Nil);
+            if info.contains("master_link_status:up") && format!("{replicas:?}").contains(&port) {
+                return Ok(group);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                return Err(fail(format!(
+                    "the sentinel group is not ready after 60 s: {info}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `redis+sentinel://127.0.0.1:<sentinel>/mymaster`.
+    pub fn url(&self) -> String {
+        self.sentinel.url()
+    }
+
+    /// The port of the primary the sentinel names now.
+    ///
+    /// # Errors
+    ///
+    /// When the sentinel cannot be asked.
+    pub async fn named_primary(&self) -> Result<u16> {
+        let mut s = self.sentinel.admin().await?;
+        let addr: Vec<String> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(PrivateSentinel::MASTER)
+            .query_async(&mut s)
+            .await
+            .map_err(|e| fail(format!("SENTINEL GET-MASTER-ADDR-BY-NAME: {e}")))?;
+        addr.get(1)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| fail(format!("the sentinel named no primary: {addr:?}")))
+    }
+}
+
 async fn cmd_ok(cmd: &redis::Cmd, conn: &mut redis::aio::MultiplexedConnection) -> Result<()> {
     cmd.query_async::<()>(conn)
         .await
