@@ -166,7 +166,16 @@ impl SentinelSettings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ClusterSettings {
     pub(crate) nodes: Vec<(String, u16)>,
+    /// Where to connect instead of the address a node announces (NAT, a
+    /// proxy, a container network).
+    pub(crate) address_map: Vec<AddressPair>,
 }
+
+/// A host and port.
+pub(crate) type HostPort = (String, u16);
+
+/// An address a cluster node announces, and the one to connect to instead.
+pub(crate) type AddressPair = (HostPort, HostPort);
 
 /// The port cluster nodes listen on unless told otherwise.
 const CLUSTER_PORT: u16 = 6379;
@@ -188,7 +197,13 @@ impl ClusterSettings {
             "redis://{}{PLACEHOLDER_HOST}",
             userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
         );
-        Ok((ClusterSettings { nodes }, node_base))
+        Ok((
+            ClusterSettings {
+                nodes,
+                address_map: Vec::new(),
+            },
+            node_base,
+        ))
     }
 }
 
@@ -298,6 +313,7 @@ const KNOWN: &[&str] = &[
     "recheck_interval",
     "min_replicas",
     "replica_timeout",
+    "address_map",
     "protocol",
     "db",
 ];
@@ -311,7 +327,10 @@ impl RedisConfig {
     /// plain TCP) — see "Sentinel" in the crate docs — or
     /// `redis+cluster://[user:pass@]h1[:6379],h2[:6379]?…` for a Redis
     /// Cluster (any reachable node names the rest; every lock lives on the
-    /// shard of its key's slot — see "Redis Cluster" in the crate docs).
+    /// shard of its key's slot — see "Redis Cluster" in the crate docs;
+    /// `address_map=10.0.0.5:6379>db.example:7000,…` connects to the address
+    /// on the right of `>` wherever a node announces the one on the left:
+    /// NAT, a container network, a proxy).
     ///
     /// fenced's parameters: `prefix` (the namespace, default `fenced`),
     /// `connect_timeout` and `operation_timeout` (also spelt `timeout`;
@@ -378,7 +397,7 @@ impl RedisConfig {
         };
         // `redis+cluster://[user:pw@]h1:7000,h2:7001`: the nodes name the
         // rest of the cluster; the credentials are every node's.
-        let (base, cluster) = match base.strip_prefix("redis+cluster://") {
+        let (base, mut cluster) = match base.strip_prefix("redis+cluster://") {
             Some(rest) => {
                 let (settings, node_base) = ClusterSettings::parse(rest)?;
                 (node_base, Some(settings))
@@ -415,6 +434,15 @@ impl RedisConfig {
                     })?
                 }
                 "replica_timeout" => replica_timeout = Some(parse_duration(p.value)?),
+                "address_map" => match cluster.as_mut() {
+                    Some(c) => c.address_map = parse_address_map(p.value)?,
+                    None => {
+                        return Err(Error::config(
+                            "address_map applies to redis+cluster:// only (the addresses the \
+                             cluster's nodes announce)",
+                        ))
+                    }
+                },
                 "db" if cluster.is_some() && p.value != "0" => {
                     return Err(Error::config(format!(
                         "db={} with redis+cluster://: a Redis Cluster has database 0 only",
@@ -541,6 +569,30 @@ impl RedisConfig {
     pub fn display_url(&self) -> &str {
         &self.display_url
     }
+}
+
+/// `host:port>host:port,…`: each address a cluster node announces, and the
+/// one to connect to instead.
+fn parse_address_map(v: &str) -> Result<Vec<AddressPair>> {
+    v.split(',')
+        .map(|pair| {
+            let (from, to) = pair.split_once('>').ok_or_else(|| {
+                Error::config(format!(
+                    "address_map entry `{pair}` is not `announced-host:port>reachable-host:port`"
+                ))
+            })?;
+            let one = |a: &str| -> Result<HostPort> {
+                let mut nodes = parse_nodes(a, 0, "address_map", "address")?;
+                match (nodes.pop(), nodes.is_empty()) {
+                    (Some(n), true) => Ok(n),
+                    _ => Err(Error::config(format!(
+                        "address_map needs one `host:port` on each side of `>`, got `{a}`"
+                    ))),
+                }
+            };
+            Ok((one(from)?, one(to)?))
+        })
+        .collect()
 }
 
 /// The re-check interval is a fallback, not a poll loop: 10 ms to 10 s.

@@ -71,7 +71,9 @@ pub(crate) enum Link {
     Single(ConnectionManager),
     /// A Redis Cluster: a connection per node, each command sent to the node
     /// that serves its first key's slot (every script's keys share one hash
-    /// tag, so one slot), redirections (`MOVED`, `ASK`) followed.
+    /// tag, so one slot). Nothing is re-sent by the connection: a
+    /// redirection (`MOVED`, `ASK`) or a broken connection is the caller's
+    /// retryable error, after which the slot map is rebuilt.
     Cluster(ClusterConnection),
 }
 

@@ -262,7 +262,24 @@ async fn connect_cluster(
             .clone()
             .set_addr(redis::ConnectionAddr::Tcp(host.clone(), *port))
     });
+    let map = cluster
+        .address_map
+        .iter()
+        .map(|((fh, fp), (th, tp))| {
+            (
+                redis::cluster::NodeAddress::new(fh.as_str(), *fp),
+                redis::cluster::NodeAddress::new(th.as_str(), *tp),
+            )
+        })
+        .collect();
+    // No retries inside the cluster connection: it would send a script
+    // again after a connection broke, when the first may have run (a grant
+    // taken twice, a release applied twice). A redirection or a broken
+    // connection comes back as a retryable error instead (the slot map is
+    // rebuilt meanwhile), and the caller decides.
     let client = redis::cluster::ClusterClientBuilder::new(nodes)
+        .retries(0)
+        .node_address_map(map)
         .use_protocol(redis::ProtocolVersion::RESP3)
         .connection_timeout(config.connect_timeout)
         .response_timeout(config.operation_timeout)

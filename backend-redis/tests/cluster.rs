@@ -204,6 +204,15 @@ async fn cluster_urls_are_checked() {
         ("redis+cluster://h1:7000?min_replicas=1", "min_replicas"),
         ("rediss+cluster://h1:7000", "not supported"),
         ("redis+cluster://,h2:7000", "host[:port]"),
+        (
+            "redis+cluster://h1:7000?address_map=h1:7000",
+            "reachable-host:port",
+        ),
+        ("redis+cluster://h1:7000?address_map=h1>h2:1", "host[:port]"),
+        (
+            "redis://h1:7000?address_map=h1:7000>h2:1",
+            "redis+cluster:// only",
+        ),
     ] {
         match RedisLock::connect(bad).await {
             Err(Error::Config { reason }) => assert!(reason.contains(says), "{bad}: {reason}"),
@@ -292,10 +301,11 @@ async fn a_killed_primary_fails_over_and_fencing_holds() {
 
 /// The slot of a held key moves to another shard (`CLUSTER SETSLOT …
 /// MIGRATING/IMPORTING`, `MIGRATE`, `SETSLOT … NODE`) while a waiter waits
-/// on it: the holder renews and releases on the new shard (redirections
-/// followed), the lock's names moved with the slot, and the waiter — whose
-/// subscription the old shard ended — gets the key on the new shard, by
-/// message.
+/// on it: the holder renews and releases on the new shard (a call that
+/// meets the move fails with a retryable error and the next one goes to
+/// the new node), the lock's names moved with the slot, and the waiter —
+/// whose subscription the old shard ended — gets the key on the new shard,
+/// by message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_keys_slot_moves_to_another_shard() {
     let cluster = PrivateRedisCluster::start(2, 0).await.unwrap();
@@ -318,7 +328,12 @@ async fn a_held_keys_slot_moves_to_another_shard() {
             .wait_timeout(Duration::from_secs(20))
             .build()
             .unwrap();
-        tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+        // As a LockClient would: a call that meets the slot moving fails
+        // with a retryable error (the client never re-sends a script by
+        // itself), and the caller asks again.
+        tokio::spawn(async move {
+            retrying(Duration::from_secs(20), || waiter.acquire(&k, &wait)).await
+        })
     };
     let queue = format!("{{{prefix}/{k}}}:q");
     let start = Instant::now();

@@ -33,9 +33,9 @@ pub enum Target {
     /// connection held per lock).
     PostgresAdvisory,
     /// Redis Cluster (`redis+cluster://`): the shared 3+3 cluster of
-    /// `scripts/services.sh`, or a private one for the failover. Clients
-    /// learn the nodes' own addresses from the cluster, so no per-client
-    /// proxy sits in their path: the network faults do not apply yet.
+    /// `scripts/services.sh`, or a private one for the failover. Each
+    /// client's proxy has a port per node, and its URL maps every node's
+    /// announced address to that port (`address_map`).
     RedisCluster,
     /// A Redis primary found and followed through Sentinel
     /// (`redis+sentinel://`), on a private primary, replica and sentinel:
@@ -93,10 +93,7 @@ impl Target {
     /// Whether each client's traffic goes through a proxy of its own, which
     /// the network faults (blackhole, cuts, delays, lost replies) act on.
     pub(crate) fn proxied(self) -> bool {
-        !matches!(
-            self,
-            Target::Sqlite | Target::RedisCluster | Target::RedisSentinel
-        )
+        !matches!(self, Target::Sqlite | Target::RedisSentinel)
     }
 }
 

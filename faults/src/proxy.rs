@@ -71,19 +71,23 @@ pub struct ProxyStats {
     pub resets: AtomicU64,
 }
 
-/// A running fault proxy in front of one server. Dropping it stops
+/// A running fault proxy in front of one server — or of every node of a
+/// Redis Cluster, a port each, all under the same faults. Dropping it stops
 /// accepting; open connections end with the test's runtime.
 #[derive(Debug)]
 pub struct FaultProxy {
-    addr: SocketAddr,
+    /// Each upstream and the port in front of it.
+    routes: Vec<(SocketAddr, SocketAddr)>,
     faults: watch::Sender<Faults>,
     stats: Arc<ProxyStats>,
-    accept: JoinHandle<()>,
+    accept: Vec<JoinHandle<()>>,
 }
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
-        self.accept.abort();
+        for a in &self.accept {
+            a.abort();
+        }
     }
 }
 
@@ -94,27 +98,50 @@ impl FaultProxy {
     ///
     /// When no loopback port can be bound.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (faults, _) = watch::channel(Faults::default());
-        let stats = Arc::new(ProxyStats::default());
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            upstream,
-            faults.clone(),
-            Arc::clone(&stats),
-        ));
-        Ok(FaultProxy {
-            addr,
-            faults,
-            stats,
-            accept,
-        })
+        Self::start_many(&[upstream]).await
     }
 
-    /// The address clients should connect to.
+    /// Starts a proxy with a free loopback port in front of each of
+    /// `upstreams` (the nodes of a cluster), every port under the same
+    /// faults and counted together.
+    ///
+    /// # Errors
+    ///
+    /// When no loopback port can be bound, or `upstreams` is empty.
+    pub async fn start_many(upstreams: &[SocketAddr]) -> std::io::Result<Self> {
+        if upstreams.is_empty() {
+            return Err(std::io::Error::other("a fault proxy needs an upstream"));
+        }
+        let (faults, _) = watch::channel(Faults::default());
+        let stats = Arc::new(ProxyStats::default());
+        let mut proxy = FaultProxy {
+            routes: Vec::new(),
+            faults,
+            stats,
+            accept: Vec::new(),
+        };
+        for &upstream in upstreams {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            proxy.routes.push((upstream, listener.local_addr()?));
+            proxy.accept.push(tokio::spawn(accept_loop(
+                listener,
+                upstream,
+                proxy.faults.clone(),
+                Arc::clone(&proxy.stats),
+            )));
+        }
+        Ok(proxy)
+    }
+
+    /// The address clients should connect to (in front of the first
+    /// upstream).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.routes[0].1
+    }
+
+    /// Each upstream and the address in front of it.
+    pub fn routes(&self) -> &[(SocketAddr, SocketAddr)] {
+        &self.routes
     }
 
     /// What the proxy has done so far.

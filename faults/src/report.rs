@@ -223,11 +223,13 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          between the successor's read and its write — a lost update no token check can refuse, \
          since the resource learns a token only when it is written.\n\n\
          Redis Cluster (`redis-cluster`): the shared cluster of `scripts/services.sh` (three \
-         primaries, a replica each, on 7000–7005) without a proxy — a cluster client connects to \
-         the nodes the cluster names, not to a proxy in front of its seed, so the network faults \
-         (blackhole, cut, delays, lost replies) have no cells there yet; the server record is \
-         `MONITOR` on the primary that serves the lock's slot. Sentinel (`redis-sentinel`) has \
-         the failover cell only: its runs need a private primary, replica and sentinel.\n\n\
+         primaries, a replica each, on 7000–7005). A cluster client connects to the nodes the \
+         cluster names, so each client's proxy has a port in front of every node, all under the \
+         same faults, and the client's URL maps each node's announced address to its port \
+         (`address_map`): a blackhole silences every node to that client at once. The server \
+         record is `MONITOR` on the primary that serves the lock's slot. Sentinel \
+         (`redis-sentinel`) has the failover cell only: its runs need a private primary, \
+         replica and sentinel.\n\n\
          PostgreSQL: TTL 600 ms as on MySQL, the shared server (database `fenced_test`) through \
          the proxy, plain TCP (`sslmode=disable`: a reply the proxy drops must go missing, not \
          break a TLS record stream). `postgres-lease` keeps a lock in a row whose expiry the \

@@ -46,13 +46,16 @@ impl Target {
         }
     }
 
-    /// The URL of this target in namespace `ns`, through `via` if given;
+    /// The URL of this target in namespace `ns`, through `via` if given
+    /// (each upstream and the proxy port in front of it: one for a server,
+    /// one per node for a Redis Cluster, whose nodes' announced addresses
+    /// the URL then maps to their proxies);
     /// on the private server at `private` (its base URL) if given. `ttl` is
     /// the runs' lock TTL: ZooKeeper clients ask for a session that long.
     pub(crate) fn url(
         self,
         ns: &str,
-        via: Option<SocketAddr>,
+        via: Option<&[(SocketAddr, SocketAddr)]>,
         dir: &std::path::Path,
         private: Option<&str>,
         ttl: Duration,
@@ -63,13 +66,23 @@ impl Target {
         let base = match (self.server(), private) {
             (_, Some(p)) => p.to_owned(),
             (None, None) => return Err(format!("{}: its runs need a private server", self.name())),
-            (Some((url, port)), None) => {
-                let hp = fenced_conformance::services::host_port(&url, port)?;
-                match via {
-                    Some(a) => url.replacen(&hp, &a.to_string(), 1),
-                    None => url,
+            (Some((url, port)), None) => match via {
+                Some(routes) if self == Target::RedisCluster => {
+                    let seed = routes.first().ok_or("a cluster proxy without routes")?.1;
+                    let map: Vec<String> =
+                        routes.iter().map(|(up, px)| format!("{up}>{px}")).collect();
+                    return Ok(format!(
+                        "redis+cluster://{seed}?prefix=ff{ns}&address_map={}",
+                        map.join(",")
+                    ));
                 }
-            }
+                Some(routes) => {
+                    let hp = fenced_conformance::services::host_port(&url, port)?;
+                    let px = routes.first().ok_or("a proxy without routes")?.1;
+                    url.replacen(&hp, &px.to_string(), 1)
+                }
+                None => url,
+            },
         };
         Ok(match self {
             Target::Sqlite => unreachable!("handled above"),
@@ -115,19 +128,23 @@ impl Target {
         })
     }
 
-    pub(crate) fn upstream(self) -> Result<Option<SocketAddr>, String> {
-        // A Cluster client talks to the nodes the cluster names, not to a
-        // proxy in front of its seed.
+    /// Where each client's proxy forwards to: the server, or every node of
+    /// the shared Redis Cluster (as the cluster names them, replicas
+    /// included: a failover may promote one). Empty: no proxy.
+    pub(crate) async fn upstreams(self) -> Result<Vec<SocketAddr>, String> {
         if !self.proxied() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let Some((url, port)) = self.server() else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
+        if self == Target::RedisCluster {
+            return crate::truth::redis::cluster_nodes(&url).await;
+        }
         let hp = fenced_conformance::services::host_port(&url, port)?;
         let hp = hp.replace("localhost", "127.0.0.1");
         hp.parse()
-            .map(Some)
+            .map(|a| vec![a])
             .map_err(|e| format!("{} server address `{hp}`: {e}", self.name()))
     }
 }
@@ -144,7 +161,11 @@ pub(crate) struct Prepared {
 
 impl Prepared {
     /// The store URL for a client (through `via` if given).
-    pub(crate) fn url(&self, cfg: &RunConfig, via: Option<SocketAddr>) -> Result<String, String> {
+    pub(crate) fn url(
+        &self,
+        cfg: &RunConfig,
+        via: Option<&[(SocketAddr, SocketAddr)]>,
+    ) -> Result<String, String> {
         let base = self.private.as_ref().map(|p| p.base_url());
         cfg.target
             .url(&self.ns, via, self.dir.path(), base.as_deref(), cfg.ttl)

@@ -84,9 +84,9 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
         return crate::procs::run(cfg, prep).await;
     }
     // Private servers are reached directly; shared ones through a proxy each.
-    let upstream = match prep.private {
-        Some(_) => None,
-        None => cfg.target.upstream()?,
+    let upstreams = match prep.private {
+        Some(_) => Vec::new(),
+        None => cfg.target.upstreams().await?,
     };
     let history = History::new();
     let recorder = start_recorder(&cfg, &prep, &history).await?;
@@ -115,15 +115,16 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
     let mut threads = Vec::new();
     let mut proxies = Vec::new();
     for i in 0..cfg.clients {
-        let proxy = match upstream {
-            Some(up) => Some(Arc::new(
-                FaultProxy::start(up)
+        let proxy = if upstreams.is_empty() {
+            None
+        } else {
+            Some(Arc::new(
+                FaultProxy::start_many(&upstreams)
                     .await
                     .map_err(|e| format!("fault proxy: {e}"))?,
-            )),
-            None => None,
+            ))
         };
-        let url = prep.url(&cfg, proxy.as_ref().map(|p| p.addr()))?;
+        let url = prep.url(&cfg, proxy.as_ref().map(|p| p.routes()))?;
         proxies.push(proxy.clone());
         let ctx = Ctx {
             cfg: cfg.clone(),

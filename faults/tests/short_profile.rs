@@ -151,8 +151,8 @@ async fn redis_keeps_safety_under_every_fault() {
     every_fault_on(Target::Redis).await;
 }
 
-/// On the shared Redis Cluster: the faults that need no proxy in the
-/// clients' path (a cluster client talks to the nodes the cluster names).
+/// On the shared Redis Cluster, each client through a proxy port per node
+/// (its URL maps the nodes' announced addresses to them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_keeps_safety_under_every_fault() {
     every_fault_on(Target::RedisCluster).await;

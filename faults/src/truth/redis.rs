@@ -198,6 +198,40 @@ pub async fn slot_node(url: &str, name: &str) -> Result<String, String> {
     Err(format!("redis truth: no primary serves slot {slot}"))
 }
 
+/// Every node of the Redis Cluster whose URL is `url`, as its first seed
+/// names them (`CLUSTER NODES`: primaries and replicas).
+///
+/// # Errors
+///
+/// When the seed cannot be asked or names a node without an address.
+pub async fn cluster_nodes(url: &str) -> Result<Vec<std::net::SocketAddr>, String> {
+    use fenced::redis::redis;
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let seed = rest.split([',', '/', '?']).next().unwrap_or(rest);
+    let mut c = fenced_testkit::private::admin_connection(&format!("redis://{seed}"))
+        .await
+        .map_err(|e| format!("redis cluster: {e}"))?;
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut c)
+        .await
+        .map_err(|e| format!("redis cluster: CLUSTER NODES: {e}"))?;
+    nodes
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            // `<id> <ip:port@bus[,hostname]> <flags> …`
+            let addr = l
+                .split_whitespace()
+                .nth(1)
+                .and_then(|a| a.split('@').next())
+                .ok_or_else(|| format!("redis cluster: a node line without an address: {l}"))?;
+            addr.parse()
+                .map_err(|e| format!("redis cluster: node address `{addr}`: {e}"))
+        })
+        .collect()
+}
+
 impl Monitor {
     /// Opens `MONITOR` on the server of `url` (plain `redis://` only) and
     /// keeps the lines containing `filter` until [`finish`](Self::finish).
