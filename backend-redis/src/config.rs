@@ -487,11 +487,13 @@ impl RedisConfig {
                 .unwrap_or_default()
         };
         let display_url = match (&sentinel, &cluster) {
+            // The primary's database, when the URL names one (`…/master/3`).
             (Some(st), _) => redact(&format!(
-                "redis+sentinel://{}{}/{}",
+                "redis+sentinel://{}{}/{}{}",
                 userinfo(),
                 st.nodes.join(","),
-                st.master
+                st.master,
+                base.rsplit_once(PLACEHOLDER_HOST).map_or("", |(_, db)| db)
             )),
             (None, Some(cl)) => redact(&format!(
                 "redis+cluster://{}{}",
@@ -789,6 +791,32 @@ mod tests {
             (c.min_replicas(), c.replica_timeout()),
             (1, Duration::from_millis(250))
         );
+    }
+
+    /// The display URL of a Sentinel or Cluster URL names every node, the
+    /// primary's name and database, never the password.
+    #[test]
+    fn sentinel_and_cluster_display_urls() {
+        let c =
+            RedisConfig::from_url("redis+sentinel://:pw@s1,s2:26380/mymaster/3?prefix=p").unwrap();
+        assert_eq!(
+            c.display_url(),
+            "redis+sentinel://:***@s1:26379,s2:26380/mymaster/3"
+        );
+        assert_eq!(c.connection.redis_settings().db(), 3);
+        let c = RedisConfig::from_url("redis+sentinel://s1/mymaster").unwrap();
+        assert_eq!(c.display_url(), "redis+sentinel://s1:26379/mymaster");
+        let c = RedisConfig::from_url(
+            "redis+cluster://u:pw@h1:7000,h2?address_map=h1:7000>10.0.0.1:17000",
+        )
+        .unwrap();
+        assert_eq!(c.display_url(), "redis+cluster://u:***@h1:7000,h2:6379");
+        let cl = c.cluster.as_ref().unwrap();
+        assert_eq!(
+            cl.address_map,
+            vec![(("h1".into(), 7000), ("10.0.0.1".into(), 17000))]
+        );
+        assert!(!format!("{c:?}").contains("pw"));
     }
 
     #[test]
