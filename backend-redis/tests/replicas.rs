@@ -316,7 +316,7 @@ async fn waiting_for_replicas_holds_up_no_other_call() {
 /// leave the key held for nobody until the TTL: the grant is given back.
 #[tokio::test]
 async fn a_grant_whose_caller_left_during_wait_is_given_back() {
-    let (_primary, replica, lock) = pair("rep-drop", "min_replicas=1&replica_timeout=3s").await;
+    let (primary, replica, lock) = pair("rep-drop", "min_replicas=1&replica_timeout=3s").await;
     replica.signal("STOP").await;
     let k = key("rep-drop");
     let trying = {
@@ -324,12 +324,29 @@ async fn a_grant_whose_caller_left_during_wait_is_given_back() {
         let k = k.clone();
         tokio::spawn(async move { lock.try_acquire(&k, &opts(Duration::from_secs(60))).await })
     };
-    // The grant is written on the primary; its WAIT is under way.
+    // The grant is written on the primary and its WAIT blocks there (the
+    // server counts the client as blocked). Earlier, while the grant's own
+    // reply is still in flight, the client knows of no lease to give back:
+    // that one lapses after its TTL, as documented.
+    let mut admin = primary.admin().await;
     let start = Instant::now();
-    while lock.inspect(&k).await.unwrap().is_none() {
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let blocked = info
+            .lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        if blocked > 0 && lock.inspect(&k).await.unwrap().is_some() {
+            break;
+        }
         assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "the grant never reached the primary"
+            start.elapsed() < Duration::from_secs(5),
+            "the grant never reached the primary, or its WAIT never blocked"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
