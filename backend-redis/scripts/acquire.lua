@@ -42,6 +42,10 @@ end
 
 if cnt > 0 and exp > now_ms then
   if wid ~= '' and hwid == wid then
+    -- Claimed: the state no longer names the waiter, so a leave in its name
+    -- (its hand-over message arriving after this reply, once it stopped
+    -- waiting) cannot pass the lease on.
+    save(tok, cnt, exp, q, '', hown, hlab)
     return {2, tok}
   end
   if hown == owner then

@@ -15,5 +15,6 @@ local e = now_ms + tonumber(ARGV[3])
 if cnt > 1 and exp > e then
   e = exp
 end
-save(tok, cnt, e, q, hwid, hown, hlab)
+-- The holder renews: whatever was handed to it is claimed (see acquire).
+save(tok, cnt, e, q, '', hown, hlab)
 return 1

@@ -8,7 +8,9 @@
 --          expiry  end of the lease in server ms: a lease is current while
 --                  count > 0 and expiry > now
 --          queued  1 if the queue may hold entries, 0 if it is known empty
---          waiter  id of the queued waiter the lease was handed to, or empty
+--          waiter  id of the queued waiter the lease was handed to, until it
+--                  claims it (a queued attempt finding it, or a renewal),
+--                  or empty
 --          holder  the holder's owner, then a newline and its label when it
 --                  gave one (last: both may contain '|'; neither contains a
 --                  control character, so the newline is unambiguous, and a

@@ -71,10 +71,53 @@ pub(crate) enum Link {
     Single(ConnectionManager),
     /// A Redis Cluster: a connection per node, each command sent to the node
     /// that serves its first key's slot (every script's keys share one hash
-    /// tag, so one slot). Nothing is re-sent by the connection: a
-    /// redirection (`MOVED`, `ASK`) or a broken connection is the caller's
-    /// retryable error, after which the slot map is rebuilt.
-    Cluster(ClusterConnection),
+    /// tag, so one slot). The connection re-sends nothing by itself: after a
+    /// broken connection a script may have run, so that is the caller's
+    /// retryable error. A reply that says the command did not run (`MOVED`,
+    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`) is sent again after a short pause
+    /// (the slot map is rebuilt meanwhile), within the call's bound.
+    Cluster {
+        /// Scripts and every other command.
+        conn: ClusterConnection,
+        /// The wake-up subscriptions only: a node ends a shard channel's
+        /// subscription unasked when its slot moves, and that push must not
+        /// land on a connection where it could be taken for a script's reply.
+        subs: ClusterConnection,
+    },
+}
+
+/// Whether a cluster node refused `e`'s command without running it, so
+/// that sending it again cannot apply it twice.
+fn not_run(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+        )
+    )
+}
+
+/// Runs `call` until it gives an answer other than [`not_run`], pausing
+/// 10 ms, then twice as long each time up to 200 ms. The caller bounds it.
+async fn until_run<T, F, Fut>(mut call: F) -> RedisResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match call().await {
+            Err(e) if not_run(&e) => {
+                tracing::debug!(error = %e, "the cluster did not run a command; sending it again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
 }
 
 impl Link {
@@ -84,7 +127,13 @@ impl Link {
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Link::Single(m) => m.subscribe(channel).await,
-            Link::Cluster(c) => c.ssubscribe(channel).await,
+            Link::Cluster { subs, .. } => {
+                until_run(|| {
+                    let mut subs = subs.clone();
+                    async move { subs.ssubscribe(channel).await }
+                })
+                .await
+            }
         }
     }
 
@@ -92,7 +141,13 @@ impl Link {
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Link::Single(m) => m.unsubscribe(channel).await,
-            Link::Cluster(c) => c.sunsubscribe(channel).await,
+            Link::Cluster { subs, .. } => {
+                until_run(|| {
+                    let mut subs = subs.clone();
+                    async move { subs.sunsubscribe(channel).await }
+                })
+                .await
+            }
         }
     }
 
@@ -102,7 +157,7 @@ impl Link {
     pub(crate) async fn primaries(&self) -> RedisResult<Vec<Node>> {
         match self {
             Link::Single(m) => Ok(vec![Node::Single(m.clone())]),
-            Link::Cluster(c) => {
+            Link::Cluster { conn: c, .. } => {
                 let slots = c
                     .clone()
                     .route_command(
@@ -130,7 +185,10 @@ impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Link::Single(m) => m.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Cluster { conn, .. } => Box::pin(until_run(move || {
+                let mut c = conn.clone();
+                async move { c.req_packed_command(cmd).await }
+            })),
         }
     }
 
@@ -142,14 +200,14 @@ impl ConnectionLike for Link {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Link::Single(m) => m.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster { conn, .. } => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Link::Single(m) => m.get_db(),
-            Link::Cluster(c) => c.get_db(),
+            Link::Cluster { conn, .. } => conn.get_db(),
         }
     }
 }
@@ -326,10 +384,15 @@ impl Conn {
         )
     }
 
-    /// Whether this client follows topology changes (Sentinel, or a Cluster
-    /// client): see [`error::map_with`].
-    fn follows(&self) -> bool {
-        self.shared.follow.is_some() || self.shared.config.cluster.is_some()
+    /// How this client finds its servers: see [`error::map_with`].
+    fn topology(&self) -> error::Topology {
+        if self.shared.config.cluster.is_some() {
+            error::Topology::Cluster
+        } else if self.shared.follow.is_some() {
+            error::Topology::Sentinel
+        } else {
+            error::Topology::Fixed
+        }
     }
 
     /// How many times the connection was replaced by one to a new primary.
@@ -375,7 +438,7 @@ impl Conn {
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let config = &self.shared.config;
-        let res = error::bounded(limit, what, &config.display_url, self.follows(), call).await;
+        let res = error::bounded(limit, what, &config.display_url, self.topology(), call).await;
         if self.shared.follow.is_some() && res.as_ref().is_err_and(Error::is_retryable) {
             self.follow_primary().await;
         }
@@ -666,8 +729,11 @@ impl Conn {
                 Ok(())
             }
             Err(e) => {
-                if let Some(back) = pending.0.take() {
+                // Armed while it runs: a caller that leaves meanwhile has
+                // the rest of it spawned (GiveBack's drop).
+                if let Some(back) = pending.0.as_mut() {
                     back.await;
+                    pending.0 = None;
                 }
                 Err(e)
             }
@@ -843,7 +909,7 @@ mod tests {
                   writes to replicas are just local and are not propagated.\r\n",
             ))
         };
-        let following = error::map_with(refused(), true);
+        let following = error::map_with(refused(), error::Topology::Sentinel);
         assert!(following.is_retryable(), "{following}");
         assert!(
             following.to_string().contains("no longer the primary"),

@@ -11,7 +11,19 @@ pub(crate) const BACKEND: &str = "redis";
 /// fix is configuration (a replica, missing permissions, no RESP3, a Redis
 /// Cluster node that does not serve the key's slot).
 pub(crate) fn map(e: RedisError) -> Error {
-    map_with(e, false)
+    map_with(e, Topology::Fixed)
+}
+
+/// How the client finds the server a call goes to: what a failover or a
+/// moved slot means for its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Topology {
+    /// One server, named in the URL.
+    Fixed,
+    /// The primary Sentinel names, followed through failovers.
+    Sentinel,
+    /// A Redis Cluster: each key's slot on the node that serves it.
+    Cluster,
 }
 
 /// [`map`], for a client that follows topology changes (`following`: through
@@ -19,7 +31,8 @@ pub(crate) fn map(e: RedisError) -> Error {
 /// server it talks to was demoted by a failover, and a redirection that the
 /// client could not follow means the slot moved meanwhile — retryable
 /// errors, not configuration.
-pub(crate) fn map_with(e: RedisError, following: bool) -> Error {
+pub(crate) fn map_with(e: RedisError, topology: Topology) -> Error {
+    let following = topology != Topology::Fixed;
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::ReadOnly) if following => {
             return Error::backend(
@@ -39,10 +52,12 @@ pub(crate) fn map_with(e: RedisError, following: bool) -> Error {
                  SUBSCRIBE and CONFIG GET on its keys and channels (and WAIT with min_replicas)"
         ))
         }
-        // A Cluster client follows redirections itself; one that still
-        // surfaces means the slot moved again meanwhile (a resharding or
-        // failover under way): worth another try.
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) if following => {
+        // A Cluster client sends a redirected command again until the
+        // call's bound; one that still surfaces means the slot kept moving
+        // (a resharding or failover under way): worth another try.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            if topology == Topology::Cluster =>
+        {
             return Error::backend(
                 BACKEND,
                 true,
@@ -69,7 +84,10 @@ pub(crate) fn map_with(e: RedisError, following: bool) -> Error {
     }
     // BUSY: a script is running on the server and ours did not run; safe to retry.
     let busy = e.code().is_some_and(|c| c == "BUSY");
+    // ClusterConnectionNotFound: a cluster client lost every connection to
+    // the node it needed (its connections are being rebuilt).
     let retryable = busy
+        || e.kind() == ErrorKind::ClusterConnectionNotFound
         || e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
@@ -113,11 +131,11 @@ pub(crate) async fn bounded<T>(
     limit: Duration,
     what: &str,
     server: &str,
-    following: bool,
+    topology: Topology,
     fut: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
     fenced_api::bounded(BACKEND, format!("{what} at {server}"), limit, async {
-        fut.await.map_err(|e| map_with(e, following))
+        fut.await.map_err(|e| map_with(e, topology))
     })
     .await
 }
@@ -171,7 +189,13 @@ mod tests {
             let e = redis::parse_redis_value(reply)
                 .and_then(|v| v.extract_error())
                 .unwrap_err();
-            assert!(map_with(e, true).is_retryable());
+            assert!(map_with(e.clone(), Topology::Cluster).is_retryable());
+            // A Sentinel-led client talks to one primary: a redirection is
+            // still its configuration.
+            assert!(matches!(
+                map_with(e, Topology::Sentinel),
+                Error::Config { .. }
+            ));
         }
         // Other cluster states stay retryable backend errors.
         let down = redis::parse_redis_value(b"-CLUSTERDOWN The cluster is down\r\n")
@@ -183,9 +207,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn bounded_turns_a_hang_into_a_retryable_error() {
         let never = std::future::pending::<redis::RedisResult<()>>();
-        let e = bounded(Duration::from_millis(50), "PING", "redis://h", false, never)
-            .await
-            .unwrap_err();
+        let e = bounded(
+            Duration::from_millis(50),
+            "PING",
+            "redis://h",
+            Topology::Fixed,
+            never,
+        )
+        .await
+        .unwrap_err();
         assert!(e.is_retryable(), "{e}");
         assert!(e.to_string().contains("within 50ms"), "{e}");
     }

@@ -257,18 +257,21 @@ async fn connect_cluster(
     cluster: &ClusterSettings,
     push: impl Fn(redis::PushInfo) -> std::result::Result<(), ()> + Send + Sync + 'static,
 ) -> Result<Link> {
+    // `[v6]` in a URL, a bare address to connect to and to match the
+    // addresses nodes announce.
+    let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_owned();
     let nodes = cluster.nodes.iter().map(|(host, port)| {
         (*config.connection)
             .clone()
-            .set_addr(redis::ConnectionAddr::Tcp(host.clone(), *port))
+            .set_addr(redis::ConnectionAddr::Tcp(bare(host), *port))
     });
     let map = cluster
         .address_map
         .iter()
         .map(|((fh, fp), (th, tp))| {
             (
-                redis::cluster::NodeAddress::new(fh.as_str(), *fp),
-                redis::cluster::NodeAddress::new(th.as_str(), *tp),
+                redis::cluster::NodeAddress::new(bare(fh), *fp),
+                redis::cluster::NodeAddress::new(bare(th), *tp),
             )
         })
         .collect();
@@ -291,15 +294,21 @@ async fn connect_cluster(
                 config.display_url
             ))
         })?;
-    let conn = fenced_api::bounded(
+    // Two connections: the subscriptions apart from the scripts (see
+    // `Link::Cluster`).
+    let (conn, subs) = fenced_api::bounded(
         BACKEND,
         format!("connecting to {}", config.display_url),
         config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
-        async { client.get_async_connection().await.map_err(error::map) },
+        async {
+            let conn = client.get_async_connection().await.map_err(error::map)?;
+            let subs = client.get_async_connection().await.map_err(error::map)?;
+            Ok((conn, subs))
+        },
     )
     .await
     .map_err(|e| e.connecting(&config.display_url))?;
-    Ok(Link::Cluster(conn))
+    Ok(Link::Cluster { conn, subs })
 }
 
 impl RedisLock {

@@ -54,6 +54,17 @@ impl Persistence {
         matches!(self, Persistence::AppendOnly { fsync } if fsync == "always")
     }
 
+    /// What survives a crash, as a rank: nothing (or unknown) < snapshots
+    /// < an append-only file < one synced on every write.
+    fn strength(&self) -> u8 {
+        match self {
+            Persistence::None | Persistence::Unknown { .. } => 0,
+            Persistence::Snapshots { .. } => 1,
+            Persistence::AppendOnly { fsync } if fsync == "always" => 3,
+            Persistence::AppendOnly { .. } => 2,
+        }
+    }
+
     fn from_config(config: &HashMap<String, String>) -> Self {
         let get = |k: &str| config.get(k).map(|v| v.trim().to_ascii_lowercase());
         if get("appendonly").as_deref() == Some("yes") {
@@ -142,10 +153,8 @@ pub(crate) async fn probe_primaries(
     for mut node in nodes {
         let at = format!("{server} ({node})");
         let p = probe(&mut node, limit, &at).await?;
-        // The first non-durable answer stays; a durable one is replaced
-        // by any that is not.
         weakest = Some(match weakest {
-            Some(w) if !w.is_durable() || p.is_durable() => w,
+            Some(w) if w.strength() <= p.strength() => w,
             _ => p,
         });
     }

@@ -76,6 +76,10 @@ struct SubState {
     waiters: usize,
     /// The server confirmed the subscription and has not ended it since.
     confirmed: bool,
+    /// Bumped whenever the server ends the subscription: a confirmation
+    /// that arrives after the end (pushes and replies travel apart) must
+    /// not count.
+    ended: u64,
 }
 
 impl KeySub {
@@ -252,6 +256,7 @@ impl Router {
                 let waiting = {
                     let mut state = sub.state();
                     state.confirmed = false;
+                    state.ended += 1;
                     state.waiters > 0
                 };
                 if waiting {
@@ -322,12 +327,19 @@ impl Router {
             return Ok(());
         };
         let _one = sub.io.lock().await;
-        if sub.state().confirmed {
-            return Ok(());
-        }
+        let ended = {
+            let state = sub.state();
+            if state.confirmed {
+                return Ok(());
+            }
+            state.ended
+        };
         conn.bounded("SSUBSCRIBE", conn.manager().subscribe(channel))
             .await?;
-        sub.state().confirmed = true;
+        let mut state = sub.state();
+        // Ended meanwhile (the slot moved): unconfirmed, the waiter
+        // subscribes again before it queues.
+        state.confirmed = state.ended == ended;
         Ok(())
     }
 
@@ -346,8 +358,16 @@ impl Router {
         rt.spawn(async move {
             let _one = sub.io.lock().await;
             {
+                // Only the current entry's own subscription: an entry
+                // removed meanwhile may have a successor, subscribed anew.
+                if !router
+                    .key_sub(&channel)
+                    .is_some_and(|s| Arc::ptr_eq(&s, &sub))
+                {
+                    return;
+                }
                 let mut state = sub.state();
-                if state.waiters > 0 {
+                if state.waiters > 0 || !state.confirmed {
                     return;
                 }
                 // Unconfirmed from here: a waiter registering now subscribes
@@ -359,17 +379,23 @@ impl Router {
                     .bounded("SUNSUBSCRIBE", conn.manager().unsubscribe(&channel))
                     .await;
             }
-            if let Channels::PerKey { subs, .. } = &router.channels {
-                let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
-                let idle = subs.get(&channel).is_some_and(|s| {
-                    let state = s.state();
-                    state.waiters == 0 && !state.confirmed
-                });
-                if idle {
-                    subs.remove(&channel);
-                }
-            }
+            router.forget_idle(&channel);
         });
+    }
+
+    /// Drops a Cluster client's entry for `channel` once nobody waits on it
+    /// and it is not subscribed (no I/O).
+    fn forget_idle(&self, channel: &str) {
+        if let Channels::PerKey { subs, .. } = &self.channels {
+            let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
+            let idle = subs.get(channel).is_some_and(|s| {
+                let state = s.state();
+                state.waiters == 0 && !state.confirmed
+            });
+            if idle {
+                subs.remove(channel);
+            }
+        }
     }
 }
 
@@ -449,13 +475,15 @@ impl Drop for Registration {
         // First out of the map: a hand-over arriving from now on is passed on.
         self.router.waiters().remove(&self.id);
         if let Some(sub) = self.router.key_sub(&self.channel) {
-            let last = {
+            let (last, subscribed) = {
                 let mut state = sub.state();
                 state.waiters = state.waiters.saturating_sub(1);
-                state.waiters == 0
+                (state.waiters == 0, state.confirmed)
             };
-            if last {
+            if last && subscribed {
                 self.router.unsubscribe_later(Arc::clone(&self.channel));
+            } else if last {
+                self.router.forget_idle(&self.channel);
             }
         }
         let runtime = tokio::runtime::Handle::try_current();
@@ -613,9 +641,9 @@ async fn subscribe_within(
 /// that leaves less than half the TTL, one renewal makes it whole first;
 /// with `min_replicas` always, so that a write of this connection follows
 /// the hand-over (written by the releaser's) and `WAIT` covers both — short
-/// of replicas, the error drops the registration, whose leave script passes
-/// the lease on. `None`: the lease ran out before it could be claimed; wait
-/// again.
+/// of replicas, the lease is released (passed on to the next waiter) and
+/// the error returned. `None`: the lease ran out before it could be
+/// claimed; wait again.
 async fn claim(
     conn: &Conn,
     key: &LockKey,
@@ -631,7 +659,13 @@ async fn claim(
         match conn.extend(&lease, lease.ttl).await {
             Ok(renewed) => lease = renewed,
             Err(Error::LeaseLost { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+            Err(e) => {
+                // Claimed on the server (a queued attempt that found it, or
+                // this renewal, cleared the waiter's name from the state, so
+                // its leave passes nothing on): given back here instead.
+                conn.give_back(&lease).await;
+                return Err(e);
+            }
         }
     }
     reg.disarm();

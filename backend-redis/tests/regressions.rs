@@ -217,3 +217,73 @@ async fn r3_stalled_subscribes_never_run_past_the_wait_bound() {
         "wait bound 500 ms, op timeout 1 s, yet the slowest acquire took {worst:?}"
     );
 }
+
+/// R4: a waiter that claims a hand-over with a queued attempt (the grant
+/// found in the state) while its hand-over message is still on the way — in
+/// a Redis Cluster pushes and replies travel apart — has stopped waiting by
+/// the time the message arrives; the client then runs the leave script in
+/// its name. That must not pass on the lease it now holds: the claim clears
+/// the waiter's name from the state. The scripts are run directly, on a
+/// state written as a release leaves it after handing the key over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_late_leave_cannot_pass_on_a_claimed_hand_over() {
+    let server = PrivateRedis::start(Mode::NoPersistence).await.unwrap();
+    let mut admin = server.admin().await;
+    let prelude = include_str!("../scripts/prelude.lua");
+    let acquire = redis::Script::new(&format!(
+        "{prelude}{}",
+        include_str!("../scripts/acquire.lua")
+    ));
+    let leave = redis::Script::new(&format!(
+        "{prelude}{}",
+        include_str!("../scripts/leave.lua")
+    ));
+    let (state, queue) = ("{rv/k}:l", "{rv/k}:q");
+    let waiter = "abc123";
+    // Handed to `waiter` (owner w), token 42, far from expiry.
+    let () = redis::cmd("SET")
+        .arg(state)
+        .arg(format!("42|1|99999999999999|0|{waiter}|w"))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // The waiter's queued attempt finds the hand-over: {2, token}.
+    let claimed: Vec<redis::Value> = acquire
+        .key(state)
+        .key(queue)
+        .arg("w")
+        .arg(30_000)
+        .arg("0")
+        .arg("")
+        .arg(waiter)
+        .arg(":w:client")
+        .arg(4000)
+        .arg("")
+        .arg("")
+        .invoke_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed,
+        vec![
+            redis::Value::Int(2),
+            redis::Value::BulkString(b"42".to_vec())
+        ]
+    );
+    // The late message's leave, in the waiter's name: nothing passed on.
+    let passed: i64 = leave
+        .key(state)
+        .key(queue)
+        .arg(waiter)
+        .arg("")
+        .invoke_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(passed, 0, "a claimed lease was passed on");
+    let now: String = redis::cmd("GET")
+        .arg(state)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(now.starts_with("42|1|"), "still held, token 42: {now}");
+}
