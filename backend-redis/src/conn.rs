@@ -125,26 +125,28 @@ impl Link {
     /// `SSUBSCRIBE` (sharded, on the node serving the channel's slot) in a
     /// Cluster. Either is renewed by the connection after a reconnect.
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
-        match self {
-            Link::Single(m) => m.subscribe(channel).await,
-            Link::Cluster { subs, .. } => {
-                until_run(|| {
-                    let mut subs = subs.clone();
-                    async move { subs.ssubscribe(channel).await }
-                })
-                .await
-            }
-        }
+        self.subscription(channel, true).await
     }
 
     /// Ends a subscription made with [`subscribe`](Self::subscribe).
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        self.subscription(channel, false).await
+    }
+
+    async fn subscription(&mut self, channel: &str, on: bool) -> RedisResult<()> {
         match self {
+            Link::Single(m) if on => m.subscribe(channel).await,
             Link::Single(m) => m.unsubscribe(channel).await,
             Link::Cluster { subs, .. } => {
                 until_run(|| {
                     let mut subs = subs.clone();
-                    async move { subs.sunsubscribe(channel).await }
+                    async move {
+                        if on {
+                            subs.ssubscribe(channel).await
+                        } else {
+                            subs.sunsubscribe(channel).await
+                        }
+                    }
                 })
                 .await
             }

@@ -39,9 +39,9 @@ pub mod truth;
 /// TLS cases: the test-server kit's ([`fenced_testkit::private`]).
 pub mod private {
     pub use fenced_testkit::private::{
-        find_binary, free_port, send_signal, EtcdMember, EtcdOptions, MariaDbOptions,
-        PostgresOptions, PrivateEtcd, PrivateMariaDb, PrivatePostgres, PrivateRedis,
-        PrivateRedisCluster, PrivateSentinelGroup, PrivateZooKeeper, RedisOptions,
+        cluster_slot_owner, find_binary, free_port, send_signal, EtcdMember, EtcdOptions,
+        MariaDbOptions, PostgresOptions, PrivateEtcd, PrivateMariaDb, PrivatePostgres,
+        PrivateRedis, PrivateRedisCluster, PrivateSentinelGroup, PrivateZooKeeper, RedisOptions,
         RedisPersistence, TestCa, TlsFiles, ZooKeeperMember, ZooKeeperOptions, START_TIMEOUT,
     };
 }

@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use fenced::mysql::sqlx::{self, mysql::MySqlConnectOptions, Connection as _, Row as _};
-use fenced::redis::redis;
 
 use crate::{
     model::{Fault, Target},
@@ -311,52 +310,18 @@ impl PrivateStore {
     }
 }
 
-/// The port of the primary serving `slot`, as the node at `ask` sees it.
-async fn slot_primary(ask: &PrivateRedis, slot: u16) -> Result<u16, String> {
+/// The slot of `name` and the port of the primary serving it, as the node
+/// at `ask` sees the cluster.
+async fn slot_primary(ask: &PrivateRedis, name: &str) -> Result<(u16, u16), String> {
     let mut c = ask.admin().await.map_err(|e| e.to_string())?;
-    let ranges: Vec<(u16, u16, (String, u16))> = {
-        let v: Vec<redis::Value> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut c)
-            .await
-            .map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
-        v.into_iter()
-            .filter_map(|r| {
-                let redis::Value::Array(f) = r else {
-                    return None;
-                };
-                let int = |v: &redis::Value| match v {
-                    redis::Value::Int(i) => u16::try_from(*i).ok(),
-                    _ => None,
-                };
-                let redis::Value::Array(p) = f.get(2)? else {
-                    return None;
-                };
-                Some((
-                    int(f.first()?)?,
-                    int(f.get(1)?)?,
-                    (String::new(), int(p.get(1)?)?),
-                ))
-            })
-            .collect()
-    };
-    ranges
-        .into_iter()
-        .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
-        .map(|(_, _, (_, port))| port)
-        .ok_or_else(|| format!("no primary serves slot {slot}"))
+    let (slot, (_, port)) = crate::private::cluster_slot_owner(&mut c, name)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((slot, port))
 }
 
 async fn kill_cluster_primary(c: &PrivateRedisCluster, name: &str) -> Result<String, String> {
-    let first = c.primary(0);
-    let mut admin = first.admin().await.map_err(|e| e.to_string())?;
-    let slot: u16 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(name)
-        .query_async(&mut admin)
-        .await
-        .map_err(|e| format!("CLUSTER KEYSLOT: {e}"))?;
-    let old = slot_primary(first, slot).await?;
+    let (slot, old) = slot_primary(c.primary(0), name).await?;
     let victim = c
         .nodes()
         .find(|n| n.port() == old)
@@ -366,7 +331,7 @@ async fn kill_cluster_primary(c: &PrivateRedisCluster, name: &str) -> Result<Str
     loop {
         let asked = c.nodes().find(|n| n.pid().is_some() && n.port() != old);
         if let Some(n) = asked {
-            if let Ok(new) = slot_primary(n, slot).await {
+            if let Ok((_, new)) = slot_primary(n, name).await {
                 if new != old {
                     return Ok(format!(
                         "primary :{old} of slot {slot} killed; :{new} serves it now"

@@ -157,45 +157,20 @@ async fn command(s: &mut BufReader<TcpStream>, args: &[&str]) -> Result<String, 
 ///
 /// When the seed cannot be asked or no primary serves the slot.
 pub async fn slot_node(url: &str, name: &str) -> Result<String, String> {
-    use fenced::redis::redis;
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let seed = rest.split([',', '/', '?']).next().unwrap_or(rest);
-    let mut c = fenced_testkit::private::admin_connection(&format!("redis://{seed}"))
+    let mut c = seed(url).await?;
+    let (_, (host, port)) = fenced_testkit::private::cluster_slot_owner(&mut c, name)
         .await
         .map_err(|e| format!("redis truth: {e}"))?;
-    let slot: i64 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(name)
-        .query_async(&mut c)
+    Ok(format!("{host}:{port}"))
+}
+
+/// An admin connection to the first seed of the cluster URL `url`.
+async fn seed(url: &str) -> Result<fenced::redis::redis::aio::MultiplexedConnection, String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let seed = rest.split([',', '/', '?']).next().unwrap_or(rest);
+    fenced_testkit::private::admin_connection(&format!("redis://{seed}"))
         .await
-        .map_err(|e| format!("redis truth: CLUSTER KEYSLOT: {e}"))?;
-    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(&mut c)
-        .await
-        .map_err(|e| format!("redis truth: CLUSTER SLOTS: {e}"))?;
-    for r in ranges {
-        let redis::Value::Array(f) = r else { continue };
-        let (
-            Some(redis::Value::Int(lo)),
-            Some(redis::Value::Int(hi)),
-            Some(redis::Value::Array(p)),
-        ) = (f.first(), f.get(1), f.get(2))
-        else {
-            continue;
-        };
-        if (*lo..=*hi).contains(&slot) {
-            let host: String = p
-                .first()
-                .and_then(|h| redis::from_redis_value(h.clone()).ok())
-                .ok_or("redis truth: CLUSTER SLOTS without a host")?;
-            let Some(redis::Value::Int(port)) = p.get(1) else {
-                return Err("redis truth: CLUSTER SLOTS without a port".into());
-            };
-            return Ok(format!("{host}:{port}"));
-        }
-    }
-    Err(format!("redis truth: no primary serves slot {slot}"))
+        .map_err(|e| format!("redis cluster: {e}"))
 }
 
 /// Every node of the Redis Cluster whose URL is `url`, as its first seed
@@ -206,11 +181,7 @@ pub async fn slot_node(url: &str, name: &str) -> Result<String, String> {
 /// When the seed cannot be asked or names a node without an address.
 pub async fn cluster_nodes(url: &str) -> Result<Vec<std::net::SocketAddr>, String> {
     use fenced::redis::redis;
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let seed = rest.split([',', '/', '?']).next().unwrap_or(rest);
-    let mut c = fenced_testkit::private::admin_connection(&format!("redis://{seed}"))
-        .await
-        .map_err(|e| format!("redis cluster: {e}"))?;
+    let mut c = seed(url).await?;
     let nodes: String = redis::cmd("CLUSTER")
         .arg("NODES")
         .query_async(&mut c)

@@ -96,8 +96,8 @@ pub use mariadb::{MariaDbOptions, PrivateMariaDb};
 pub use postgres::{bin_dir as postgres_bin_dir, PostgresOptions, PrivatePostgres};
 #[cfg(feature = "redis")]
 pub use redis::{
-    admin_connection, PrivateRedis, PrivateRedisCluster, PrivateSentinel, PrivateSentinelGroup,
-    RedisOptions, RedisPersistence,
+    admin_connection, cluster_slot_owner, PrivateRedis, PrivateRedisCluster, PrivateSentinel,
+    PrivateSentinelGroup, RedisOptions, RedisPersistence,
 };
 pub use tempfile::TempDir;
 pub use tls::TlsFiles;

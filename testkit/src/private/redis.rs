@@ -518,6 +518,59 @@ impl PrivateSentinelGroup {
     }
 }
 
+/// The slot of the key `name` and the `(host, port)` of the primary that
+/// serves it, as the node behind `conn` sees the cluster (`CLUSTER KEYSLOT`,
+/// `CLUSTER SLOTS`).
+///
+/// # Errors
+///
+/// When the node cannot be asked, answers in an unexpected shape, or names
+/// no primary for the slot.
+pub async fn cluster_slot_owner(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+) -> Result<(u16, (String, u16))> {
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .map_err(|e| fail(format!("CLUSTER KEYSLOT: {e}")))?;
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .map_err(|e| fail(format!("CLUSTER SLOTS: {e}")))?;
+    for range in ranges {
+        // `[start, end, [host, port, id, …], replicas…]`
+        let redis::Value::Array(f) = range else {
+            continue;
+        };
+        let (
+            Some(redis::Value::Int(lo)),
+            Some(redis::Value::Int(hi)),
+            Some(redis::Value::Array(p)),
+        ) = (f.first(), f.get(1), f.get(2))
+        else {
+            continue;
+        };
+        if !(*lo..=*hi).contains(&i64::from(slot)) {
+            continue;
+        }
+        let host: String = p
+            .first()
+            .and_then(|h| redis::from_redis_value(h.clone()).ok())
+            .ok_or_else(|| fail("CLUSTER SLOTS names a primary without a host"))?;
+        let port = match p.get(1) {
+            Some(redis::Value::Int(port)) => u16::try_from(*port)
+                .map_err(|_| fail(format!("CLUSTER SLOTS names port {port}")))?,
+            _ => return Err(fail("CLUSTER SLOTS names a primary without a port")),
+        };
+        return Ok((slot, (host, port)));
+    }
+    Err(fail(format!("no primary serves slot {slot}")))
+}
+
 async fn cmd_ok(cmd: &redis::Cmd, conn: &mut redis::aio::MultiplexedConnection) -> Result<()> {
     cmd.query_async::<()>(conn)
         .await
