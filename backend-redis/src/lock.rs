@@ -277,9 +277,10 @@ async fn connect_cluster(
         .collect();
     // No retries inside the cluster connection: it would send a script
     // again after a connection broke, when the first may have run (a grant
-    // taken twice, a release applied twice). A redirection or a broken
-    // connection comes back as a retryable error instead (the slot map is
-    // rebuilt meanwhile), and the caller decides.
+    // taken twice, a release applied twice). A broken connection comes back
+    // as a retryable error and the caller decides; a reply saying the
+    // command did not run (a redirection) is sent again by `Link` itself,
+    // after the slot map is rebuilt.
     let client = redis::cluster::ClusterClientBuilder::new(nodes)
         .retries(0)
         .node_address_map(map)
