@@ -143,15 +143,20 @@ async fn main() -> std::process::ExitCode {
                     }
                 }
                 let name = format!("{} × control", primitive.store_label(target));
-                if i < 10 && wanted(&name) {
+                if i < 10 && Fault::PausePastTtl.applies_to(target) && wanted(&name) {
                     let mut c = RunConfig::new(target, Fault::PausePastTtl, args.seed + i);
                     c.primitive = primitive;
                     c.fencing = false;
                     configs.push(c);
                 }
             }
-            // Control: the same pause without fencing must be caught.
-            if i < 10 && wanted(&format!("{} × control", target.name())) {
+            // Control: the same pause without fencing must be caught (where
+            // the pause is a cell: not on Sentinel, whose only cell is the
+            // failover).
+            if i < 10
+                && Fault::PausePastTtl.applies_to(target)
+                && wanted(&format!("{} × control", target.name()))
+            {
                 let mut c = RunConfig::new(target, Fault::PausePastTtl, args.seed + i);
                 c.fencing = false;
                 configs.push(c);
