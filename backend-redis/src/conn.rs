@@ -375,15 +375,17 @@ impl Conn {
 
     /// The connection and how many times it was replaced, read together.
     pub(crate) fn manager_and_generation(&self) -> (Link, u64) {
+        self.read_primary(|p| p.link.clone())
+    }
+
+    /// `read` of the primary, and the generation, under one read guard.
+    fn read_primary<T>(&self, read: impl FnOnce(&Primary) -> T) -> (T, u64) {
         let p = self
             .shared
             .primary
             .read()
             .unwrap_or_else(|p| p.into_inner());
-        (
-            p.link.clone(),
-            self.shared.generation.load(Ordering::Acquire),
-        )
+        (read(&p), self.shared.generation.load(Ordering::Acquire))
     }
 
     /// How this client finds its servers: see [`error::map_with`].
@@ -521,17 +523,7 @@ impl Conn {
         if config.min_replicas == 0 {
             return Ok(self.shared_lane());
         }
-        let (Some(client), generation) = ({
-            let p = self
-                .shared
-                .primary
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            (
-                p.client.clone(),
-                self.shared.generation.load(Ordering::Acquire),
-            )
-        }) else {
+        let (Some(client), generation) = self.read_primary(|p| p.client.clone()) else {
             // The configuration refuses min_replicas for a Cluster.
             return Err(error::protocol(
                 "replicated writes need a connection to one server",
