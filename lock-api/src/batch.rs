@@ -19,6 +19,7 @@ use crate::{DistributedLock, Error, FencingToken, Lease, LockOptions, Result};
 
 /// What one batch statement found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ChunkVerdict {
     /// Every lease of the chunk was current and is renewed.
     All,
@@ -26,6 +27,11 @@ pub enum ChunkVerdict {
     /// not current and nothing was changed for them. Only for stores whose
     /// tokens are unique across keys (a row id).
     Exactly(HashSet<FencingToken>),
+    /// Per lease of the chunk, in its order: whether that one was renewed
+    /// (the others were not current and nothing was changed for them). An
+    /// answer of another length than the chunk's counts as
+    /// [`Unknown`](Self::Unknown).
+    Each(Vec<bool>),
     /// Some were not renewed and the statement cannot say which: every
     /// lease of the chunk is renewed again one by one.
     Unknown,
@@ -100,19 +106,15 @@ pub async fn extend_in_chunks<L: ExtendChunk + ?Sized>(
             Ok(ChunkVerdict::Exactly(renewed)) => {
                 for &i in chunk {
                     let lease = &leases[i];
-                    out[i] = Some(if renewed.contains(&lease.token) {
-                        Ok(lease.renewed(ttl, sent))
-                    } else {
-                        tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
-                        Err(Error::lease_lost(
-                            &lease.key,
-                            lease.token,
-                            "the lease expired or belongs to another holder",
-                        ))
-                    });
+                    out[i] = Some(verdict(lease, renewed.contains(&lease.token), ttl, sent));
                 }
             }
-            Ok(ChunkVerdict::Unknown) => retry.extend_from_slice(chunk),
+            Ok(ChunkVerdict::Each(renewed)) if renewed.len() == chunk.len() => {
+                for (&i, renewed) in chunk.iter().zip(renewed) {
+                    out[i] = Some(verdict(&leases[i], renewed, ttl, sent));
+                }
+            }
+            Ok(ChunkVerdict::Unknown | ChunkVerdict::Each(_)) => retry.extend_from_slice(chunk),
             Err(e) => {
                 tracing::debug!(error = %e, leases = chunk.len(), "batch renewal failed; renewing one by one");
                 retry.extend_from_slice(chunk);
@@ -138,6 +140,20 @@ pub async fn extend_in_chunks<L: ExtendChunk + ?Sized>(
         .collect()
 }
 
+/// One lease's result from a batch statement that said whether it was
+/// renewed.
+fn verdict(lease: &Lease, renewed: bool, ttl: Duration, sent: Instant) -> Result<Lease> {
+    if renewed {
+        return Ok(lease.renewed(ttl, sent));
+    }
+    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
+    Err(Error::lease_lost(
+        &lease.key,
+        lease.token,
+        "the lease expired or belongs to another holder",
+    ))
+}
+
 /// The placeholder count for a chunk of `n`: the next power of two, so a
 /// store prepares a handful of distinct statements, not one per size. The
 /// extra places repeat the chunk's last value (harmless in an `IN` list).
@@ -160,6 +176,19 @@ mod tests {
         inner: MemoryLock,
         chunks: Mutex<Vec<usize>>,
         size: usize,
+        answer: Answer,
+    }
+
+    /// How [`Chunked`] says what it renewed.
+    #[derive(Debug, Default, Clone, Copy, PartialEq)]
+    enum Answer {
+        /// [`ChunkVerdict::Exactly`] the renewed tokens.
+        #[default]
+        Tokens,
+        /// [`ChunkVerdict::Each`], one flag per lease.
+        Each,
+        /// [`ChunkVerdict::Each`] with the last flag missing.
+        ShortEach,
     }
 
     #[async_trait]
@@ -178,12 +207,22 @@ mod tests {
         async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
             self.chunks.lock().unwrap().push(chunk.len());
             let mut renewed = HashSet::new();
+            let mut each = Vec::new();
             for lease in chunk {
-                if self.inner.extend(lease, ttl).await.is_ok() {
+                let ok = self.inner.extend(lease, ttl).await.is_ok();
+                if ok {
                     renewed.insert(lease.token);
                 }
+                each.push(ok);
             }
-            Ok(ChunkVerdict::Exactly(renewed))
+            Ok(match self.answer {
+                Answer::Tokens => ChunkVerdict::Exactly(renewed),
+                Answer::Each => ChunkVerdict::Each(each),
+                Answer::ShortEach => {
+                    each.pop();
+                    ChunkVerdict::Each(each)
+                }
+            })
         }
     }
 
@@ -218,23 +257,50 @@ mod tests {
 
     #[tokio::test]
     async fn a_lease_not_current_is_refused_alone() {
+        for answer in [Answer::Tokens, Answer::Each] {
+            let store = Chunked {
+                size: 256,
+                answer,
+                ..Chunked::default()
+            };
+            let held = leases(&store, 3).await;
+            store.release(&held[1]).await.unwrap();
+            // The same lease twice is renewed once in the batch, once alone.
+            let mut asked = held.clone();
+            asked.push(held[0].clone());
+            let results = store.extend_many(&asked, Duration::from_secs(9)).await;
+            assert!(
+                results[0].is_ok() && results[2].is_ok() && results[3].is_ok(),
+                "{answer:?}: {results:?}"
+            );
+            assert!(
+                matches!(&results[1], Err(Error::LeaseLost { .. })),
+                "{answer:?}: {:?}",
+                results[1]
+            );
+            assert_eq!(*store.chunks.lock().unwrap(), [3], "{answer:?}");
+        }
+    }
+
+    /// A per-lease answer that does not cover the chunk proves nothing for
+    /// any of its leases: each is asked again alone, and the one not
+    /// current is still refused.
+    #[tokio::test]
+    async fn a_short_answer_is_renewed_one_by_one() {
         let store = Chunked {
             size: 256,
+            answer: Answer::ShortEach,
             ..Chunked::default()
         };
         let held = leases(&store, 3).await;
-        store.release(&held[1]).await.unwrap();
-        // The same lease twice is renewed once in the batch, once alone.
-        let mut asked = held.clone();
-        asked.push(held[0].clone());
-        let results = store.extend_many(&asked, Duration::from_secs(9)).await;
-        assert!(results[0].is_ok() && results[2].is_ok() && results[3].is_ok());
+        store.release(&held[2]).await.unwrap();
+        let results = store.extend_many(&held, Duration::from_secs(9)).await;
+        assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
         assert!(
-            matches!(&results[1], Err(Error::LeaseLost { .. })),
+            matches!(&results[2], Err(Error::LeaseLost { .. })),
             "{:?}",
-            results[1]
+            results[2]
         );
-        assert_eq!(*store.chunks.lock().unwrap(), [3]);
     }
 
     #[test]

@@ -258,7 +258,9 @@ async fn force_release_is_noticed_at_the_next_renewal() {
     let start = Instant::now();
     assert!(store.force_release(&key("k")).await.unwrap());
     assert_eq!(guard.lost().await, LossReason::RenewalRefused);
-    assert!(start.elapsed() <= TTL / 3);
+    // The next renewal: a third of the TTL, plus at most 10 ms that its
+    // batch waits for others.
+    assert!(start.elapsed() <= TTL / 3 + Duration::from_millis(10));
     assert!(guard.handle().lost_token().is_cancelled());
 }
 
