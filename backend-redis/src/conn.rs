@@ -603,24 +603,9 @@ impl Conn {
     /// still current: [`DistributedLock::extend`](fenced_api::DistributedLock::extend).
     pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = Duration::from_millis(millis_ceil(LockOptions::validate_ttl(ttl)?));
-        let keys = self.keys(&lease.key);
-        let mut lane = self.lane().await?;
         let sent = Instant::now();
-        let extended: i64 = lane
-            .run(
-                "the extend script",
-                scripts::EXTEND
-                    .key(&keys.lock)
-                    .arg(lease.owner.as_str())
-                    .arg(lease.token.get())
-                    .arg(millis_ceil(ttl)),
-            )
-            .await?;
-        if extended == 1 {
-            tracing::trace!(key = %lease.key, token = %lease.token, "renewed");
-            // Extended on the primary either way; short of replicas, the
-            // caller hears of it and renews again (a watchdog retries).
-            self.confirm(&mut lane, &lease.key, "renewal").await?;
+        let extended = self.extend_batch(&[lease], ttl).await?;
+        if extended == [true] {
             Ok(lease.renewed(ttl, sent))
         } else {
             Err(Error::lease_lost(
@@ -629,6 +614,48 @@ impl Conn {
                 "redis no longer has this lease (expired, released, force-released, or lost in a restart)",
             ))
         }
+    }
+
+    /// Renews each of `leases` (distinct keys, one shard: every key of a
+    /// standalone server, one slot of a cluster) for `ttl`, already
+    /// validated and in whole milliseconds, with one run of the extend
+    /// script: whether each was current and is renewed, in order.
+    /// `min_replicas` confirms the batch as a whole; short of replicas the
+    /// call fails while the renewals stay on the primary (the caller renews
+    /// again).
+    pub(crate) async fn extend_batch(&self, leases: &[&Lease], ttl: Duration) -> Result<Vec<bool>> {
+        let mut call = scripts::EXTEND.prepare_invoke();
+        call.arg(millis_ceil(ttl));
+        for lease in leases {
+            call.key(self.keys(&lease.key).lock)
+                .arg(lease.owner.as_str())
+                .arg(lease.token.get());
+        }
+        let mut lane = self.lane().await?;
+        let replies: Vec<i64> = lane.run("the extend script", &call).await?;
+        if replies.len() != leases.len() {
+            return Err(error::protocol(format!(
+                "the extend script answered {} times for {} leases",
+                replies.len(),
+                leases.len()
+            )));
+        }
+        let extended: Vec<bool> = replies.iter().map(|&r| r == 1).collect();
+        for (lease, _) in leases.iter().zip(&extended).filter(|(_, &e)| e) {
+            tracing::trace!(key = %lease.key, token = %lease.token, "renewed");
+        }
+        if let Some((first, _)) = leases.iter().zip(&extended).find(|(_, &e)| e) {
+            // Extended on the primary either way; short of replicas, the
+            // caller hears of it and renews again (a watchdog retries).
+            self.confirm(&mut lane, &first.key, "renewal").await?;
+        }
+        Ok(extended)
+    }
+
+    /// Whether this client talks to a Redis Cluster (where one script's
+    /// keys must share a slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.topology() == error::Topology::Cluster
     }
 }
 

@@ -4,8 +4,10 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    url::check_duration, Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey,
-    LockOptions, ReleaseOutcome, Result,
+    batch::{ChunkVerdict, ExtendChunk},
+    url::check_duration,
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
@@ -343,6 +345,22 @@ impl RedisLock {
     }
 }
 
+/// Leases per run of the extend script: at most twice as many keys and
+/// arguments, and a script run long enough (≈ 1 µs per lease) that other
+/// clients' commands, which wait for it, barely notice.
+const EXTEND_CHUNK: usize = 256;
+
+/// Batch renewals on one server: the script answers for each lease.
+#[async_trait]
+impl ExtendChunk for RedisLock {
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
+        let ttl = Duration::from_millis(scripts::millis_ceil(ttl));
+        Ok(ChunkVerdict::Each(
+            self.inner.conn.extend_batch(chunk, ttl).await?,
+        ))
+    }
+}
+
 #[async_trait]
 impl DistributedLock for RedisLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
@@ -381,6 +399,18 @@ impl DistributedLock for RedisLock {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         self.inner.conn.extend(lease, ttl).await
+    }
+
+    /// One run of the extend script per [`EXTEND_CHUNK`] leases on one
+    /// server. A Redis Cluster renews one by one (up to
+    /// [`EXTEND_MANY_CONCURRENCY`](fenced_api::EXTEND_MANY_CONCURRENCY) in
+    /// flight): one script's keys must share a slot, and the keys of a batch
+    /// rarely do.
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+        if self.inner.conn.is_cluster() {
+            return fenced_api::batch::extend_each(self, leases, ttl).await;
+        }
+        fenced_api::batch::extend_in_chunks(self, leases, ttl, EXTEND_CHUNK).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome> {

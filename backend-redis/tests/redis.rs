@@ -24,7 +24,9 @@ use common::{
     private::{admin, Mode, PrivateRedis},
     server_url, until_queued, until_queued_within, url_for,
 };
-use fenced_api::{DistributedLock, Error, FencingToken, LockOptions, Owner, ReleaseOutcome};
+use fenced_api::{
+    DistributedLock, Error, FencingToken, LockKey, LockOptions, Owner, ReleaseOutcome,
+};
 use fenced_redis::{redis, RedisLock};
 use on_private::{hold, on_private};
 
@@ -261,6 +263,65 @@ async fn an_uncontended_cycle_is_two_round_trips_and_eight_commands() {
         .map(|(c, n)| (c.to_owned(), n * CYCLES))
         .collect();
     assert_eq!(d, want, "commands per acquire + release cycle");
+}
+
+/// A batch of renewals is one script run per 256 leases, and the script
+/// answers for each lease: a released one and one taken over by another
+/// holder come back lost, the others renewed to the new TTL, and nothing
+/// else is changed.
+#[tokio::test]
+async fn extend_many_is_one_script_per_chunk_and_answers_per_lease() {
+    const HELD: usize = 300;
+    let (_server, mut admin, lock, k) = on_private("batch").await;
+    let mut held = Vec::new();
+    for i in 0..HELD {
+        let key = LockKey::new(format!("{k}-{i}")).unwrap();
+        held.push(hold(&lock, &key, Duration::from_secs(5)).await);
+    }
+    // One released; one released and taken by another owner.
+    assert_eq!(
+        lock.release(&held[7]).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        lock.release(&held[280]).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let other = lock
+        .try_acquire(&held[280].key, &opts(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The script is loaded by a first renewal.
+    held[0] = lock.extend(&held[0], Duration::from_secs(5)).await.unwrap();
+
+    let before = command_stats(&mut admin).await;
+    let results = lock.extend_many(&held, Duration::from_secs(60)).await;
+    let mut d = delta(&before, &command_stats(&mut admin).await);
+    d.remove("info");
+    assert_eq!(d.get("evalsha"), Some(&2), "two chunks (256 + 44): {d:?}");
+    assert_eq!(d.get("set"), Some(&(HELD as u64 - 2)), "{d:?}");
+
+    assert_eq!(results.len(), HELD);
+    for (i, r) in results.iter().enumerate() {
+        match (i, r) {
+            (7 | 280, Err(Error::LeaseLost { .. })) => {}
+            (7 | 280, other) => panic!("lease {i} was not current: {other:?}"),
+            (_, Ok(l)) => assert_eq!(l.token, held[i].token),
+            (_, Err(e)) => panic!("lease {i}: {e}"),
+        }
+    }
+    // Renewed on the server to about 60 s; the other owner's lease kept its 5 s.
+    let renewed = lock.inspect(&held[0].key).await.unwrap().unwrap();
+    assert!(
+        renewed.remaining_ttl > Duration::from_secs(50),
+        "{renewed:?}"
+    );
+    let theirs = lock.inspect(&other.key).await.unwrap().unwrap();
+    assert_eq!(theirs.token, other.token);
+    assert!(theirs.remaining_ttl <= Duration::from_secs(5), "{theirs:?}");
+    assert!(lock.inspect(&held[7].key).await.unwrap().is_none());
 }
 
 /// The clock steps back (or the last token is ahead of it): tokens keep
