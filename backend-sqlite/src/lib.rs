@@ -5,6 +5,7 @@
 mod config;
 mod error;
 pub mod fence;
+mod gate;
 mod list;
 mod lock;
 mod permits;

@@ -19,6 +19,7 @@ use fenced_api::{
 use crate::{
     config::{self, SqliteConfig, Synchronous, TableName},
     error,
+    gate::WriteGate,
     list::Scans,
     permits::SqlitePermits,
     pool,
@@ -155,9 +156,10 @@ impl SqliteLockBuilder {
             return Err(e);
         }
         let polling = wait::polling(&config).await;
+        let gate = WriteGate::default();
         let inner = Inner {
-            engine: UniqueKey::new(pool.clone(), &config.table),
-            permits: SqlitePermits::new(pool.clone(), &config.table, polling.scope()),
+            engine: UniqueKey::new(pool.clone(), gate.clone(), &config.table),
+            permits: SqlitePermits::new(pool.clone(), gate, &config.table, polling.scope()),
             scans: Scans::new(pool, &config.table),
             polling,
             config,

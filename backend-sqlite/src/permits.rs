@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::{
     config::TableName,
     error::{self, SqlResultExt, SqliteBackend},
+    gate::WriteGate,
     list::info_from_row,
     unique_key::{expiry_us, token, RESOLUTION_US},
 };
@@ -47,6 +48,8 @@ pub(crate) struct SqlitePermits {
 
 struct Inner {
     pool: SqlitePool,
+    /// Taken by every write, with the store's locks (see [`WriteGate`]).
+    gate: WriteGate,
     sql: Sql,
     /// Local waiters' wake-ups: the mutex scope with `#permits`.
     polling: Polling,
@@ -147,10 +150,16 @@ impl Sql {
 }
 
 impl SqlitePermits {
-    pub(crate) fn new(pool: SqlitePool, table: &TableName, mutex_scope: &str) -> Self {
+    pub(crate) fn new(
+        pool: SqlitePool,
+        gate: WriteGate,
+        table: &TableName,
+        mutex_scope: &str,
+    ) -> Self {
         SqlitePermits {
             inner: Arc::new(Inner {
                 pool,
+                gate,
                 sql: Sql::new(table),
                 polling: Polling::new(format!("{mutex_scope}#permits")),
                 capabilities: Capabilities::none()
@@ -181,6 +190,7 @@ impl LineStore for SqlitePermits {
     ) -> Result<Arrival> {
         let sql = &self.inner.sql;
         let sent = Instant::now();
+        let _write = self.inner.gate.enter().await;
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         sqlx::query(sql.purge.clone())
             .bind(key.as_bytes())
@@ -255,6 +265,7 @@ impl LineStore for SqlitePermits {
         let sql = &self.inner.sql;
         let id = row_id(token);
         let owner_bytes = owner.as_str().as_bytes();
+        let _write = self.inner.gate.enter().await;
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         let row = sqlx::query(sql.look.clone())
             .bind(id)
@@ -288,6 +299,7 @@ impl LineStore for SqlitePermits {
     }
 
     async fn leave(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<()> {
+        let _write = self.inner.gate.enter().await;
         let done = sqlx::query(self.inner.sql.leave.clone())
             .bind(row_id(token))
             .bind(owner.as_str().as_bytes())
@@ -302,6 +314,7 @@ impl LineStore for SqlitePermits {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
+        let _write = self.inner.gate.enter().await;
         let done = sqlx::query(self.inner.sql.extend.clone())
             .bind(expiry_us(ttl))
             .bind(row_id(lease.token))
@@ -315,6 +328,7 @@ impl LineStore for SqlitePermits {
     async fn give_back(&self, lease: &Lease) -> Result<ReleaseOutcome> {
         let sql = &self.inner.sql;
         let (id, owner) = (row_id(lease.token), lease.owner.as_str().as_bytes());
+        let _write = self.inner.gate.enter().await;
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         let gone = sqlx::query(sql.release_last.clone())
             .bind(id)

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 use crate::{
     config::TableName,
     error::{self, SqlResultExt},
+    gate::WriteGate,
 };
 
 /// The clock's resolution. The clock reads the *start* of the current
@@ -67,6 +68,8 @@ pub(crate) struct Done<T> {
 #[derive(Debug)]
 pub(crate) struct UniqueKey {
     pool: SqlitePool,
+    /// Taken by every write (see [`WriteGate`]).
+    gate: WriteGate,
     insert: SqlStr,
     delete_expired: SqlStr,
     reenter: SqlStr,
@@ -82,10 +85,11 @@ pub(crate) struct UniqueKey {
 }
 
 impl UniqueKey {
-    pub(crate) fn new(pool: SqlitePool, table: &TableName) -> Self {
+    pub(crate) fn new(pool: SqlitePool, gate: WriteGate, table: &TableName) -> Self {
         let t = &table.quoted("");
         UniqueKey {
             pool,
+            gate,
             insert: sql!(
                 "INSERT INTO {t} (lock_key, owner, reentrant_count, expire_at, created_at, label) \
                  VALUES (?1, ?2, 1, {NOW} + ?3, {NOW}, ?4) \
@@ -135,6 +139,7 @@ impl UniqueKey {
         owner: &Owner,
         opts: &LockOptions,
     ) -> Result<Option<i64>> {
+        let _write = self.gate.enter().await;
         let res = sqlx::query(self.insert.clone())
             .bind(key.as_bytes())
             .bind(owner.as_str().as_bytes())
@@ -159,6 +164,7 @@ impl UniqueKey {
         owner: &Owner,
     ) -> Result<Option<i64>> {
         if opts.is_reentrant() {
+            let _write = self.gate.enter().await;
             let row = sqlx::query(self.reenter.clone())
                 .bind(expiry_us(opts.ttl()))
                 .bind(key.as_bytes())
@@ -182,6 +188,7 @@ impl UniqueKey {
 
     /// One expired-row cleanup for the key; true if a row was removed.
     async fn take_over_expired(&self, key: &LockKey) -> Result<bool> {
+        let _write = self.gate.enter().await;
         let done = sqlx::query(self.delete_expired.clone())
             .bind(key.as_bytes())
             .execute(&self.pool)
@@ -220,6 +227,7 @@ impl UniqueKey {
 
     pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = LockOptions::validate_ttl(ttl)?;
+        let _write = self.gate.enter().await;
         let sent = Instant::now();
         let done = sqlx::query(self.extend.clone())
             .bind(expiry_us(ttl))
@@ -260,7 +268,10 @@ impl UniqueKey {
         for lease in &padded {
             query = query.bind(lease.owner.as_str().as_bytes());
         }
-        let rows = query.fetch_all(&self.pool).await.db()?;
+        let rows = {
+            let _write = self.gate.enter().await;
+            query.fetch_all(&self.pool).await.db()?
+        };
         let mut renewed = HashSet::with_capacity(rows.len());
         for row in rows {
             renewed.insert(token(row.try_get::<i64, _>(0).db()?));
@@ -272,6 +283,7 @@ impl UniqueKey {
         let id = row_id(lease);
         let owner = lease.owner.as_str().as_bytes();
         // The three steps in one write transaction: no other writer between them.
+        let _write = self.gate.enter().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
         let done = sqlx::query(self.release_last.clone())
             .bind(id)
@@ -318,6 +330,7 @@ impl UniqueKey {
 
     /// Deletes the key's row; the outcome is whether it had a live holder.
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Done<bool>> {
+        let _write = self.gate.enter().await;
         let rows = sqlx::query(self.force.clone())
             .bind(key.as_bytes())
             .fetch_all(&self.pool)
