@@ -195,9 +195,7 @@ impl Drop for Attempt {
                 Attempt::clean(&sessions, &entry, &value, lease, explicit).await;
             }
         };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(cleanup);
-        }
+        fenced_api::cleanup::spawn(cleanup);
     }
 }
 

@@ -257,11 +257,11 @@ impl Drop for Held {
             return;
         }
         self.stop_renewal();
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             // No runtime to run statements on: the lease expires after its
             // TTL; the connection closes as its pool is dropped.
             return;
-        };
+        }
         let mut rest = Held {
             lock: self.lock.clone(),
             pool: self.pool.clone(),
@@ -270,7 +270,7 @@ impl Drop for Held {
             renewal: None,
             armed: false,
         };
-        rt.spawn(async move {
+        fenced_api::cleanup::spawn(async move {
             if let Err(e) = rest.end(true).await {
                 let lease = rest.lease();
                 tracing::warn!(key = %lease.key, token = %lease.token, error = %e,

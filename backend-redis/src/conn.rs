@@ -839,9 +839,7 @@ struct GiveBack(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
 impl Drop for GiveBack {
     fn drop(&mut self) {
         if let Some(back) = self.0.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(back);
-            }
+            fenced_api::cleanup::spawn(back);
         }
     }
 }

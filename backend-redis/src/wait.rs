@@ -270,15 +270,11 @@ impl Router {
     /// Passes on a lease handed to a waiter of this client that has stopped
     /// waiting (the leave script does nothing if the waiter claimed it).
     fn give_back(&self, grant: &Grant<'_>) {
-        let (Some(keys), Ok(conn), Ok(rt)) = (
-            Keys::from_lock(grant.lock),
-            self.connection(),
-            tokio::runtime::Handle::try_current(),
-        ) else {
+        let (Some(keys), Ok(conn)) = (Keys::from_lock(grant.lock), self.connection()) else {
             return;
         };
         tracing::debug!(lock = grant.lock, token = %grant.token, "passing on a hand-over nobody waits for");
-        rt.spawn(leave(conn, keys, Arc::from(grant.waiter), None));
+        fenced_api::cleanup::spawn(leave(conn, keys, Arc::from(grant.waiter), None));
     }
 
     /// A new waiter on `keys` (no I/O). A Cluster client's channel for the
@@ -486,10 +482,9 @@ impl Drop for Registration {
                 self.router.forget_idle(&self.channel);
             }
         }
-        let runtime = tokio::runtime::Handle::try_current();
-        if let (Some(LeaveTicket { conn, keys }), Ok(rt)) = (self.leave.take(), runtime) {
+        if let Some(LeaveTicket { conn, keys }) = self.leave.take() {
             let entry = self.entry.take().map(|e| e.member);
-            rt.spawn(leave(conn, keys, Arc::clone(&self.id), entry));
+            fenced_api::cleanup::spawn(leave(conn, keys, Arc::clone(&self.id), entry));
         }
     }
 }

@@ -105,15 +105,15 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the node goes with the session
-        };
+        // Without a runtime the node goes with the session.
         let (session, queue, nonce) = (
             Arc::clone(&self.session),
             std::mem::take(&mut self.queue),
             std::mem::take(&mut self.nonce),
         );
-        rt.spawn(async move { remove(&session, &queue, &nonce, None).await });
+        fenced_api::cleanup::spawn(async move {
+            remove(&session, &queue, &nonce, None).await;
+        });
     }
 }
 

@@ -60,16 +60,16 @@ impl Drop for Attempt {
         if !self.armed {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the node goes with the session
-        };
+        // Without a runtime the node goes with the session.
         let (session, queue, nonce, name) = (
             Arc::clone(&self.session),
             std::mem::take(&mut self.queue),
             std::mem::take(&mut self.nonce),
             self.name.take(),
         );
-        rt.spawn(async move { remove(&session, &queue, &nonce, name.as_deref()).await });
+        fenced_api::cleanup::spawn(async move {
+            remove(&session, &queue, &nonce, name.as_deref()).await;
+        });
     }
 }
 

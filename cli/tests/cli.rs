@@ -944,3 +944,69 @@ fn readers_share_and_writers_run_alone() {
         }
     }
 }
+
+/// A `fenced run` stopped by SIGINT or SIGTERM while it waits gives its
+/// place in line back before it exits (128 + the signal): nobody behind it
+/// waits for a dead process's turn. Before, the signal killed fenced in
+/// line and the place was granted to nobody for a whole TTL (30 s).
+async fn a_signal_while_waiting_gives_the_place_back(url: &str, sig: nix::sys::signal::Signal) {
+    let key = format!("sigwait-{}", uuid::Uuid::new_v4().simple());
+    let run = |wait: &str, cmd: &[&str]| {
+        Command::new(BIN)
+            .args(["--url", url, "run", "--key", &key, "--permits", "1"])
+            .args(["--wait", wait, "--"])
+            .args(cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut holder = run("0s", &["sleep", "60"]);
+    status_once_held(url, &[&key], Duration::from_secs(20));
+    let mut waiter = run("60s", &["true"]);
+    let start = Instant::now();
+    while status_json(url, &[&key])[0]["waiting"] != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{url}: the waiter never showed in line"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(waiter.id()).unwrap()),
+        sig,
+    )
+    .unwrap();
+    let status = wait_bounded(
+        &mut waiter,
+        Duration::from_secs(10),
+        "the signalled waiter kept waiting",
+    );
+    let said = drain(waiter.stderr.as_mut().unwrap());
+    assert_eq!(status.code(), Some(128 + sig as i32), "{url}: {said}");
+    assert!(said.contains("left the line"), "{url}: {said}");
+    let v = status_json(url, &[&key]);
+    assert_eq!(v[0]["waiting"], 0, "{url}: the place is still in line: {v}");
+    // The holder ends; the key is free at once, not granted to the dead
+    // waiter for its TTL.
+    assert_eq!(terminate(&mut holder, "the holder").code(), Some(143));
+    let mut next = run("0s", &["true"]);
+    let status = wait_bounded(&mut next, Duration::from_secs(20), "the next run hung");
+    let said = drain(next.stderr.as_mut().unwrap());
+    assert_eq!(status.code(), Some(0), "{url}: {said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signalled_waiter_leaves_the_line_on_sqlite() {
+    let (_dir, url) = sqlite_store("sigwait");
+    a_signal_while_waiting_gives_the_place_back(&url, nix::sys::signal::Signal::SIGINT).await;
+    a_signal_while_waiting_gives_the_place_back(&url, nix::sys::signal::Signal::SIGTERM).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signalled_waiter_leaves_the_line_on_redis() {
+    let url = redis_url().await;
+    a_signal_while_waiting_gives_the_place_back(&url, nix::sys::signal::Signal::SIGINT).await;
+    a_signal_while_waiting_gives_the_place_back(&url, nix::sys::signal::Signal::SIGTERM).await;
+}

@@ -659,28 +659,33 @@ impl Drop for LockGuard {
         }
         held.finish();
         let lease = held.lease();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let lock = Arc::clone(&held.client.lock);
-                let (backend, acquired_at) = (held.client.backend, held.acquired_at);
-                rt.spawn(async move {
-                    let outcome = lock.release(&lease).await;
-                    let label = match &outcome {
-                        Ok(ReleaseOutcome::NotHeld) => "not_held",
-                        Ok(_) => "released",
-                        Err(_) => "error",
-                    };
-                    crate::telemetry::released(backend, label, acquired_at.elapsed());
-                    match outcome {
-                        Ok(_) => tracing::debug!(key = %lease.key, token = %lease.token, "lock released on drop"),
-                        Err(e) => tracing::warn!(key = %lease.key, error = %e, "release on drop failed; the lock expires after its ttl"),
+        let lock = Arc::clone(&held.client.lock);
+        let (backend, acquired_at) = (held.client.backend, held.acquired_at);
+        let spawned = crate::cleanup::spawn({
+            let lease = lease.clone();
+            async move {
+                let outcome = lock.release(&lease).await;
+                let label = match &outcome {
+                    Ok(ReleaseOutcome::NotHeld) => "not_held",
+                    Ok(_) => "released",
+                    Err(_) => "error",
+                };
+                crate::telemetry::released(backend, label, acquired_at.elapsed());
+                match outcome {
+                    Ok(_) => {
+                        tracing::debug!(key = %lease.key, token = %lease.token, "lock released on drop")
                     }
-                });
+                    Err(e) => {
+                        tracing::warn!(key = %lease.key, error = %e, "release on drop failed; the lock expires after its ttl")
+                    }
+                }
             }
-            Err(_) => tracing::warn!(
+        });
+        if !spawned {
+            tracing::warn!(
                 key = %lease.key,
                 "lock guard dropped outside a tokio runtime; the lock expires after its ttl"
-            ),
+            );
         }
     }
 }

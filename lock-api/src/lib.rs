@@ -63,6 +63,7 @@
 pub mod batch;
 mod bounded;
 mod capabilities;
+pub mod cleanup;
 mod client;
 pub mod deadlines;
 mod driver;

@@ -22,7 +22,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// Only scenarios whose name contains one of these (comma-separated),
-    /// e.g. `many-keys` or `uncontended,c16`.
+    /// e.g. `many-keys` or `uncontended,contended-16`. Names: `uncontended`,
+    /// `parallel-16`, `contended-<tasks>-h<hold ms>-t<think ms>`,
+    /// `xproc-<processes>-…` (waiters in other processes),
+    /// `semaphore-<permits>-<tasks>-…`, `rw-<reads %>r-<tasks>-…`
+    /// (reader-writer), `many-keys-<locks>`; `--smoke` runs small ones of
+    /// each.
     #[arg(long, value_delimiter = ',')]
     pub(crate) scenario: Vec<String>,
     /// Also write a markdown report (BENCHMARKS.md) here.
@@ -183,7 +188,11 @@ async fn measure(args: &BenchArgs, servers: &Servers) -> Result<Vec<CellResult>,
         })
         .collect();
     if scenarios.is_empty() {
-        say("no scenario matches --scenario");
+        let names: Vec<String> = profile.scenarios().into_iter().map(|s| s.name).collect();
+        say(&format!(
+            "no scenario matches --scenario; this profile's: {}",
+            names.join(", ")
+        ));
         return Err(EXIT_CONFIG);
     }
     let bar = std::io::stderr().is_terminal().then(|| {

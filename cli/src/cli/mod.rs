@@ -79,8 +79,13 @@
 //!   fenced exits 76. Without a job-control shell to resume it (fenced's
 //!   process group is orphaned), fenced does not stop itself: it continues
 //!   CMD at once and says so.
-//! * **SIGTERM, SIGINT, SIGHUP and SIGQUIT** sent to fenced are passed to
-//!   CMD's group (followed by SIGCONT, in case it is stopped); fenced waits
+//! * **SIGTERM, SIGINT, SIGHUP and SIGQUIT** sent to fenced while it still
+//!   waits for the lock make it leave the line (waiting up to 3 s for the
+//!   store to take its place out: `fenced::cleanup::settle`) and exit 128+N
+//!   without starting CMD; a place left behind would hold up every waiter
+//!   behind it for its TTL.
+//! * **SIGTERM, SIGINT, SIGHUP and SIGQUIT** sent to fenced once CMD runs
+//!   are passed to CMD's group (followed by SIGCONT, in case it is stopped); fenced waits
 //!   up to `--grace` for CMD (less if the lock's safe deadline comes first:
 //!   then SIGKILL and exit 76), SIGKILLs the group if it is still there,
 //!   releases the lock and exits with CMD's status (128+N when CMD died of
@@ -143,8 +148,10 @@ Store URLs: sqlite:///path/locks.db (default), mysql://user:pw@host/db?strategy=
   redis+sentinel://s1:26379,s2/mymaster, redis+cluster://h1:7000,h2:7001,
   etcd://h1:2379,h2:2379/prefix, etcds://,
   zk://h1:2181,h2:2181/prefix, zks://, memory:// (this process only).
+  etcd and zk need fenced built with the `etcd` / `zookeeper` cargo features.
 
-Exit codes of `run`: the command's own code (128+N if killed by signal N);
+Exit codes of `run`: the command's own code (128+N if killed by signal N, or if fenced got
+  signal N while still waiting: it left the line and did not start the command);
   75 lock held elsewhere for the whole --wait; 76 lock lost or running out while the command ran, or
   --max-hold reached (the command was stopped for it); 69 store failed or unreachable; 78 bad
   URL/key/label/option, a --grace that does not fit --ttl, or missing schema; 127 command could not
@@ -184,7 +191,8 @@ Timeline when renewals fail (T = --ttl, g = --grace, m = safety margin = max(1% 
   expires at its TTL anyway), at most 5s after a normal exit (then a warning, CMD's status,
   and the lock expires at its TTL): fenced exits within about a second of CMD after a loss.
 
-Exit codes: CMD's own (128+N if it died of signal N);
+Exit codes: CMD's own (128+N if it died of signal N; also 128+N, CMD not run, when fenced
+  got SIGTERM, SIGINT, SIGHUP or SIGQUIT while still waiting: it left the line first);
   75 lock held elsewhere for the whole --wait (CMD not run);
   76 lock lost or running out while CMD ran (see the timeline), or --max-hold reached
      (CMD was stopped for it); also when CMD finished but the store had taken the lock
@@ -197,7 +205,9 @@ Exit codes: CMD's own (128+N if it died of signal N);
   stderr, CMD's codes pass through silently.
 
 Signals and terminals:
-  SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed to CMD's process group; fenced waits up to
+  While fenced waits for the lock, SIGTERM, SIGINT, SIGHUP and SIGQUIT make it leave the line
+  (so nobody behind it waits for its turn) and exit 128+N without running CMD.
+  Once CMD runs, SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed to CMD's process group; fenced waits up to
   --grace (SIGKILL then, or at the safe deadline if renewals fail meanwhile), releases the lock
   and exits with CMD's status — 76 if the store had taken the lock away meanwhile.
   With stdin a terminal, CMD's group gets the terminal while it runs (it can read input; Ctrl-C
@@ -208,6 +218,10 @@ Signals and terminals:
   unit, KillMode=control-group) if that matters.";
 
 const STATUS_HELP: &str = "\
+Every holder is shown with its kind: `mutex`, `permit/N` (one of a semaphore's N), `reader` or
+`writer`; for a semaphore or reader-writer lock, `waiting` counts the line behind its holders
+(JSON field `waiting`; a separate line on stderr in the table).
+
 Examples:
   fenced status                          # every held lock: key, holder, token, TTL, label
   fenced status nightly-report deploy    # these keys, held or free

@@ -67,7 +67,23 @@ impl Signals {
             cont: signal(SignalKind::from_raw(Signal::SIGCONT as i32))?,
         })
     }
+
+    /// The next signal that tells fenced to stop (SIGTERM, SIGINT, SIGHUP,
+    /// SIGQUIT).
+    async fn stop(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.hup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
+        }
+    }
 }
+
+/// How long fenced, stopped by a signal while waiting, waits for the store
+/// to take its place out of the line before it exits (past it the place
+/// lapses after its TTL).
+pub(crate) const LEAVE_ON_SIGNAL: Duration = Duration::from_secs(3);
 
 /// The longest `--grace` that fits a lease of `ttl` renewed every
 /// `interval` with this safety `margin`: `ttl − margin − interval −
@@ -190,20 +206,46 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         say(&msg);
         return EXIT_CONFIG;
     }
-    let taken = match (args.permits, args.shared, args.exclusive) {
-        (Some(n), _, _) => match client.semaphore(args.key.as_str(), n) {
-            Ok(pool) => pool.acquire().await,
-            Err(e) => Err(e),
-        },
-        (None, true, _) => match client.rw_lock(args.key.as_str()) {
-            Ok(rw) => rw.read().await,
-            Err(e) => Err(e),
-        },
-        (None, false, true) => match client.rw_lock(args.key.as_str()) {
-            Ok(rw) => rw.write().await,
-            Err(e) => Err(e),
-        },
-        (None, false, false) => client.acquire(args.key.as_str()).await,
+    // Before the wait: a signal while waiting must give the place in line
+    // back (and wait for the store to take it out), not kill fenced and
+    // leave the place to hold up everyone behind it for its TTL. From the
+    // grant on, the same handlers keep a SIGHUP or SIGQUIT from killing
+    // fenced and leaving the command running without the lock.
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            say(&format!("cannot install signal handlers: {e}"));
+            return EXIT_STORE;
+        }
+    };
+    let acquire = async {
+        match (args.permits, args.shared, args.exclusive) {
+            (Some(n), _, _) => match client.semaphore(args.key.as_str(), n) {
+                Ok(pool) => pool.acquire().await,
+                Err(e) => Err(e),
+            },
+            (None, true, _) => match client.rw_lock(args.key.as_str()) {
+                Ok(rw) => rw.read().await,
+                Err(e) => Err(e),
+            },
+            (None, false, true) => match client.rw_lock(args.key.as_str()) {
+                Ok(rw) => rw.write().await,
+                Err(e) => Err(e),
+            },
+            (None, false, false) => client.acquire(args.key.as_str()).await,
+        }
+    };
+    let waited = tokio::select! {
+        // A grant that is ready wins: a signal that came with it then goes
+        // to the command, which is stopped and the lock released.
+        biased;
+        taken = acquire => Ok(taken),
+        sig = signals.stop() => Err(sig),
+    };
+    // The wait is dropped by now: its place is being taken out.
+    let taken = match waited {
+        Ok(taken) => taken,
+        Err(sig) => return gave_up_waiting(&args.key, sig).await,
     };
     let guard = match taken {
         Ok(g) => g,
@@ -236,16 +278,6 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
         }
     }
     let max_hold_at = args.max_hold.and_then(|m| Instant::now().checked_add(m));
-    // Before the command starts: from here on a SIGHUP or SIGQUIT must not
-    // kill fenced and leave the command running without the lock.
-    let mut signals = match Signals::install() {
-        Ok(s) => s,
-        Err(e) => {
-            say(&format!("cannot install signal handlers: {e}"));
-            release(guard, RELEASE_AFTER_EXIT).await;
-            return EXIT_STORE;
-        }
-    };
 
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
@@ -460,6 +492,25 @@ async fn stop_for_the_lock(job: &mut Job, guard: &LockGuard, grace: Duration) {
             say("the command was still running at the lock's safe deadline: killed it (SIGKILL)")
         }
     }
+}
+
+/// fenced was told to stop while waiting: the dropped wait's clean-up
+/// (leaving the line) gets [`LEAVE_ON_SIGNAL`] to finish, then fenced exits
+/// as the signal would have ended it (128 + its number), the command never
+/// started.
+async fn gave_up_waiting(key: &str, sig: Signal) -> u8 {
+    let left = fenced::cleanup::settle(LEAVE_ON_SIGNAL).await;
+    if left {
+        say(&format!(
+            "{sig} while waiting for `{key}`: left the line; not running the command"
+        ));
+    } else {
+        say(&format!(
+            "{sig} while waiting for `{key}`: the store did not confirm leaving the line within \
+             {LEAVE_ON_SIGNAL:?}; the place lapses after its TTL; not running the command"
+        ));
+    }
+    128 + sig as u8
 }
 
 /// A signal sent to fenced, passed on to the command's group: the command

@@ -386,14 +386,12 @@ impl<L: LineStore + Clone + 'static> Drop for Place<L> {
             return;
         };
         // Without a runtime the entry expires after its TTL.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (store, key, owner) = (self.store.clone(), self.key.clone(), self.owner.clone());
-            rt.spawn(async move {
-                if let Err(e) = store.leave(&key, &owner, token).await {
-                    tracing::debug!(key = %key, error = %e, "a cancelled waiter could not leave the line; it expires after its ttl");
-                }
-            });
-        }
+        let (store, key, owner) = (self.store.clone(), self.key.clone(), self.owner.clone());
+        crate::cleanup::spawn(async move {
+            if let Err(e) = store.leave(&key, &owner, token).await {
+                tracing::debug!(key = %key, error = %e, "a cancelled waiter could not leave the line; it expires after its ttl");
+            }
+        });
     }
 }
 

@@ -302,12 +302,10 @@ impl Drop for KillQueryOnDrop {
             return;
         }
         let (conns, id) = (self.conns.clone(), self.conn_id);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                // The id is a number the server gave us; KILL cannot be prepared.
-                let _ = conns.raw(format!("KILL QUERY {id}")).await;
-            });
-        }
+        fenced_api::cleanup::spawn(async move {
+            // The id is a number the server gave us; KILL cannot be prepared.
+            let _ = conns.raw(format!("KILL QUERY {id}")).await;
+        });
     }
 }
 
