@@ -179,9 +179,11 @@ impl Drop for Attempt {
         }
         // The first pass keeps the client's sessions alive for its one
         // request (the dropped future may have owned the last handle on
-        // the client); the second runs only if the client is still in use —
-        // otherwise its session leases, and anything left on them, expire
-        // one TTL after its last use.
+        // the client); the second, for a create still in flight, runs only
+        // if the client is still in use — otherwise its session leases, and
+        // anything left on them, expire one TTL after its last use. Only the
+        // first is a clean-up that `fenced_api::cleanup::settle` waits for:
+        // a process about to exit gives up its leases with its sessions.
         let sessions = Arc::clone(&self.sessions);
         let weak = Arc::downgrade(&self.sessions);
         let (entry, value) = (self.entry.clone(), self.value.clone());
@@ -190,10 +192,12 @@ impl Drop for Attempt {
         let cleanup = async move {
             Attempt::clean(&sessions, &entry, &value, lease, explicit).await;
             drop(sessions);
-            tokio::time::sleep(later).await;
-            if let Some(sessions) = weak.upgrade() {
-                Attempt::clean(&sessions, &entry, &value, lease, explicit).await;
-            }
+            tokio::spawn(async move {
+                tokio::time::sleep(later).await;
+                if let Some(sessions) = weak.upgrade() {
+                    Attempt::clean(&sessions, &entry, &value, lease, explicit).await;
+                }
+            });
         };
         fenced_api::cleanup::spawn(cleanup);
     }
