@@ -250,8 +250,15 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> u8 {
     let guard = match taken {
         Ok(g) => g,
         Err(Error::Timeout { key, waited }) => {
+            let taken = match (args.permits, args.shared, args.exclusive) {
+                (Some(1), _, _) => format!("the one permit of `{key}` is taken"),
+                (Some(n), _, _) => format!("all {n} permits of `{key}` are taken"),
+                (None, true, _) => format!("`{key}` is held by a writer, or a writer waits first"),
+                (None, false, true) => format!("`{key}` is held by readers or a writer"),
+                (None, false, false) => format!("lock `{key}` is held elsewhere"),
+            };
             say(&format!(
-                "lock `{key}` is held elsewhere (waited {waited:.1?}); not running the command"
+                "{taken} (waited {waited:.1?}); not running the command"
             ));
             return EXIT_BUSY;
         }
