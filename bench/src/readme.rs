@@ -120,7 +120,7 @@ pub fn readme_summary(results: &[CellResult], machine: &MachineInfo) -> String {
         "| store | consistency; failover | connections held per lock | a dead holder's key is free | \
          uncontended acq/s (cycle p50 ms) | 16 tasks on one key: acq/s, hand-off p50 / p99 ms | \
          {xproc} | \
-         16 tasks, hold 20 ms, think 20 ms: efficiency / Jain | 10 000 locks held: lost | choose it when |\n\
+         16 tasks, hold 20 ms, think 20 ms: efficiency / Jain | locks held by one client: lost of held | choose it when |\n\
          |---|---|---|---|--:|--:|--:|--:|--:|---|"
     );
     let mut seen: Vec<&str> = Vec::new();

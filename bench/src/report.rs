@@ -69,7 +69,7 @@ fn row(r: &CellResult) -> String {
 const HEADER: &str = "| implementation | scenario | acq/s | cycle p50 / p99 ms | efficiency | hand-off p50 / p99 ms | barging | per-task min / max | Jain | wait p99 / max ms | cmds/acq | errors | violations |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
 
 fn many_header() -> &'static str {
-    "| implementation | locks held | acquire all (s) | acquire/s | held (s) | lost | release all (s) | RSS before → held (MiB) | server connections before → held | errors |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+    "| implementation | locks held | in flight | acquire all (s) | acquire/s | held (s) | lost | requests/s while held | release all (s) | RSS before → held (MiB) | bytes per lock | server connections before → held | errors |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
 }
 
 fn many_row(r: &CellResult) -> Option<String> {
@@ -77,17 +77,20 @@ fn many_row(r: &CellResult) -> Option<String> {
     let mib = |k: Option<u64>| opt(k.map(|k| k as f64 / 1024.0), 0);
     let n = |c: Option<u64>| c.map_or_else(|| "–".to_owned(), |c| c.to_string());
     Some(format!(
-        "| {} | {} / {} | {:.2} | {:.0} | {:.1} | {} | {:.2} | {} → {} | {} → {} | {} |",
+        "| {} | {} / {} | {} | {:.2} | {:.0} | {:.1} | {} | {} | {:.2} | {} → {} | {} | {} → {} | {} |",
         r.implementation,
         m.held,
         m.keys,
+        m.in_flight,
         m.acquire_s,
         r.acq_per_s,
         m.held_s,
         m.lost,
+        opt(m.hold_requests_per_s(), 0),
         m.release_s,
         mib(m.rss_kib_before),
         mib(m.rss_kib_held),
+        opt(m.bytes_per_lock(), 0),
         n(m.server_connections_before),
         n(m.server_connections_held),
         r.errors

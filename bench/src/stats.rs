@@ -40,8 +40,12 @@ pub struct ManyKeys {
     pub keys: usize,
     /// Locks obtained.
     pub held: usize,
-    /// Seconds to take them all, one after another.
+    /// Seconds to take them all ([`in_flight`](Self::in_flight) at a time).
     pub acquire_s: f64,
+    /// Acquisitions in flight at once while taking them (1: one after
+    /// another). Absent in results of runs before it was recorded.
+    #[serde(default = "one")]
+    pub in_flight: usize,
     /// Seconds they were all held (renewal had to keep up meanwhile).
     pub held_s: f64,
     /// Seconds to release them all.
@@ -56,6 +60,29 @@ pub struct ManyKeys {
     pub server_connections_before: Option<u64>,
     /// Clients connected to the server while all were held.
     pub server_connections_held: Option<u64>,
+    /// Requests the server handled during the hold — this client's renewals,
+    /// plus whatever other clients sent (see [`requests`]).
+    #[serde(default)]
+    pub hold_requests: Option<u64>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl ManyKeys {
+    /// Requests per second the server handled during the hold: the
+    /// renewals' cost to the store.
+    pub fn hold_requests_per_s(&self) -> Option<f64> {
+        let n = self.hold_requests?;
+        (self.held_s > 0.0).then(|| n as f64 / self.held_s)
+    }
+
+    /// The client's resident memory per held lock, bytes.
+    pub fn bytes_per_lock(&self) -> Option<f64> {
+        let (before, held) = (self.rss_kib_before?, self.rss_kib_held?);
+        (self.held > 0).then(|| held.saturating_sub(before) as f64 * 1024.0 / self.held as f64)
+    }
 }
 
 /// One JSON line: one implementation on one scenario.
@@ -437,6 +464,27 @@ impl Servers {
             .map_or(self.etcd.as_str(), |(_, r)| r);
         rest.split('/').next().unwrap_or(rest).to_owned()
     }
+}
+
+/// Requests clients sent that the server has handled so far (all clients),
+/// if cheap to read: [`commands`], except on Redis, whose counts include
+/// the commands scripts run inside; there it is the script runs
+/// (`EVAL`/`EVALSHA`), which is every request fenced sends.
+pub(crate) async fn requests(server: Server, servers: &Servers) -> Option<u64> {
+    if server != Server::Redis {
+        return commands(server, servers).await;
+    }
+    let info = redis_info(servers, "commandstats").await?;
+    Some(
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.split("calls=").nth(1)?.split(',').next()?;
+                name.starts_with("eval")
+                    .then(|| calls.parse::<u64>().ok())?
+            })
+            .sum(),
+    )
 }
 
 /// Total commands the server has executed so far (all clients), if cheap to read.
