@@ -182,8 +182,10 @@ impl Drop for Attempt {
         // the client); the second, for a create still in flight, runs only
         // if the client is still in use — otherwise its session leases, and
         // anything left on them, expire one TTL after its last use. Only the
-        // first is a clean-up that `fenced_api::cleanup::settle` waits for:
-        // a process about to exit gives up its leases with its sessions.
+        // first is a clean-up that `fenced_api::cleanup::settle` waits for
+        // (the second waits two operation timeouts first): in a process that
+        // exits meanwhile, a create that lands after the first pass stays
+        // until its session lease expires, one TTL after the last renewal.
         let sessions = Arc::clone(&self.sessions);
         let weak = Arc::downgrade(&self.sessions);
         let (entry, value) = (self.entry.clone(), self.value.clone());

@@ -374,6 +374,7 @@ impl LineStore for SqlitePermits {
     }
 
     async fn clear(&self, key: &LockKey) -> Result<bool> {
+        let _write = self.inner.gate.enter().await;
         let rows = sqlx::query(self.inner.sql.force.clone())
             .bind(key.as_bytes())
             .fetch_all(&self.inner.pool)

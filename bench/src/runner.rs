@@ -17,12 +17,12 @@ use crate::{
     BenchError, Scenario, ScenarioKind,
 };
 
-/// How long tasks may still wait after a cell's deadline before giving up
-/// (waits that give up then are counted as `abandoned`, not as errors).
 /// Whether a many-keys cell has run in this process (see [`many_keys`]).
 static MANY_KEYS_MEASURED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// How long tasks may still wait after a cell's deadline before giving up
+/// (waits that give up then are counted as `abandoned`, not as errors).
 pub(crate) const DRAIN: Duration = Duration::from_secs(3);
 
 /// Extra time a whole cell may take beyond its nominal duration before it is

@@ -504,7 +504,9 @@ async fn stop_for_the_lock(job: &mut Job, guard: &LockGuard, grace: Duration) {
 /// fenced was told to stop while waiting: the dropped wait's clean-up
 /// (leaving the line) gets [`LEAVE_ON_SIGNAL`] to finish, then fenced exits
 /// as the signal would have ended it (128 + its number), the command never
-/// started.
+/// started. One narrow window stays: a grant the store made just as the
+/// wait was dropped, whose answer had not arrived, has no guard to release
+/// it and lapses after its TTL, as any acquisition cancelled in flight.
 async fn gave_up_waiting(key: &str, sig: Signal) -> u8 {
     let left = fenced::cleanup::settle(LEAVE_ON_SIGNAL).await;
     if left {
