@@ -401,7 +401,7 @@ impl DistributedLock for RedisLock {
         self.inner.conn.extend(lease, ttl).await
     }
 
-    /// One run of the extend script per [`EXTEND_CHUNK`] leases on one
+    /// One run of the extend script per 256 leases on one
     /// server. A Redis Cluster renews one by one (up to
     /// [`EXTEND_MANY_CONCURRENCY`](fenced_api::EXTEND_MANY_CONCURRENCY) in
     /// flight): one script's keys must share a slot, and the keys of a batch

@@ -61,7 +61,8 @@ pub struct ManyKeys {
     /// Clients connected to the server while all were held.
     pub server_connections_held: Option<u64>,
     /// Requests the server handled during the hold — this client's renewals,
-    /// plus whatever other clients sent (see [`requests`]).
+    /// plus whatever other clients sent (on Redis, script runs: its command
+    /// counts include the commands scripts run inside).
     #[serde(default)]
     pub hold_requests: Option<u64>,
 }
