@@ -618,7 +618,7 @@ impl Conn {
 
     /// Renews each of `leases` (distinct keys, one shard: every key of a
     /// standalone server, one slot of a cluster) for `ttl`, already
-    /// validated and in whole milliseconds, with one run of the extend
+    /// validated (the script gets it rounded up to whole milliseconds), with one run of the extend
     /// script: whether each was current and is renewed, in order.
     /// `min_replicas` confirms the batch as a whole; short of replicas the
     /// call fails while the renewals stay on the primary (the caller renews

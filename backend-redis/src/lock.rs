@@ -354,7 +354,6 @@ const EXTEND_CHUNK: usize = 256;
 #[async_trait]
 impl ExtendChunk for RedisLock {
     async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
-        let ttl = Duration::from_millis(scripts::millis_ceil(ttl));
         Ok(ChunkVerdict::Each(
             self.inner.conn.extend_batch(chunk, ttl).await?,
         ))

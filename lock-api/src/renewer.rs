@@ -110,13 +110,12 @@ async fn batcher(
         let mut batch = vec![first];
         let until = tokio::time::Instant::now() + linger(ttl);
         while batch.len() < MAX_BATCH {
-            let next = match queue.try_recv() {
-                Ok(r) => Some(r),
-                Err(_) => tokio::time::timeout_at(until, queue.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-            };
+            // A renewal already queued is taken even once the linger is
+            // over: `timeout_at` polls the receive before its deadline.
+            let next = tokio::time::timeout_at(until, queue.recv())
+                .await
+                .ok()
+                .flatten();
             match next {
                 Some(r) => batch.push(r),
                 None => break,
