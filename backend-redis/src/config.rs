@@ -104,6 +104,9 @@ pub struct RedisConfig {
 pub(crate) struct SentinelSettings {
     pub(crate) nodes: Vec<String>,
     pub(crate) master: String,
+    /// Where to connect instead of the primary's address as the sentinels
+    /// name it (NAT, a proxy, a container network).
+    pub(crate) address_map: Vec<AddressPair>,
 }
 
 /// The port sentinels listen on unless told otherwise.
@@ -155,6 +158,7 @@ impl SentinelSettings {
             SentinelSettings {
                 nodes,
                 master: master.to_owned(),
+                address_map: Vec::new(),
             },
             node_base,
         ))
@@ -174,7 +178,8 @@ pub(crate) struct ClusterSettings {
 /// A host and port.
 pub(crate) type HostPort = (String, u16);
 
-/// An address a cluster node announces, and the one to connect to instead.
+/// An address a cluster node announces (or the sentinels name as the
+/// primary), and the one to connect to instead.
 pub(crate) type AddressPair = (HostPort, HostPort);
 
 /// The port cluster nodes listen on unless told otherwise.
@@ -327,10 +332,11 @@ impl RedisConfig {
     /// plain TCP) — see "Sentinel" in the crate docs — or
     /// `redis+cluster://[user:pass@]h1[:6379],h2[:6379]?…` for a Redis
     /// Cluster (any reachable node names the rest; every lock lives on the
-    /// shard of its key's slot — see "Redis Cluster" in the crate docs;
-    /// `address_map=10.0.0.5:6379>db.example:7000,…` connects to the address
-    /// on the right of `>` wherever a node announces the one on the left:
-    /// NAT, a container network, a proxy).
+    /// shard of its key's slot — see "Redis Cluster" in the crate docs).
+    /// With either of the last two, `address_map=10.0.0.5:6379>db.example:7000,…`
+    /// connects to the address on the right of `>` wherever a cluster node
+    /// announces, or the sentinels name as the primary, the one on the left:
+    /// NAT, a container network, a proxy.
     ///
     /// fenced's parameters: `prefix` (the namespace, default `fenced`),
     /// `connect_timeout` and `operation_timeout` (also spelt `timeout`;
@@ -388,7 +394,7 @@ impl RedisConfig {
         };
         // `redis+sentinel://[user:pw@]s1:26379,s2:26379/master[/db]`: the
         // sentinels are asked for the primary; the rest is the primary's.
-        let (base, sentinel) = match base.strip_prefix("redis+sentinel://") {
+        let (base, mut sentinel) = match base.strip_prefix("redis+sentinel://") {
             Some(rest) => {
                 let (settings, node_base) = SentinelSettings::parse(rest)?;
                 (node_base, Some(settings))
@@ -434,12 +440,14 @@ impl RedisConfig {
                     })?
                 }
                 "replica_timeout" => replica_timeout = Some(parse_duration(p.value)?),
-                "address_map" => match cluster.as_mut() {
-                    Some(c) => c.address_map = parse_address_map(p.value)?,
-                    None => {
+                "address_map" => match (cluster.as_mut(), sentinel.as_mut()) {
+                    (Some(c), _) => c.address_map = parse_address_map(p.value)?,
+                    (None, Some(s)) => s.address_map = parse_address_map(p.value)?,
+                    (None, None) => {
                         return Err(Error::config(
-                            "address_map applies to redis+cluster:// only (the addresses the \
-                             cluster's nodes announce)",
+                            "address_map applies to redis+cluster:// (the addresses the \
+                             cluster's nodes announce) and redis+sentinel:// (the primary's \
+                             address as the sentinels name it) only",
                         ))
                     }
                 },
@@ -573,8 +581,8 @@ impl RedisConfig {
     }
 }
 
-/// `host:port>host:port,…`: each address a cluster node announces, and the
-/// one to connect to instead.
+/// `host:port>host:port,…`: each address a cluster node announces (or the
+/// sentinels name as the primary), and the one to connect to instead.
 fn parse_address_map(v: &str) -> Result<Vec<AddressPair>> {
     v.split(',')
         .map(|pair| {
@@ -817,6 +825,17 @@ mod tests {
             vec![(("h1".into(), 7000), ("10.0.0.1".into(), 17000))]
         );
         assert!(!format!("{c:?}").contains("pw"));
+        let c = RedisConfig::from_url(
+            "redis+sentinel://s1/mymaster?address_map=10.0.0.5:6379>[::1]:16379,h:1>h:2",
+        )
+        .unwrap();
+        assert_eq!(
+            c.sentinel.as_ref().unwrap().address_map,
+            vec![
+                (("10.0.0.5".into(), 6379), ("[::1]".into(), 16379)),
+                (("h".into(), 1), ("h".into(), 2))
+            ]
+        );
     }
 
     #[test]

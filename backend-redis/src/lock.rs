@@ -206,25 +206,7 @@ async fn connect_single(
 ) -> Result<(ConnectionManager, redis::Client, Option<Follow>)> {
     // Through Sentinel: the sentinels name the primary first.
     let (client, sentinel) = match &config.sentinel {
-        Some(st) => {
-            let mut sentinel = redis::sentinel::SentinelClient::build(
-                st.nodes.iter().map(|n| format!("redis://{n}")).collect(),
-                st.master.clone(),
-                Some(
-                    redis::sentinel::SentinelNodeConnectionInfo::default()
-                        .set_redis_connection_info(config.connection.redis_settings().clone()),
-                ),
-                redis::sentinel::SentinelServerType::Master,
-            )
-            .map_err(|e| {
-                Error::config(format!(
-                    "invalid sentinel settings for {}: {e}",
-                    config.display_url
-                ))
-            })?;
-            let client = crate::conn::ask_sentinels(&mut sentinel, config).await?;
-            (client, Some(sentinel))
-        }
+        Some(_) => (crate::conn::ask_sentinels(config).await?, true),
         None => {
             let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
                 Error::config(format!(
@@ -232,7 +214,7 @@ async fn connect_single(
                     config.display_url
                 ))
             })?;
-            (client, None)
+            (client, false)
         }
     };
     let primary = client.get_connection_info().addr().to_string();
@@ -246,7 +228,7 @@ async fn connect_single(
         .set_max_delay(Duration::from_millis(500))
         .set_push_sender(push)
         .set_automatic_resubscription();
-    let follow = sentinel.map(|s| Follow::new(s, primary, manager.clone()));
+    let follow = sentinel.then(|| Follow::new(primary, manager.clone()));
     let manager =
         ConnectionManager::new_lazy_with_config(client.clone(), manager).map_err(error::map)?;
     Ok((manager, client, follow))

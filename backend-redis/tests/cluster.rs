@@ -174,7 +174,7 @@ async fn cluster_urls_are_checked() {
         ("redis+cluster://h1:7000?address_map=h1>h2:1", "host[:port]"),
         (
             "redis://h1:7000?address_map=h1:7000>h2:1",
-            "redis+cluster:// only",
+            "applies to redis+cluster:// (the addresses",
         ),
     ] {
         match RedisLock::connect(bad).await {

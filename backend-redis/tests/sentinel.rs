@@ -204,3 +204,80 @@ async fn sentinel_urls_are_checked_before_connecting() {
     assert!(e.is_retryable(), "{e}");
     assert!(start.elapsed() < Duration::from_secs(5));
 }
+
+/// A TCP forwarder on a free loopback port to `to`; counts the connections
+/// it took.
+async fn forwarder(to: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::{atomic::AtomicUsize, atomic::Ordering, Arc};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let taken = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&taken);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (port, taken)
+}
+
+/// `address_map` applies to the primary the sentinels name: its check and
+/// its connection both go to the mapped address. A map to a port where
+/// nothing listens is a retryable error naming that port; a wrong primary
+/// name is one naming the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_map_sends_the_primary_connections_where_it_says() {
+    let (primary, _replica, sentinel) = setup().await;
+    let (via, taken) = forwarder(primary.port()).await;
+    let url = format!(
+        "{}?prefix=sentmap&connect_timeout=2s&address_map=127.0.0.1:{}>127.0.0.1:{via}",
+        sentinel.url(),
+        primary.port()
+    );
+    let lock = RedisLock::connect(&url).await.unwrap();
+    let lease = lock
+        .try_acquire(&key("sentmap"), &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free key");
+    assert_eq!(
+        lock.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let through = taken.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        through >= 2,
+        "the role check and the connection go through the mapped address: {through} connections"
+    );
+
+    // Nothing listens where the map points.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let url = format!(
+        "{}?connect_timeout=2s&address_map=127.0.0.1:{}>127.0.0.1:{dead_port}",
+        sentinel.url(),
+        primary.port()
+    );
+    let e = RedisLock::connect(&url).await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("127.0.0.1:{dead_port}, unreachable")),
+        "{e}"
+    );
+
+    // A name the sentinel does not monitor.
+    let url = sentinel.url().replace("/mymaster", "/nosuchname") + "?connect_timeout=2s";
+    let e = RedisLock::connect(&url).await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        e.to_string().contains("knows no primary `nosuchname`"),
+        "{e}"
+    );
+}
