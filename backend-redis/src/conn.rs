@@ -890,7 +890,7 @@ pub(crate) async fn ask_sentinels(config: &RedisConfig) -> Result<redis::Client>
         // An equal share of what is left with each sentinel not yet asked.
         let share = left / u32::try_from(st.nodes.len() - i).unwrap_or(u32::MAX);
         match tokio::time::timeout(share, ask_sentinel(node, st, config)).await {
-            Ok(Ok(Named::Primary(client))) => return Ok(client),
+            Ok(Ok(Named::Primary(client))) => return Ok(*client),
             Ok(Ok(Named::Nothing(why))) => {
                 answered = true;
                 said.push(format!("{node}: {why}"));
@@ -931,7 +931,7 @@ pub(crate) async fn ask_sentinels(config: &RedisConfig) -> Result<redis::Client>
 /// What one sentinel said.
 enum Named {
     /// A primary that answers `ROLE` as one.
-    Primary(redis::Client),
+    Primary(Box<redis::Client>),
     /// No such primary, and why.
     Nothing(String),
 }
@@ -970,7 +970,7 @@ async fn ask_sentinel(
     };
     let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut primary).await?;
     match role.first().and_then(scripts::text) {
-        Some(r) if r == "master" => Ok(Named::Primary(client)),
+        Some(r) if r == "master" => Ok(Named::Primary(Box::new(client))),
         r => Ok(Named::Nothing(format!(
             "named {host}:{port}, whose ROLE is {}",
             r.as_deref().unwrap_or("unknown")
