@@ -151,8 +151,7 @@ async fn main() -> std::process::ExitCode {
                 }
             }
             // Control: the same pause without fencing must be caught (where
-            // the pause is a cell: not on Sentinel, whose only cell is the
-            // failover).
+            // the pause is a cell).
             if i < 10
                 && Fault::PausePastTtl.applies_to(target)
                 && wanted(&format!("{} × control", target.name()))

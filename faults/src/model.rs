@@ -93,7 +93,7 @@ impl Target {
     /// Whether each client's traffic goes through a proxy of its own, which
     /// the network faults (blackhole, cuts, delays, lost replies) act on.
     pub(crate) fn proxied(self) -> bool {
-        !matches!(self, Target::Sqlite | Target::RedisSentinel)
+        self != Target::Sqlite
     }
 }
 
@@ -287,6 +287,19 @@ impl Fault {
         self.kind() == FaultKind::Server
     }
 
+    /// Whether the fault is injected by each client's proxy (so the client
+    /// must reach its store through one).
+    pub fn needs_proxy(self) -> bool {
+        matches!(
+            self,
+            Fault::BlackholePastTtl
+                | Fault::ConnectionCut
+                | Fault::ReplyDelayedPastTtl
+                | Fault::RenewalsDelayed
+                | Fault::LostAcquireAck
+        )
+    }
+
     /// Whether two clients believing they hold the key at once is a
     /// violation under this fault on `target`: nobody is frozen or cut off,
     /// or the store keeps its locks through the fault. (Under a pause, a
@@ -322,10 +335,17 @@ impl Fault {
     /// Whether the fault can be injected on `target` (network faults need a
     /// network).
     pub fn applies_to(self, target: Target) -> bool {
-        // Sentinel's cells run on a private primary, replica and sentinel,
-        // which only the failover starts.
+        // Sentinel's cells each run on a private primary, replica and
+        // sentinel (slow to start): the failover, and the contention, pause
+        // and blackhole that the other stores' profiles start from.
         if target == Target::RedisSentinel {
-            return self == Fault::LeaderKill;
+            return matches!(
+                self,
+                Fault::Contention
+                    | Fault::PausePastTtl
+                    | Fault::BlackholePastTtl
+                    | Fault::LeaderKill
+            );
         }
         match self {
             Fault::ServerRestart => {
@@ -356,14 +376,7 @@ impl Fault {
             Fault::ClockSkew => return target != Target::Sqlite,
             _ => {}
         }
-        !matches!(
-            self,
-            Fault::BlackholePastTtl
-                | Fault::ConnectionCut
-                | Fault::ReplyDelayedPastTtl
-                | Fault::RenewalsDelayed
-                | Fault::LostAcquireAck
-        ) || target.proxied()
+        !self.needs_proxy() || target.proxied()
     }
 }
 

@@ -228,8 +228,12 @@ pub fn markdown(results: &[RunResult], command: &str, machine: &str) -> String {
          same faults, and the client's URL maps each node's announced address to its port \
          (`address_map`): a blackhole silences every node to that client at once. The server \
          record is `MONITOR` on the primary that serves the lock's slot. Sentinel \
-         (`redis-sentinel`) has the failover cell only: its runs need a private primary, \
-         replica and sentinel.\n\n\
+         (`redis-sentinel`): every run starts a private primary, replica and sentinel (quorum \
+         1), so it has the cells the other stores' profiles start from — contention, pause, \
+         blackhole — and the failover. Clients ask the sentinel directly; in the blackhole cell \
+         each reaches the primary through its own proxy, whose port the URL maps the primary's \
+         address to (`address_map`). The server record is `MONITOR` on the primary the sentinel \
+         names.\n\n\
          PostgreSQL: TTL 600 ms as on MySQL, the shared server (database `fenced_test`) through \
          the proxy, plain TCP (`sslmode=disable`: a reply the proxy drops must go missing, not \
          break a TLS record stream). `postgres-lease` keeps a lock in a row whose expiry the \

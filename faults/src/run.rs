@@ -64,6 +64,16 @@ impl Target {
             return Ok(format!("sqlite://{}", dir.join("faults.db").display()));
         }
         let base = match (self.server(), private) {
+            // A Sentinel group's primary through the proxy: the sentinel
+            // names the primary's own address, which the URL maps.
+            (_, Some(p)) if self == Target::RedisSentinel && via.is_some() => {
+                let map: Vec<String> = via
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(up, px)| format!("{up}>{px}"))
+                    .collect();
+                return Ok(format!("{p}?prefix=ff{ns}&address_map={}", map.join(",")));
+            }
             (_, Some(p)) => p.to_owned(),
             (None, None) => return Err(format!("{}: its runs need a private server", self.name())),
             (Some((url, port)), None) => match via {

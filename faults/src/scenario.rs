@@ -83,8 +83,11 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, String> {
     if cfg.fault.kind() == FaultKind::Processes {
         return crate::procs::run(cfg, prep).await;
     }
-    // Private servers are reached directly; shared ones through a proxy each.
-    let upstreams = match prep.private {
+    // Private servers are reached directly; shared ones through a proxy
+    // each, and so is a private Sentinel group's primary when the proxy is
+    // the fault (the sentinel itself is asked directly).
+    let upstreams = match &prep.private {
+        Some(p) if cfg.fault.needs_proxy() => p.proxied_upstreams().await?,
         Some(_) => Vec::new(),
         None => cfg.target.upstreams().await?,
     };

@@ -69,7 +69,8 @@ impl PrivateStore {
     /// When the server binary is missing (naming `scripts/services.sh`) or
     /// the server does not come up.
     pub async fn for_run(target: Target, fault: Fault) -> Result<Option<Self>, String> {
-        if !fault.needs_private_server() {
+        // A Sentinel group is private whatever the fault: no shared one.
+        if !fault.needs_private_server() && target != Target::RedisSentinel {
             return Ok(None);
         }
         let store = match target {
@@ -153,6 +154,27 @@ impl PrivateStore {
             PrivateStore::Postgres(p) => p.url(),
             PrivateStore::RedisCluster(c) => c.url(),
             PrivateStore::RedisSentinel(g) => g.url(),
+        }
+    }
+
+    /// What a client's proxy forwards to when the proxy is the fault: the
+    /// primary of a Sentinel group (its clients' URLs map the address the
+    /// sentinel names to their proxies). The other private servers are
+    /// used by server faults only, which need no proxy.
+    ///
+    /// # Errors
+    ///
+    /// For a private server whose cells have no proxy.
+    pub async fn proxied_upstreams(&self) -> Result<Vec<std::net::SocketAddr>, String> {
+        match self {
+            PrivateStore::RedisSentinel(g) => {
+                let port = g
+                    .named_primary()
+                    .await
+                    .map_err(|e| err("private Redis Sentinel group", e))?;
+                Ok(vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))])
+            }
+            _ => Err("this private server's cells are not proxied".into()),
         }
     }
 

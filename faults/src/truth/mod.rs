@@ -254,11 +254,6 @@ pub enum Recorder {
 pub const MYSQL_SHARED_REASON: &str =
     "the run used the shared MariaDB, which keeps no binary log (hold truth::binlog::private_server() while running)";
 
-/// Why a Sentinel cell has no record: its only cell is the failover, whose
-/// kill ends a `MONITOR` stream, as other server faults' do.
-const SERVER_ONLY_REASON: &str =
-    "the Sentinel cells are failovers, which end a MONITOR stream like other server faults";
-
 /// The key prefix and the server part of a Redis URL.
 fn redis_prefix(url: &str) -> Result<(&str, &str), String> {
     let prefix = url
@@ -333,7 +328,16 @@ impl Recorder {
                         .await?,
                 )))
             }
-            Target::RedisSentinel => Ok(Recorder::None(SERVER_ONLY_REASON)),
+            // MONITOR on the primary the sentinel names (the failover, a
+            // server fault, records nothing, as other server faults).
+            Target::RedisSentinel => {
+                let (prefix, base) = redis_prefix(url)?;
+                let primary = redis::sentinel_primary(base).await?;
+                Ok(Recorder::Redis(Box::new(
+                    redis::Monitor::start(&format!("redis://{primary}"), &format!("{{{prefix}/"))
+                        .await?,
+                )))
+            }
         }
     }
 

@@ -164,7 +164,33 @@ pub async fn slot_node(url: &str, name: &str) -> Result<String, String> {
     Ok(format!("{host}:{port}"))
 }
 
-/// An admin connection to the first seed of the cluster URL `url`.
+/// `host:port` of the primary that the first sentinel of `url`
+/// (`redis+sentinel://s1,…/name`) names.
+///
+/// # Errors
+///
+/// When the sentinel cannot be asked or names no primary.
+pub async fn sentinel_primary(url: &str) -> Result<String, String> {
+    use fenced::redis::redis;
+    let mut c = seed(url).await?;
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let name = rest
+        .split_once('/')
+        .map(|(_, p)| p.split(['/', '?']).next().unwrap_or(p))
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("redis sentinel: no primary name in `{url}`"))?;
+    let named: Option<(String, String)> = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(name)
+        .query_async(&mut c)
+        .await
+        .map_err(|e| format!("redis sentinel: SENTINEL GET-MASTER-ADDR-BY-NAME: {e}"))?;
+    let (host, port) = named.ok_or_else(|| format!("redis sentinel: no primary `{name}`"))?;
+    Ok(format!("{host}:{port}"))
+}
+
+/// An admin connection to the first seed of the cluster URL `url` (or the
+/// first sentinel of a Sentinel URL).
 async fn seed(url: &str) -> Result<fenced::redis::redis::aio::MultiplexedConnection, String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let seed = rest.split([',', '/', '?']).next().unwrap_or(rest);
