@@ -80,11 +80,19 @@ pub async fn implementations(
                     ));
                 }
             }
-            "redis" => variants.push((
-                "fenced/redis".into(),
-                format!("{}?prefix=fb{id}", servers.redis),
-                Server::Redis,
-            )),
+            // The cluster row: every lock on the shard of its key's slot.
+            "redis" => {
+                variants.push((
+                    "fenced/redis".into(),
+                    format!("{}?prefix=fb{id}", servers.redis),
+                    Server::Redis,
+                ));
+                variants.push((
+                    "fenced/redis-cluster".into(),
+                    format!("{}?prefix=fb{id}", servers.redis_cluster),
+                    Server::RedisCluster,
+                ));
+            }
             "etcd" => variants.push((
                 "fenced/etcd".into(),
                 format!("etcd://{}/fenced-bench-{id}", servers.etcd_host_port()),
@@ -246,7 +254,12 @@ impl Implementation for FencedImpl {
         // held lock.
         let one_connection_per_lock =
             self.name.ends_with("row_lock") || self.name.ends_with("postgres-advisory");
-        !(one_connection_per_lock && matches!(scenario.kind, ScenarioKind::ManyKeys { .. }))
+        // A cluster renews lease by lease (a script's keys share one slot):
+        // 100 000 held locks are 10 000 scripts a second, not a cell's
+        // worth of batches.
+        let renews_one_by_one = self.server == Server::RedisCluster;
+        !((one_connection_per_lock || renews_one_by_one)
+            && matches!(scenario.kind, ScenarioKind::ManyKeys { .. }))
     }
 
     fn child_spec(&self) -> Option<ChildSpec> {
@@ -288,7 +301,19 @@ impl Implementation for FencedImpl {
                     .unwrap_or_default();
                 peers::drop_tables(&self.servers, &[table]).await
             }
-            Server::Redis => peers::redis_delete(&self.servers, &format!("{{fb{}*", self.id)).await,
+            Server::Redis => {
+                peers::redis_delete(&self.servers.redis, &format!("{{fb{}*", self.id)).await
+            }
+            Server::RedisCluster => {
+                let primaries = crate::stats::cluster_primaries(&self.servers)
+                    .await
+                    .ok_or_else(|| BenchError::new("the Redis Cluster names no primaries"))?;
+                for node in primaries {
+                    peers::redis_delete(&format!("redis://{node}"), &format!("{{fb{}*", self.id))
+                        .await?;
+                }
+                Ok(())
+            }
             // The namespace is persistent (the queues under it are
             // containers, the entries ephemeral).
             Server::ZooKeeper => {

@@ -357,7 +357,7 @@ impl Implementation for Peer {
             PeerKind::NaiveInsert => drop_tables(&self.servers, &[&self.naive_table()]).await,
             PeerKind::RowLock => drop_tables(&self.servers, &[&self.rows_table()]).await,
             PeerKind::Rslock | PeerKind::RedisCounterSemaphore => {
-                redis_delete(&self.servers, &format!("{{fb{}}}:*", self.id)).await
+                redis_delete(&self.servers.redis, &format!("{{fb{}}}:*", self.id)).await
             }
             #[cfg(feature = "etcd")]
             PeerKind::EtcdLock => etcd::drain(&self.abandoned).await,
@@ -395,8 +395,8 @@ pub(crate) async fn drop_tables(servers: &Servers, bases: &[&str]) -> Result<(),
 }
 
 /// Deletes the Redis keys matching `pattern` (SCAN, never KEYS or FLUSH).
-pub(crate) async fn redis_delete(servers: &Servers, pattern: &str) -> Result<(), BenchError> {
-    let client = redis::Client::open(servers.redis.as_str())?;
+pub(crate) async fn redis_delete(url: &str, pattern: &str) -> Result<(), BenchError> {
+    let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let mut cursor: u64 = 0;
     loop {

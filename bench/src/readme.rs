@@ -59,6 +59,12 @@ fn profile(name: &str) -> Option<Profile> {
             "after its TTL (server clock)",
             "fast efficiency locks; fencing tokens guard correctness",
         ),
+        "redis-cluster" => p(
+            "a primary per shard, asynchronous replication: a shard's failover can lose held locks",
+            "none (two connections per client: scripts, and sharded hand-over messages)",
+            "after its TTL (the shard's server clock)",
+            "Redis already runs as a cluster; locks spread over the shards by key",
+        ),
         "etcd" => p(
             "Raft quorum (CP): locks survive a leader failure",
             "none (one channel per client; a lease per TTL)",
@@ -229,6 +235,7 @@ mod tests {
             "mysql-row_lock",
             "mysql-optimistic",
             "redis",
+            "redis-cluster",
             "etcd",
             "zookeeper",
             "postgres-lease",

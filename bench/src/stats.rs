@@ -352,6 +352,8 @@ pub enum Server {
     MySql,
     /// Redis.
     Redis,
+    /// A Redis Cluster: counts are summed over its primaries.
+    RedisCluster,
     /// etcd.
     Etcd,
     /// ZooKeeper.
@@ -367,6 +369,8 @@ pub struct Servers {
     pub mysql: String,
     /// `redis://host:port`.
     pub redis: String,
+    /// `redis+cluster://host:port,…` (the seeds of a Redis Cluster).
+    pub redis_cluster: String,
     /// `http://host:port` of etcd.
     pub etcd: String,
     /// `zk://[user:password@]host:port[,host:port…]` of ZooKeeper (a path
@@ -394,6 +398,10 @@ impl Servers {
         Servers {
             mysql: env_or("FENCED_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
             redis: env_or("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+            redis_cluster: env_or(
+                "FENCED_TEST_REDIS_CLUSTER_URL",
+                "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
+            ),
             etcd: env_or("FENCED_TEST_ETCD_URL", "http://127.0.0.1:2379"),
             zookeeper: env_or("FENCED_TEST_ZOOKEEPER_URL", "zk://127.0.0.1:2181"),
             postgres: env_or(
@@ -472,11 +480,10 @@ impl Servers {
 /// the commands scripts run inside; there it is the script runs
 /// (`EVAL`/`EVALSHA`), which is every request fenced sends.
 pub(crate) async fn requests(server: Server, servers: &Servers) -> Option<u64> {
-    if server != Server::Redis {
+    if !matches!(server, Server::Redis | Server::RedisCluster) {
         return commands(server, servers).await;
     }
-    let info = redis_info(servers, "commandstats").await?;
-    Some(
+    redis_sum(server, servers, "commandstats", |info| {
         info.lines()
             .filter_map(|l| {
                 let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
@@ -484,7 +491,57 @@ pub(crate) async fn requests(server: Server, servers: &Servers) -> Option<u64> {
                 name.starts_with("eval")
                     .then(|| calls.parse::<u64>().ok())?
             })
-            .sum(),
+            .sum()
+    })
+    .await
+}
+
+/// `count` of an `INFO` section of the Redis server, or summed over the
+/// primaries of the Redis Cluster (their own clients' work: a replica
+/// also counts what it replays).
+async fn redis_sum(
+    server: Server,
+    servers: &Servers,
+    section: &str,
+    count: impl Fn(&str) -> u64,
+) -> Option<u64> {
+    if server != Server::RedisCluster {
+        return Some(count(&redis_info(servers, section).await?));
+    }
+    let mut sum = 0;
+    for node in cluster_primaries(servers).await? {
+        sum += count(&redis_info_at(&format!("redis://{node}"), section).await?);
+    }
+    Some(sum)
+}
+
+/// `host:port` of every primary of the Redis Cluster, as its first seed
+/// names them (`CLUSTER NODES`).
+pub(crate) async fn cluster_primaries(servers: &Servers) -> Option<Vec<String>> {
+    let rest = servers
+        .redis_cluster
+        .split_once("://")
+        .map_or(servers.redis_cluster.as_str(), |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let seed = rest.split([',', '/', '?']).next()?;
+    let client = redis::Client::open(format!("redis://{seed}")).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    Some(
+        nodes
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = f.nth(1)?.split('@').next()?;
+                let flags = f.next()?;
+                (flags.split(',').any(|x| x == "master") && !flags.contains("fail"))
+                    .then(|| addr.to_owned())
+            })
+            .collect(),
     )
 }
 
@@ -492,14 +549,14 @@ pub(crate) async fn requests(server: Server, servers: &Servers) -> Option<u64> {
 pub(crate) async fn commands(server: Server, servers: &Servers) -> Option<u64> {
     match server {
         Server::None => None,
-        Server::Redis => {
-            let info = redis_info(servers, "commandstats").await?;
-            Some(
+        Server::Redis | Server::RedisCluster => {
+            redis_sum(server, servers, "commandstats", |info| {
                 info.lines()
                     .filter_map(|l| l.split("calls=").nth(1))
                     .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
-                    .sum(),
-            )
+                    .sum()
+            })
+            .await
         }
         Server::MySql => mysql_status(servers, "Questions").await,
         Server::Etcd => {
@@ -522,10 +579,14 @@ pub(crate) async fn commands(server: Server, servers: &Servers) -> Option<u64> {
 /// Clients connected to the server (all clients), if cheap to read.
 pub(crate) async fn connections(server: Server, servers: &Servers) -> Option<u64> {
     match server {
-        Server::Redis => redis_info(servers, "clients")
-            .await?
-            .lines()
-            .find_map(|l| l.strip_prefix("connected_clients:")?.trim().parse().ok()),
+        Server::Redis | Server::RedisCluster => {
+            redis_sum(server, servers, "clients", |info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("connected_clients:")?.trim().parse().ok())
+                    .unwrap_or(0)
+            })
+            .await
+        }
         Server::MySql => mysql_status(servers, "Threads_connected").await,
         Server::ZooKeeper => mntr(servers, "zk_num_alive_connections").await,
         Server::Postgres => {
@@ -642,7 +703,12 @@ pub(crate) async fn postgres_version(servers: &Servers) -> Option<String> {
 }
 
 pub(crate) async fn redis_info(servers: &Servers, section: &str) -> Option<String> {
-    let client = redis::Client::open(servers.redis.as_str()).ok()?;
+    redis_info_at(&servers.redis, section).await
+}
+
+/// `INFO section` of the Redis server at `url`.
+async fn redis_info_at(url: &str, section: &str) -> Option<String> {
+    let client = redis::Client::open(url).ok()?;
     let mut conn = client.get_multiplexed_async_connection().await.ok()?;
     redis::cmd("INFO")
         .arg(section)
