@@ -12,6 +12,7 @@ mod lock;
 mod permits;
 mod persistence;
 mod scripts;
+mod sentinel;
 mod wait;
 
 pub use config::{

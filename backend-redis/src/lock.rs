@@ -14,12 +14,13 @@ use tokio::time::Instant;
 
 use crate::{
     config::{check_recheck, ClusterSettings, Prefix, RedisConfig},
-    conn::{granted, Conn, Follow, Link},
+    conn::{granted, Conn, Link},
     error::{self, BACKEND},
     list,
     permits::RedisPermits,
     persistence::{self, Persistence},
     scripts::{self, Attempt},
+    sentinel::Follow,
     wait::{self, Router},
 };
 
@@ -206,7 +207,7 @@ async fn connect_single(
 ) -> Result<(ConnectionManager, redis::Client, Option<Follow>)> {
     // Through Sentinel: the sentinels name the primary first.
     let (client, sentinel) = match &config.sentinel {
-        Some(_) => (crate::conn::ask_sentinels(config).await?, true),
+        Some(_) => (crate::sentinel::ask_sentinels(config).await?, true),
         None => {
             let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
                 Error::config(format!(
