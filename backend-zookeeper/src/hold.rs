@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fenced_api::{deadlines::Tracked, Error, Lease, ReleaseOutcome, Result};
+use fenced_api::{batch::ChunkVerdict, deadlines::Tracked, Error, Lease, ReleaseOutcome, Result};
 use tokio::time::Instant;
 
 use crate::{
@@ -67,6 +67,71 @@ pub(crate) async fn extend_tracked(
             tracker.forget(&node);
             Err(lost("its node was deleted or expired"))
         }
+        Err(e) => Err(error::map(e)),
+    }
+}
+
+/// Renews `chunk` in one `multi` of `setData`s when every lease of it is
+/// tracked here, current, of the owner its node names and on one session
+/// that grants the whole `ttl`: a `multi` applies all its writes or none,
+/// so its success renews exactly the chunk. Anything else — a lease not
+/// tracked, expired or lost, two sessions, a shorter session timeout, a
+/// node gone (the `multi` fails) — is [`ChunkVerdict::Unknown`], and
+/// [`extend_in_chunks`](fenced_api::batch::extend_in_chunks) renews the
+/// chunk one lease at a time, which says per lease what happened.
+pub(crate) async fn extend_tracked_chunk(
+    sessions: &Sessions,
+    tracker: &Tracker,
+    chunk: &[(&Lease, (String, i64))],
+    ttl: Duration,
+) -> Result<ChunkVerdict> {
+    let mut endings = Vec::with_capacity(chunk.len());
+    let mut session = None;
+    for (lease, node) in chunk {
+        // Every extend begun is ended by its guard: renewed on success,
+        // left as it was otherwise.
+        let held = match tracker.begin_extend(node) {
+            Tracked::Yes(held) => held,
+            Tracked::No => return Ok(ChunkVerdict::Unknown),
+            Tracked::Expired | Tracked::Lost => return Ok(ChunkVerdict::Unknown),
+        };
+        let ending = tracker.extending(Some(node.clone()));
+        let same_session = *session.get_or_insert(held.session) == held.session;
+        endings.push((ending, held.clone()));
+        if held.owner != lease.owner || !same_session {
+            return Ok(ChunkVerdict::Unknown);
+        }
+    }
+    let Some(s) = session.and_then(|id| sessions.by_id(id)) else {
+        return Ok(ChunkVerdict::Unknown);
+    };
+    // `extend_in_chunks` counts a renewed lease's TTL as asked.
+    if session::granted(ttl, s.negotiated()) != ttl {
+        return Ok(ChunkVerdict::Unknown);
+    }
+    let mut writer = s.client().new_multi_writer();
+    for ((_, node), (_, held)) in chunk.iter().zip(&endings) {
+        let data = entry::data(&held.owner, ttl, held.label.as_ref());
+        writer
+            .add_set_data(&node.0, &data, None)
+            .map_err(error::map)?;
+    }
+    let sent = Instant::now();
+    let commit = writer.commit();
+    match s
+        .run("multi", async move {
+            commit.await.map_err(zookeeper_client::Error::from)
+        })
+        .await?
+    {
+        Ok(_) => {
+            for ((lease, _), (ending, held)) in chunk.iter().zip(endings.iter_mut()) {
+                ending.renewed(lease.renewed(ttl, sent).deadline, held.clone());
+            }
+            Ok(ChunkVerdict::All)
+        }
+        // A node of the chunk is gone: nothing was written.
+        Err(e) if kind(&e) == Kind::NoNode => Ok(ChunkVerdict::Unknown),
         Err(e) => Err(error::map(e)),
     }
 }

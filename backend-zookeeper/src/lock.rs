@@ -5,8 +5,11 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use fenced_api::{
-    deadlines::ReaperTask, permits::LineSemaphores, Capabilities, DistributedLock, Error, Lease,
-    LockInfo, LockKey, LockOptions, ReleaseOutcome, Result, WaitPolicy,
+    batch::{ChunkVerdict, ExtendChunk},
+    deadlines::ReaperTask,
+    permits::LineSemaphores,
+    Capabilities, DistributedLock, Error, Lease, LockInfo, LockKey, LockOptions, ReleaseOutcome,
+    Result, WaitPolicy,
 };
 use tokio::time::Instant;
 
@@ -23,6 +26,11 @@ use crate::{
     track::{self, Node, Tracker},
     wait,
 };
+
+/// Leases per `multi` in [`DistributedLock::extend_many`]: 256 `setData`s
+/// of at most a few hundred bytes each (a key is at most 255), well within
+/// ZooKeeper's default 1 MiB request limit (`jute.maxbuffer`).
+const EXTEND_CHUNK: usize = 256;
 
 /// A lock store on ZooKeeper. Cheap to clone: clones share the sessions,
 /// the reaper and the held-lock table (one *client*).
@@ -287,6 +295,23 @@ impl ZkLock {
     }
 }
 
+/// One `multi` per chunk of leases this client tracks on one session (see
+/// [`hold::extend_tracked_chunk`]); anything else one by one.
+#[async_trait]
+impl ExtendChunk for ZkLock {
+    async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
+        let mut nodes = Vec::with_capacity(chunk.len());
+        for &lease in chunk {
+            match self.tracked(lease) {
+                Some(node) => nodes.push((lease, node)),
+                None => return Ok(ChunkVerdict::Unknown),
+            }
+        }
+        let inner = &self.inner;
+        hold::extend_tracked_chunk(&inner.sessions, &inner.tracker, &nodes, ttl).await
+    }
+}
+
 #[async_trait]
 impl DistributedLock for ZkLock {
     async fn try_acquire(&self, key: &LockKey, opts: &LockOptions) -> Result<Option<Lease>> {
@@ -344,6 +369,14 @@ impl DistributedLock for ZkLock {
             }
         }
         self.extend_untracked(lease, ttl).await
+    }
+
+    /// Up to [`EXTEND_CHUNK`] leases per `multi` of `setData`s (a
+    /// `LockClient`'s renewals of many held locks): the chunks of locks this
+    /// client holds on one session are one write each; the rest, and a
+    /// chunk whose `multi` fails, are renewed one by one.
+    async fn extend_many(&self, leases: &[Lease], ttl: Duration) -> Vec<Result<Lease>> {
+        fenced_api::batch::extend_in_chunks(self, leases, ttl, EXTEND_CHUNK).await
     }
 
     /// One delete for a lock this client holds (its owner checked against

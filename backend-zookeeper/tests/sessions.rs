@@ -169,3 +169,70 @@ async fn lock_client_keeps_a_lock_granted_shorter_than_asked() {
     assert_eq!(info.token, guard.token());
     guard.release().await.expect("release");
 }
+
+/// Requests the server has received so far (`mntr`).
+async fn packets(hostport: &str) -> u64 {
+    let mntr = common::four_letter(hostport, "mntr").await;
+    mntr.lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no packet count in {mntr}"))
+}
+
+/// `extend_many` of locks held on one session is one `multi` per 256: 300
+/// renewals reach the server as a few requests, not 300. A node deleted
+/// under its holder fails its chunk's `multi`, which then goes lease by
+/// lease: that lease reads as lost, every other one is renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_many_renews_a_sessions_locks_in_few_requests() {
+    let zk = PrivateZooKeeper::start(ZooKeeperOptions::default())
+        .await
+        .expect("a private ZooKeeper starts (binaries from scripts/services.sh)");
+    let url = zk.url("/batch?session_timeout=10s&connect_timeout=5s");
+    let store = ZkLock::connect(&url).await.expect("connects");
+    let other = ZkLock::connect(&url).await.expect("connects");
+    let ttl = Duration::from_secs(10);
+    let mut leases = Vec::new();
+    for i in 0..300 {
+        let lease = store
+            .acquire(&key(&format!("k{i}")), &opts(ttl, WAIT))
+            .await
+            .expect("granted");
+        assert_eq!(lease.ttl, ttl);
+        leases.push(lease);
+    }
+
+    let before = packets(&zk.hostports()).await;
+    let sent = Instant::now();
+    let renewed = store.extend_many(&leases, ttl).await;
+    let requests = packets(&zk.hostports()).await - before;
+    assert!(
+        requests <= 10,
+        "300 renewals took {requests} requests (one multi per 256 expected)"
+    );
+    for (lease, r) in leases.iter().zip(&renewed) {
+        let r = r.as_ref().expect("renewed");
+        assert_eq!(r.token, lease.token);
+        assert!(r.deadline >= sent + ttl - Duration::from_millis(1));
+    }
+
+    // The node of k5 deleted under its holder: its chunk goes one by one.
+    assert!(other
+        .force_release(&key("k5"))
+        .await
+        .expect("force release"));
+    let before = packets(&zk.hostports()).await;
+    let renewed = store.extend_many(&leases, ttl).await;
+    let requests = packets(&zk.hostports()).await - before;
+    for (i, r) in renewed.iter().enumerate() {
+        match (i, r) {
+            (5, Err(fenced_api::Error::LeaseLost { .. })) => {}
+            (5, other) => panic!("k5's node is gone, yet: {other:?}"),
+            (_, r) => assert!(r.is_ok(), "lease {i}: {r:?}"),
+        }
+    }
+    assert!(
+        (256..300).contains(&requests),
+        "the failed chunk one by one, the other as one multi: {requests} requests"
+    );
+}
