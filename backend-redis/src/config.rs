@@ -584,7 +584,8 @@ impl RedisConfig {
 /// `host:port>host:port,…`: each address a cluster node announces (or the
 /// sentinels name as the primary), and the one to connect to instead.
 fn parse_address_map(v: &str) -> Result<Vec<AddressPair>> {
-    v.split(',')
+    let pairs: Vec<AddressPair> = v
+        .split(',')
         .map(|pair| {
             let (from, to) = pair.split_once('>').ok_or_else(|| {
                 Error::config(format!(
@@ -602,7 +603,16 @@ fn parse_address_map(v: &str) -> Result<Vec<AddressPair>> {
             };
             Ok((one(from)?, one(to)?))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    for (i, (from, _)) in pairs.iter().enumerate() {
+        if pairs[..i].iter().any(|(f, _)| f == from) {
+            return Err(Error::config(format!(
+                "address_map maps `{}:{}` twice",
+                from.0, from.1
+            )));
+        }
+    }
+    Ok(pairs)
 }
 
 /// The re-check interval is a fallback, not a poll loop: 10 ms to 10 s.
@@ -836,6 +846,13 @@ mod tests {
                 (("h".into(), 1), ("h".into(), 2))
             ]
         );
+    }
+
+    #[test]
+    fn an_address_mapped_twice_is_refused() {
+        let e =
+            RedisConfig::from_url("redis+sentinel://s1/m?address_map=h:1>a:2,h:1>b:3").unwrap_err();
+        assert!(e.to_string().contains("maps `h:1` twice"), "{e}");
     }
 
     #[test]

@@ -432,14 +432,13 @@ impl Conn {
             }
             *asked = Some(Instant::now());
         }
-        let client = match sentinel::ask_sentinels(&self.shared.config).await {
-            Ok(client) => client,
+        let (client, addr) = match sentinel::ask_sentinels(&self.shared.config).await {
+            Ok(found) => (found.client, found.named),
             Err(e) => {
                 tracing::debug!(error = %e, "asking the sentinels for the primary failed");
                 return;
             }
         };
-        let addr = client.get_connection_info().addr().to_string();
         {
             let mut primary = follow.primary.lock().unwrap_or_else(|p| p.into_inner());
             if *primary == addr {

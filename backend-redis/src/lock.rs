@@ -206,8 +206,11 @@ async fn connect_single(
     push: impl Fn(redis::PushInfo) -> std::result::Result<(), ()> + Send + Sync + 'static,
 ) -> Result<(ConnectionManager, redis::Client, Option<Follow>)> {
     // Through Sentinel: the sentinels name the primary first.
-    let (client, sentinel) = match &config.sentinel {
-        Some(_) => (crate::sentinel::ask_sentinels(config).await?, true),
+    let (client, named) = match &config.sentinel {
+        Some(_) => {
+            let found = crate::sentinel::ask_sentinels(config).await?;
+            (found.client, Some(found.named))
+        }
         None => {
             let client = redis::Client::open((*config.connection).clone()).map_err(|e| {
                 Error::config(format!(
@@ -215,10 +218,9 @@ async fn connect_single(
                     config.display_url
                 ))
             })?;
-            (client, false)
+            (client, None)
         }
     };
-    let primary = client.get_connection_info().addr().to_string();
     let manager = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(config.operation_timeout))
@@ -229,7 +231,7 @@ async fn connect_single(
         .set_max_delay(Duration::from_millis(500))
         .set_push_sender(push)
         .set_automatic_resubscription();
-    let follow = sentinel.then(|| Follow::new(primary, manager.clone()));
+    let follow = named.map(|primary| Follow::new(primary, manager.clone()));
     let manager =
         ConnectionManager::new_lazy_with_config(client.clone(), manager).map_err(error::map)?;
     Ok((manager, client, follow))

@@ -268,9 +268,33 @@ async fn address_map_sends_the_primary_connections_where_it_says() {
     assert!(e.is_retryable(), "{e}");
     assert!(
         e.to_string()
-            .contains(&format!("127.0.0.1:{dead_port}, unreachable")),
+            .contains(&format!("(reached at 127.0.0.1:{dead_port}), unreachable")),
         "{e}"
     );
+
+    // A map that does not list the primary: never connected to as named.
+    let url = format!(
+        "{}?connect_timeout=2s&address_map=127.0.0.1:1>127.0.0.1:{via}",
+        sentinel.url()
+    );
+    let e = RedisLock::connect(&url).await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "named 127.0.0.1:{}, which address_map does not list",
+            primary.port()
+        )),
+        "{e}"
+    );
+
+    // Credentials the primary refuses: an error no retry mends.
+    let url = sentinel
+        .url()
+        .replace("redis+sentinel://", "redis+sentinel://someone:wrong@")
+        + "?connect_timeout=2s";
+    let e = RedisLock::connect(&url).await.unwrap_err();
+    assert!(!e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("refused the credentials"), "{e}");
 
     // A name the sentinel does not monitor.
     let url = sentinel.url().replace("/mymaster", "/nosuchname") + "?connect_timeout=2s";
