@@ -84,12 +84,12 @@ pub async fn implementations(
             "redis" => {
                 variants.push((
                     "fenced/redis".into(),
-                    format!("{}?prefix=fb{id}", servers.redis),
+                    with_param(&servers.redis, &format!("prefix=fb{id}")),
                     Server::Redis,
                 ));
                 variants.push((
                     "fenced/redis-cluster".into(),
-                    format!("{}?prefix=fb{id}", servers.redis_cluster),
+                    with_param(&servers.redis_cluster, &format!("prefix=fb{id}")),
                     Server::RedisCluster,
                 ));
             }
@@ -184,6 +184,17 @@ pub(crate) fn for_child(
 }
 
 /// The znode fenced/zookeeper's locks live under in the run `id`.
+/// `url` with `param` (`name=value`) added to its query (before a
+/// `#fragment`).
+fn with_param(url: &str, param: &str) -> String {
+    let (base, fragment) = match url.split_once('#') {
+        Some((b, f)) => (b, format!("#{f}")),
+        None => (url, String::new()),
+    };
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}{param}{fragment}")
+}
+
 fn zk_namespace(id: &str) -> String {
     format!("/fenced-bench-{id}")
 }
@@ -307,10 +318,9 @@ impl Implementation for FencedImpl {
             Server::RedisCluster => {
                 let primaries = crate::stats::cluster_primaries(&self.servers)
                     .await
-                    .ok_or_else(|| BenchError::new("the Redis Cluster names no primaries"))?;
+                    .map_err(BenchError::new)?;
                 for node in primaries {
-                    peers::redis_delete(&format!("redis://{node}"), &format!("{{fb{}*", self.id))
-                        .await?;
+                    peers::redis_delete(&node, &format!("{{fb{}*", self.id)).await?;
                 }
                 Ok(())
             }
@@ -497,5 +507,26 @@ impl Locker for ClientLocker {
 
     fn in_flight(&self) -> usize {
         MANY_IN_FLIGHT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_param;
+
+    #[test]
+    fn a_parameter_joins_the_query_the_url_has() {
+        assert_eq!(
+            with_param("redis://h:1", "prefix=p"),
+            "redis://h:1?prefix=p"
+        );
+        assert_eq!(
+            with_param("redis+cluster://h:1?address_map=a:1>b:2", "prefix=p"),
+            "redis+cluster://h:1?address_map=a:1>b:2&prefix=p"
+        );
+        assert_eq!(
+            with_param("rediss://h:1#insecure", "prefix=p"),
+            "rediss://h:1?prefix=p#insecure"
+        );
     }
 }

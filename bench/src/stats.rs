@@ -509,40 +509,57 @@ async fn redis_sum(
         return Some(count(&redis_info(servers, section).await?));
     }
     let mut sum = 0;
-    for node in cluster_primaries(servers).await? {
-        sum += count(&redis_info_at(&format!("redis://{node}"), section).await?);
+    for node in cluster_primaries(servers).await.ok()? {
+        sum += count(&redis_info_at(&node, section).await?);
     }
     Some(sum)
 }
 
-/// `host:port` of every primary of the Redis Cluster, as its first seed
-/// names them (`CLUSTER NODES`).
-pub(crate) async fn cluster_primaries(servers: &Servers) -> Option<Vec<String>> {
-    let rest = servers
-        .redis_cluster
-        .split_once("://")
-        .map_or(servers.redis_cluster.as_str(), |(_, r)| r);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
-    let seed = rest.split([',', '/', '?']).next()?;
-    let client = redis::Client::open(format!("redis://{seed}")).ok()?;
-    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+/// A `redis://` URL for every primary of the Redis Cluster, as its first
+/// seed names them (`CLUSTER NODES`), with the cluster URL's credentials.
+pub(crate) async fn cluster_primaries(servers: &Servers) -> Result<Vec<String>, String> {
+    let url = &servers.redis_cluster;
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let seed = hosts.split(',').next().unwrap_or(hosts);
+    let client = redis::Client::open(format!("redis://{userinfo}{seed}"))
+        .map_err(|e| format!("the Redis Cluster seed {seed}: {e}"))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("the Redis Cluster seed {seed}: {e}"))?;
     let nodes: String = redis::cmd("CLUSTER")
         .arg("NODES")
         .query_async(&mut conn)
         .await
-        .ok()?;
-    Some(
-        nodes
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let addr = f.nth(1)?.split('@').next()?;
-                let flags = f.next()?;
-                (flags.split(',').any(|x| x == "master") && !flags.contains("fail"))
-                    .then(|| addr.to_owned())
+        .map_err(|e| format!("CLUSTER NODES on {seed}: {e}"))?;
+    let primaries: Vec<String> = nodes
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let addr = f.nth(1)?.split('@').next()?;
+            let flags = f.next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            let primary = flags.split(',').any(|x| x == "master") && !flags.contains("fail");
+            // A node without an address (`:0`) serves nothing.
+            (primary && port != "0").then(|| {
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host.to_owned()
+                };
+                format!("redis://{userinfo}{host}:{port}")
             })
-            .collect(),
-    )
+        })
+        .collect();
+    if primaries.is_empty() {
+        return Err(format!("CLUSTER NODES on {seed} names no primaries"));
+    }
+    Ok(primaries)
 }
 
 /// Total commands the server has executed so far (all clients), if cheap to read.
