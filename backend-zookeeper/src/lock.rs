@@ -296,7 +296,7 @@ impl ZkLock {
 }
 
 /// One `multi` per chunk of leases this client tracks on one session (see
-/// [`hold::extend_tracked_chunk`]); anything else one by one.
+/// `hold::extend_tracked_chunk`); anything else one by one.
 #[async_trait]
 impl ExtendChunk for ZkLock {
     async fn extend_chunk(&self, chunk: &[&Lease], ttl: Duration) -> Result<ChunkVerdict> {
@@ -371,7 +371,7 @@ impl DistributedLock for ZkLock {
         self.extend_untracked(lease, ttl).await
     }
 
-    /// Up to [`EXTEND_CHUNK`] leases per `multi` of `setData`s (a
+    /// Up to 256 leases per `multi` of `setData`s (a
     /// `LockClient`'s renewals of many held locks): the chunks of locks this
     /// client holds on one session are one write each; the rest, and a
     /// chunk whose `multi` fails, are renewed one by one.
