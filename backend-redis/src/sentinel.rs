@@ -201,11 +201,7 @@ async fn ask_sentinel(
     let Ok(port) = port.parse::<u16>() else {
         return Outcome::Nothing(format!("named the port `{port}`"));
     };
-    let named = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
+    let named = host_port(host, port);
     let flags = flags.unwrap_or_default();
     if flags
         .split(',')
@@ -216,11 +212,7 @@ async fn ask_sentinel(
     let Some((host, port)) = mapped(&st.address_map, host, port) else {
         return Outcome::Nothing(format!("named {named}, which address_map does not list"));
     };
-    let at = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
+    let at = host_port(&host, port);
     let reached = if at == named {
         named.clone()
     } else {
@@ -271,6 +263,15 @@ async fn ask_sentinel(
             "named {reached}, whose ROLE is {}",
             r.as_deref().unwrap_or("unknown")
         )),
+    }
+}
+
+/// `host:port`, an IPv6 host in brackets.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 

@@ -71,13 +71,18 @@ async fn a_cut_off_holder_keeps_the_key_until_its_deadline_when_its_ttl_exceeds_
     other.release(&next).await.expect("release");
 }
 
-/// The server's open client connections (`mntr`), this probe's included.
-async fn connections(hostport: &str) -> u32 {
+/// One counter of the server's `mntr`.
+async fn mntr(hostport: &str, name: &str) -> u64 {
     let mntr = common::four_letter(hostport, "mntr").await;
     mntr.lines()
-        .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
+        .find_map(|l| l.strip_prefix(name))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no connection count in {mntr}"))
+        .unwrap_or_else(|| panic!("no {name} in {mntr}"))
+}
+
+/// The server's open client connections (`mntr`), this probe's included.
+async fn connections(hostport: &str) -> u64 {
+    mntr(hostport, "zk_num_alive_connections").await
 }
 
 /// A private server whose longest session is 4 s.
@@ -172,11 +177,7 @@ async fn lock_client_keeps_a_lock_granted_shorter_than_asked() {
 
 /// Requests the server has received so far (`mntr`).
 async fn packets(hostport: &str) -> u64 {
-    let mntr = common::four_letter(hostport, "mntr").await;
-    mntr.lines()
-        .find_map(|l| l.strip_prefix("zk_packets_received"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no packet count in {mntr}"))
+    mntr(hostport, "zk_packets_received").await
 }
 
 /// `extend_many` of locks held on one session is one `multi` per 256: 300
