@@ -544,12 +544,6 @@ impl RedisConfig {
             // Unused: an operation timeout of any length is fine.
             return Ok(());
         }
-        if self.cluster.is_some() {
-            return Err(Error::config(
-                "min_replicas is not supported with redis+cluster:// yet (WAIT must run on the \
-                 connection to the shard that took the write)",
-            ));
-        }
         let t = self.replica_timeout;
         if t < Duration::from_millis(1) || t >= self.operation_timeout {
             return Err(Error::config(format!(

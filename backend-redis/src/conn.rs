@@ -83,6 +83,10 @@ pub(crate) enum Link {
         /// subscription unasked when its slot moves, and that push must not
         /// land on a connection where it could be taken for a script's reply.
         subs: ClusterConnection,
+        /// With `min_replicas`: the writes `WAIT` confirms, each sent with
+        /// its `WAIT` (see [`LaneKind::Paired`]), apart from `conn` so that
+        /// a `WAIT` held up by slow replicas holds up no release or read.
+        waits: Option<ClusterConnection>,
     },
 }
 
@@ -488,11 +492,20 @@ impl Conn {
         if config.min_replicas == 0 {
             return Ok(self.shared_lane());
         }
-        let (Some(client), generation) = self.read_primary(|p| p.client.clone()) else {
-            // The configuration refuses min_replicas for a Cluster.
-            return Err(error::protocol(
-                "replicated writes need a connection to one server",
-            ));
+        let ((client, link), generation) =
+            self.read_primary(|p| (p.client.clone(), p.link.clone()));
+        let Some(client) = client else {
+            return match link {
+                Link::Cluster {
+                    waits: Some(conn), ..
+                } => Ok(Lane {
+                    conn: self.clone(),
+                    kind: LaneKind::Paired { conn, acked: None },
+                }),
+                _ => Err(error::protocol(
+                    "replicated writes need their own connection, and this client has none",
+                )),
+            };
         };
         let idle = {
             let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
@@ -656,23 +669,26 @@ impl Conn {
     /// one). On the shared lane (no `min_replicas`) there is nothing to wait
     /// for.
     pub(crate) async fn confirm(&self, lane: &mut Lane, key: &LockKey, what: &str) -> Result<()> {
-        let LaneKind::Own { conn, ready, .. } = &mut lane.kind else {
-            return Ok(());
-        };
         let n = self.shared.config.min_replicas;
         let wait = self.shared.config.replica_timeout;
-        *ready = false;
-        let acked: i64 = self
-            .bounded("WAIT", async {
-                redis::cmd("WAIT")
-                    .arg(n)
-                    .arg(millis_ceil(wait))
-                    .query_async(conn)
-                    .await
-                    .map_err(demoted)
-            })
-            .await?;
-        *ready = true;
+        let acked: i64 = match &mut lane.kind {
+            LaneKind::Shared(_) => return Ok(()),
+            LaneKind::Own { conn, ready, .. } => {
+                *ready = false;
+                let acked = self
+                    .bounded("WAIT", async {
+                        wait_cmd(n, wait).query_async(conn).await.map_err(demoted)
+                    })
+                    .await?;
+                *ready = true;
+                acked
+            }
+            // Sent with the write; taken once, so a second confirm of the
+            // same write cannot pass on a stale count.
+            LaneKind::Paired { acked, .. } => acked.take().ok_or_else(|| {
+                error::protocol(format!("no WAIT reply came with the {what} of `{key}`"))
+            })?,
+        };
         if acked >= i64::from(n) {
             return Ok(());
         }
@@ -761,6 +777,98 @@ enum LaneKind {
         /// No call in flight and none failed: fit for the next write.
         ready: bool,
     },
+    /// A Redis Cluster with `min_replicas`: the write and its `WAIT` go
+    /// out together, as one pipeline, to the node serving the write's slot
+    /// (see [`Paired`]). The cluster connection reconnects by itself, so a
+    /// `WAIT` sent on its own could reach a fresh connection that made no
+    /// write and answer for nothing; in one pipeline both go on one
+    /// connection or neither is answered.
+    Paired {
+        conn: ClusterConnection,
+        /// `WAIT`'s reply to the last write, until [`Conn::confirm`] takes
+        /// it.
+        acked: Option<i64>,
+    },
+}
+
+/// `WAIT n timeout`.
+fn wait_cmd(n: u32, timeout: Duration) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(n).arg(millis_ceil(timeout));
+    cmd
+}
+
+/// The connection a [`LaneKind::Paired`] lane runs a script on: `EVALSHA`
+/// goes out in one pipeline with `WAIT`, whose reply it keeps; anything else
+/// (the `SCRIPT LOAD` after a NOSCRIPT reply, which every primary must get)
+/// goes out alone.
+struct Paired {
+    conn: ClusterConnection,
+    wait: Cmd,
+    acked: Option<i64>,
+}
+
+impl ConnectionLike for Paired {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let is_script = matches!(
+            cmd.args_iter().next(),
+            Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA")
+        );
+        if !is_script {
+            let conn = self.conn.clone();
+            return Box::pin(until_run(move || {
+                let mut c = conn.clone();
+                async move { c.req_packed_command(cmd).await }
+            }));
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone()).add_command(self.wait.clone());
+        Box::pin(async move {
+            // A redirection of the script comes back as an error (the
+            // cluster connection looks for them in a pipeline's replies,
+            // and rebuilds its slot map), so `until_run` sends both again.
+            let replies = until_run(|| {
+                let (mut c, pipe) = (self.conn.clone(), &pipe);
+                async move { c.req_packed_commands(pipe, 0, 2).await }
+            })
+            .await?;
+            let mut replies = replies.into_iter();
+            let (Some(reply), Some(acked)) = (replies.next(), replies.next()) else {
+                return Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "a script sent with WAIT: fewer than two replies",
+                )));
+            };
+            self.acked = match acked {
+                Value::Int(n) => Some(n),
+                Value::ServerError(e) => return Err(demoted(e.into())),
+                other => {
+                    return Err(RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "an unexpected reply to WAIT",
+                        format!("{other:?}"),
+                    )))
+                }
+            };
+            match reply {
+                Value::ServerError(e) => Err(e.into()),
+                reply => Ok(reply),
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.conn.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }
 
 impl Lane {
@@ -778,6 +886,20 @@ impl Lane {
                 *ready = false;
                 let res = self.conn.bounded(what, script.invoke_async(conn)).await;
                 *ready = res.is_ok();
+                res
+            }
+            LaneKind::Paired { conn, acked } => {
+                let config = self.conn.config();
+                let mut paired = Paired {
+                    conn: conn.clone(),
+                    wait: wait_cmd(config.min_replicas, config.replica_timeout),
+                    acked: None,
+                };
+                let res = self
+                    .conn
+                    .bounded(what, script.invoke_async(&mut paired))
+                    .await;
+                *acked = paired.acked;
                 res
             }
         }

@@ -104,7 +104,9 @@ impl RedisLockBuilder {
 
     /// Replicas that must acknowledge every grant and renewal (default 0:
     /// none; at most [`MAX_MIN_REPLICAS`](crate::MAX_MIN_REPLICAS)): after
-    /// each, the client sends `WAIT n replica_timeout`; a grant that fewer
+    /// each, the client sends `WAIT n replica_timeout` (in a Redis Cluster,
+    /// in one pipeline with the write, counting the replicas of the key's
+    /// shard); a grant that fewer
     /// acknowledged is given back and reported as a retryable
     /// [`Error::Backend`], a renewal as a retryable error while the lease
     /// stays extended on the primary. See "Replicas" in the crate docs for
@@ -282,21 +284,26 @@ async fn connect_cluster(
                 config.display_url
             ))
         })?;
-    // Two connections: the subscriptions apart from the scripts (see
-    // `Link::Cluster`).
-    let (conn, subs) = fenced_api::bounded(
+    // Two connections: the subscriptions apart from the scripts, and a
+    // third for writes `WAIT` confirms (see `Link::Cluster`).
+    let paired = config.min_replicas > 0;
+    let (conn, subs, waits) = fenced_api::bounded(
         BACKEND,
         format!("connecting to {}", config.display_url),
         config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
         async {
             let conn = client.get_async_connection().await.map_err(error::map)?;
             let subs = client.get_async_connection().await.map_err(error::map)?;
-            Ok((conn, subs))
+            let waits = match paired {
+                true => Some(client.get_async_connection().await.map_err(error::map)?),
+                false => None,
+            };
+            Ok((conn, subs, waits))
         },
     )
     .await
     .map_err(|e| e.connecting(&config.display_url))?;
-    Ok(Link::Cluster { conn, subs })
+    Ok(Link::Cluster { conn, subs, waits })
 }
 
 impl RedisLock {

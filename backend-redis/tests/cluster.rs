@@ -164,7 +164,10 @@ async fn cluster_urls_are_checked() {
         ("redis+cluster://h1:7000,h2:x", "invalid port"),
         ("redis+cluster://h1:7000/3", "database 0"),
         ("redis+cluster://h1:7000?db=2", "database 0"),
-        ("redis+cluster://h1:7000?min_replicas=1", "min_replicas"),
+        (
+            "redis+cluster://h1:7000?min_replicas=1&replica_timeout=9s",
+            "below the operation timeout",
+        ),
         ("rediss+cluster://h1:7000", "not supported"),
         ("redis+cluster://,h2:7000", "host[:port]"),
         (
@@ -378,4 +381,106 @@ async fn a_held_keys_slot_moves_to_another_shard() {
         .unwrap()
         .is_some_and(|i| i.token == got.token));
     waiter.release(&got).await.unwrap();
+}
+
+/// Whether `e` says too few replicas acknowledged (retryable).
+fn short_of_replicas(e: &Error) -> bool {
+    e.is_retryable() && e.to_string().contains("min_replicas")
+}
+
+/// The state value of `name` on the replica at `port` (`READONLY` first: a
+/// cluster replica redirects reads otherwise).
+async fn on_replica(port: u16, name: &str) -> Option<String> {
+    let mut c = admin_connection(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let () = redis::cmd("READONLY").query_async(&mut c).await.unwrap();
+    redis::cmd("GET")
+        .arg(name)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// `min_replicas` on a Cluster: each grant and renewal waits for that many
+/// replicas of the shard that serves the key (`WAIT`, sent with the script
+/// in one pipeline). With shard 0's replica stopped, a grant there is
+/// refused with a retryable error and given back, a renewal is reported
+/// short while the lease stays extended on the primary, and the other
+/// shards go on granting; with the replica back, shard 0 grants again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
+    let cluster = PrivateRedisCluster::start(3, 1).await.unwrap();
+    let prefix = "replicated";
+    let mut admin = cluster.primary(0).admin().await.unwrap();
+    let keys = key_per_shard(&mut admin, prefix).await;
+    assert_eq!(keys.len(), 3, "a key on every shard");
+    let lock = RedisLock::connect(&format!(
+        "{}&min_replicas=1&replica_timeout=300ms",
+        url(&cluster.url(), prefix)
+    ))
+    .await
+    .unwrap();
+    let o = opts(Duration::from_secs(30));
+    let shard = |i: usize| {
+        let primary = format!("127.0.0.1:{}", cluster.primary(i).port());
+        let k = keys[&primary].clone();
+        let replica = cluster.replicas_of(i)[0].port();
+        (k, replica)
+    };
+
+    // Every shard: once a grant returns, the shard's replica has it.
+    for i in 0..3 {
+        let (k, replica) = shard(i);
+        for _ in 0..5 {
+            let l = lock.try_acquire(&k, &o).await.unwrap().expect("free");
+            let state = on_replica(replica, &format!("{{{prefix}/{k}}}:l"))
+                .await
+                .expect("replicated before the grant returned");
+            assert!(state.starts_with(&format!("{}|1|", l.token)), "{state}");
+            let l = lock.extend(&l, o.ttl()).await.unwrap();
+            assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
+        }
+    }
+
+    let (k0, _) = shard(0);
+    let (k1, _) = shard(1);
+    let held = lock.try_acquire(&k0, &o).await.unwrap().expect("free");
+    cluster.replicas_of(0)[0].signal("STOP").unwrap();
+    // A second key on shard 0 (its primary serves its slot).
+    let primary0 = format!("127.0.0.1:{}", cluster.primary(0).port());
+    let mut other = key("replicated-short");
+    while owner_of(&mut admin, prefix, &other).await.1 != primary0 {
+        other = key("replicated-short");
+    }
+    let start = Instant::now();
+    let e = lock.try_acquire(&other, &o).await.unwrap_err();
+    assert!(short_of_replicas(&e), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(lock.inspect(&other).await.unwrap().is_none(), "given back");
+    let e = lock.extend(&held, o.ttl()).await.unwrap_err();
+    assert!(short_of_replicas(&e), "{e}");
+    let info = lock.inspect(&k0).await.unwrap().expect("still held");
+    assert_eq!(info.token, held.token);
+    // Another shard is not held up.
+    let l = lock.try_acquire(&k1, &o).await.unwrap().expect("free");
+    lock.release(&l).await.unwrap();
+
+    cluster.replicas_of(0)[0].signal("CONT").unwrap();
+    let renewed = retrying(Duration::from_secs(10), || lock.extend(&held, o.ttl()))
+        .await
+        .expect("renewed once the replica is back");
+    assert_eq!(
+        lock.release(&renewed).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let l = retrying(Duration::from_secs(10), || lock.try_acquire(&other, &o))
+        .await
+        .unwrap()
+        .expect("free");
+    lock.release(&l).await.unwrap();
 }
