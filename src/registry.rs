@@ -14,6 +14,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("rediss", "redis"),
     ("redis+sentinel", "redis"),
     ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
@@ -201,6 +202,8 @@ mod tests {
             ("redis+sentinel://s1:26379,s2/mymaster", Ok("redis")),
             #[cfg(feature = "redis")]
             ("redis+cluster://h1:7000,h2:7001", Ok("redis")),
+            #[cfg(feature = "redis")]
+            ("rediss+cluster://h1:7000,h2:7001", Ok("redis")),
             #[cfg(not(feature = "mysql"))]
             ("mysql://h/db", Err("`mysql` cargo feature")),
             #[cfg(feature = "zookeeper")]
@@ -253,6 +256,7 @@ mod tests {
             ("rediss://h", "redis"),
             ("redis+sentinel://s1/mymaster", "redis"),
             ("redis+cluster://h1:7000", "redis"),
+            ("rediss+cluster://h1:7000", "redis"),
             ("etcd://h:2379/p", "etcd"),
             ("etcds://h:2379/p", "etcd"),
             ("zk://h:2181/p", "zookeeper"),

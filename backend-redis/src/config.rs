@@ -186,11 +186,11 @@ pub(crate) type AddressPair = (HostPort, HostPort);
 const CLUSTER_PORT: u16 = 6379;
 
 impl ClusterSettings {
-    /// Parses what follows `redis+cluster://` (no query, no fragment):
-    /// `[userinfo@]host[:port],…[/]`. Returns the settings and a
-    /// `redis://[userinfo@]<placeholder>` URL for the nodes' own settings
-    /// (credentials).
-    fn parse(rest: &str) -> Result<(ClusterSettings, String)> {
+    /// Parses what follows `redis+cluster://` or `rediss+cluster://` (no
+    /// query, no fragment): `[userinfo@]host[:port],…[/]`. Returns the
+    /// settings and a `redis://[userinfo@]<placeholder>` URL (`rediss://`
+    /// with `tls`) for the nodes' own settings (credentials, TLS).
+    fn parse(rest: &str, tls: bool) -> Result<(ClusterSettings, String)> {
         let (userinfo, hosts, path) = split_hosts(rest);
         let nodes = parse_nodes(hosts, CLUSTER_PORT, "redis+cluster://", "cluster node")?;
         if !path.is_empty() && path != "0" {
@@ -199,7 +199,8 @@ impl ClusterSettings {
             )));
         }
         let node_base = format!(
-            "redis://{}{PLACEHOLDER_HOST}",
+            "{}://{}{PLACEHOLDER_HOST}",
+            if tls { "rediss" } else { "redis" },
             userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
         );
         Ok((
@@ -332,7 +333,8 @@ impl RedisConfig {
     /// plain TCP) — see "Sentinel" in the crate docs — or
     /// `redis+cluster://[user:pass@]h1[:6379],h2[:6379]?…` for a Redis
     /// Cluster (any reachable node names the rest; every lock lives on the
-    /// shard of its key's slot — see "Redis Cluster" in the crate docs).
+    /// shard of its key's slot — see "Redis Cluster" in the crate docs), or
+    /// `rediss+cluster://…` for one that speaks TLS (`#insecure` as above).
     /// With either of the last two, `address_map=10.0.0.5:6379>db.example:7000,…`
     /// connects to the address on the right of `>` wherever a cluster node
     /// announces, or the sentinels name as the primary, the one on the left:
@@ -371,13 +373,7 @@ impl RedisConfig {
         let scheme = base.split_once("://").map(|(s, _)| s).unwrap_or_default();
         let tls = match scheme {
             "redis" | "redis+sentinel" | "redis+cluster" => false,
-            "rediss" => true,
-            "rediss+cluster" => {
-                return Err(Error::config(
-                    "rediss+cluster:// is not supported yet: use redis+cluster:// (plain TCP) \
-                     or rediss:// to one server",
-                ))
-            }
+            "rediss" | "rediss+cluster" => true,
             "rediss+sentinel" => {
                 return Err(Error::config(
                     "rediss+sentinel:// is not supported: Sentinel discovery speaks plain TCP \
@@ -386,8 +382,8 @@ impl RedisConfig {
             }
             _ => {
                 return Err(Error::config(format!(
-                    "expected a redis://, rediss://, redis+sentinel:// or redis+cluster:// url, \
-                     got `{}`",
+                    "expected a redis://, rediss://, redis+sentinel://, redis+cluster:// or \
+                     rediss+cluster:// url, got `{}`",
                     redact(url)
                 )))
             }
@@ -403,9 +399,13 @@ impl RedisConfig {
         };
         // `redis+cluster://[user:pw@]h1:7000,h2:7001`: the nodes name the
         // rest of the cluster; the credentials are every node's.
-        let (base, mut cluster) = match base.strip_prefix("redis+cluster://") {
+        // `rediss+cluster://`: the same over TLS to every node.
+        let cluster_rest = base
+            .strip_prefix("redis+cluster://")
+            .or_else(|| base.strip_prefix("rediss+cluster://"));
+        let (base, mut cluster) = match cluster_rest {
             Some(rest) => {
-                let (settings, node_base) = ClusterSettings::parse(rest)?;
+                let (settings, node_base) = ClusterSettings::parse(rest, tls)?;
                 (node_base, Some(settings))
             }
             None => (base, None),
@@ -490,6 +490,7 @@ impl RedisConfig {
         }
         let userinfo = || {
             base.strip_prefix("redis://")
+                .or_else(|| base.strip_prefix("rediss://"))
                 .and_then(|r| r.rsplit_once('@'))
                 .map(|(userinfo, _)| format!("{userinfo}@"))
                 .unwrap_or_default()
@@ -504,7 +505,12 @@ impl RedisConfig {
                 base.rsplit_once(PLACEHOLDER_HOST).map_or("", |(_, db)| db)
             )),
             (None, Some(cl)) => redact(&format!(
-                "redis+cluster://{}{}",
+                "{}://{}{}",
+                if tls {
+                    "rediss+cluster"
+                } else {
+                    "redis+cluster"
+                },
                 userinfo(),
                 cl.nodes
                     .iter()
@@ -829,6 +835,21 @@ mod tests {
             vec![(("h1".into(), 7000), ("10.0.0.1".into(), 17000))]
         );
         assert!(!format!("{c:?}").contains("pw"));
+        assert!(!c.tls);
+        // TLS to every node: the placeholder address carries it (and
+        // `#insecure`) to the nodes the cluster client connects to.
+        #[cfg(feature = "tls")]
+        {
+            let c =
+                RedisConfig::from_url("rediss+cluster://u:pw@h1:7000,h2:7001#insecure").unwrap();
+            assert!(c.tls);
+            assert_eq!(c.display_url(), "rediss+cluster://u:***@h1:7000,h2:7001");
+            assert!(matches!(
+                c.connection.addr(),
+                ConnectionAddr::TcpTls { insecure: true, .. }
+            ));
+            assert_eq!(c.connection.redis_settings().password(), Some("pw"));
+        }
         let c = RedisConfig::from_url(
             "redis+sentinel://s1/mymaster?address_map=10.0.0.5:6379>[::1]:16379,h:1>h:2",
         )

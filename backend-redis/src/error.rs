@@ -82,6 +82,15 @@ pub(crate) fn map_with(e: RedisError, topology: Topology) -> Error {
         }
         _ => {}
     }
+    // A TLS handshake that refused the server's certificate: trying again
+    // meets the same certificate. The redis crate gives rustls's reason as
+    // text only.
+    if e.is_io_error() && e.to_string().contains("invalid peer certificate") {
+        return Error::config(format!(
+            "the redis server's TLS certificate was refused ({e}): the client must trust the \
+             CA that signed it (end the url with #insecure to skip the check, for tests only)"
+        ));
+    }
     // BUSY: a script is running on the server and ours did not run; safe to retry.
     let busy = e.code().is_some_and(|c| c == "BUSY");
     // ClusterConnectionNotFound: a cluster client lost every connection to

@@ -24,7 +24,13 @@ pub use persistence::Persistence;
 pub use redis;
 
 /// URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel", "redis+cluster"];
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+];
 
 /// This backend's entry for the `fenced::connect(url)` registry.
 pub fn driver() -> fenced_api::Driver {

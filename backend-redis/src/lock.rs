@@ -249,10 +249,26 @@ async fn connect_cluster(
     // `[v6]` in a URL, a bare address to connect to and to match the
     // addresses nodes announce.
     let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_owned();
+    // The nodes' TLS settings (`rediss+cluster://`, `#insecure`) are the
+    // placeholder address's; the cluster client takes its TLS mode from
+    // the first node.
+    let node_addr = |host: &str, port: u16| match config.connection.addr() {
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: bare(host),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => redis::ConnectionAddr::Tcp(bare(host), port),
+    };
     let nodes = cluster.nodes.iter().map(|(host, port)| {
         (*config.connection)
             .clone()
-            .set_addr(redis::ConnectionAddr::Tcp(bare(host), *port))
+            .set_addr(node_addr(host, *port))
     });
     let map = cluster
         .address_map

@@ -168,7 +168,6 @@ async fn cluster_urls_are_checked() {
             "redis+cluster://h1:7000?min_replicas=1&replica_timeout=9s",
             "below the operation timeout",
         ),
-        ("rediss+cluster://h1:7000", "not supported"),
         ("redis+cluster://,h2:7000", "host[:port]"),
         (
             "redis+cluster://h1:7000?address_map=h1:7000",
@@ -483,4 +482,92 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
         .unwrap()
         .expect("free");
     lock.release(&l).await.unwrap();
+}
+
+/// `rediss+cluster://`: TLS to every node (the cluster's nodes speak TLS
+/// only, to clients, to their replicas and on the cluster bus). Locks on
+/// every shard with a hand-over by message and `min_replicas` on each; the
+/// certificate is verified unless the URL ends in `#insecure`, and plain
+/// text to the TLS ports is refused.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cluster_urls_speak_tls_to_every_node() {
+    let dir = fenced_testkit::private::temp_dir("redis-cluster-tls").unwrap();
+    let files = fenced_testkit::private::TestCa::new("fenced redis cluster test CA")
+        .unwrap()
+        .issue_server(dir.path())
+        .unwrap();
+    let cluster = PrivateRedisCluster::start_tls(3, 1, files).await.unwrap();
+    let server = cluster.url();
+    assert!(server.starts_with("rediss+cluster://"), "{server}");
+    let prefix = "tls";
+    let mut admin = cluster.primary(0).admin().await.unwrap();
+    let keys = key_per_shard(&mut admin, prefix).await;
+    assert_eq!(keys.len(), 3, "a key on every shard");
+    // The test CA is trusted by no one: `#insecure` (TLS still encrypts).
+    let insecure = format!(
+        "{}&min_replicas=1&replica_timeout=2s#insecure",
+        url(&server, prefix)
+    );
+    let holder = RedisLock::connect(&insecure).await.unwrap();
+    let waiter = RedisLock::connect(&insecure).await.unwrap();
+    let o = opts(Duration::from_secs(30));
+    let wait = o
+        .to_builder()
+        .wait_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    for k in keys.values() {
+        let held = holder.try_acquire(k, &o).await.unwrap().expect("free");
+        let waiting = {
+            let (waiter, k, wait) = (waiter.clone(), k.clone(), wait.clone());
+            tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+        };
+        let queue = format!("{{{prefix}/{k}}}:q");
+        let (_, owner) = owner_of(&mut admin, prefix, k).await;
+        let node = cluster
+            .nodes()
+            .find(|n| format!("127.0.0.1:{}", n.port()) == owner)
+            .expect("the owner is a node of the cluster");
+        let mut node = node.admin().await.unwrap();
+        let start = Instant::now();
+        while common::queue_len(&mut node, &queue).await == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            holder.release(&held).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let next = waiting.await.unwrap().unwrap();
+        assert!(next.token > held.token, "{} > {}", next.token, held.token);
+        assert_eq!(
+            waiter.release(&next).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+
+    // Without `#insecure` the certificate is checked, and refused.
+    let verified = format!("{}&operation_timeout=2s", url(&server, prefix))
+        .replace("operation_timeout=5s&", "");
+    match RedisLock::connect(&verified).await {
+        Err(e @ Error::Config { .. }) => assert!(
+            e.to_string().contains("certificate"),
+            "refused for another reason: {e}"
+        ),
+        other => panic!("an untrusted certificate: {other:?}"),
+    }
+    // Plain text to the TLS ports is refused.
+    let plain = url(
+        &server.replace("rediss+cluster://", "redis+cluster://"),
+        prefix,
+    )
+    .replace(
+        "connect_timeout=5s&operation_timeout=5s",
+        "connect_timeout=1s&operation_timeout=1s",
+    );
+    assert!(
+        RedisLock::connect(&plain).await.is_err(),
+        "plain text accepted on the TLS ports"
+    );
 }

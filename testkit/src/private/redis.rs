@@ -150,7 +150,13 @@ impl PrivateRedis {
                 .arg(&tls.key)
                 .arg("--tls-ca-cert-file")
                 .arg(&tls.ca)
-                .args(["--tls-auth-clients", "no"]);
+                .args(["--tls-auth-clients", "no"])
+                // Replication and, for a cluster node, the cluster bus
+                // over TLS too: the server listens for nothing else.
+                .args(["--tls-replication", "yes"]);
+            if self.cluster_bus.is_some() {
+                cmd.args(["--tls-cluster", "yes"]);
+            }
         }
         match self.options.persistence {
             RedisPersistence::None => cmd.args(["--appendonly", "no"]),
@@ -278,9 +284,25 @@ impl PrivateRedisCluster {
     /// When `redis-server` is missing (naming `scripts/services.sh`) or the
     /// cluster does not form.
     pub async fn start(primaries: usize, replicas: usize) -> Result<Self> {
+        Self::start_with(primaries, replicas, None).await
+    }
+
+    /// [`start`](Self::start) for a cluster that speaks TLS only — to
+    /// clients, between replicas and primaries, and on the cluster bus —
+    /// with these files (clients are not asked for certificates).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_tls(primaries: usize, replicas: usize, tls: TlsFiles) -> Result<Self> {
+        Self::start_with(primaries, replicas, Some(tls)).await
+    }
+
+    async fn start_with(primaries: usize, replicas: usize, tls: Option<TlsFiles>) -> Result<Self> {
         let node = || {
             PrivateRedis::start(RedisOptions {
                 cluster: true,
+                tls: tls.clone(),
                 ..RedisOptions::default()
             })
         };
@@ -372,14 +394,22 @@ impl PrivateRedisCluster {
         &self.replicas[i]
     }
 
-    /// `redis+cluster://127.0.0.1:<p>,…` naming every primary as a seed.
+    /// `redis+cluster://127.0.0.1:<p>,…` naming every primary as a seed
+    /// (`rediss+cluster://` for a TLS cluster, whose CA no client trusts:
+    /// append `#insecure` after any query).
     pub fn url(&self) -> String {
         let seeds: Vec<String> = self
             .primaries
             .iter()
             .map(|p| format!("127.0.0.1:{}", p.port()))
             .collect();
-        format!("redis+cluster://{}", seeds.join(","))
+        let tls = self.primaries.iter().any(|p| p.options.tls.is_some());
+        let scheme = if tls {
+            "rediss+cluster"
+        } else {
+            "redis+cluster"
+        };
+        format!("{scheme}://{}", seeds.join(","))
     }
 
     /// Waits until `ready(CLUSTER INFO, INFO replication)` holds on every
