@@ -34,9 +34,10 @@ const MANY_IN_FLIGHT: usize = 32;
 /// `drivers` (SQLite in a temporary directory, MySQL `unique_key`,
 /// `row_lock` and `optimistic`, Redis, etcd, ZooKeeper and PostgreSQL
 /// `lease` and `advisory` if their drivers are compiled in), then the peers
-/// and floors. `only`, when not empty,
-/// keeps the ones whose name contains one of its strings (`redis`, `mysql`,
-/// `fenced/`, `peer/`; `zookeeper,zk-` for every ZooKeeper row).
+/// and floors. `only`, when not empty, keeps the ones it selects: a whole
+/// name selects that one (`fenced/redis`), any other string every name that
+/// contains it (`redis`, `mysql`, `fenced/`, `peer/`; `zookeeper,zk-` for
+/// every ZooKeeper row).
 ///
 /// Every implementation gets its own namespace (table, prefix) named after a
 /// fresh id; [`Implementation::cleanup`] removes it.
@@ -51,8 +52,7 @@ pub async fn implementations(
     only: &[String],
 ) -> Result<Vec<Box<dyn Implementation>>, BenchError> {
     let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| name.contains(o.as_str()));
-    let mut out: Vec<Box<dyn Implementation>> = Vec::new();
+    let mut candidates = Vec::new();
     let mut tmp = None;
     for d in drivers {
         let mut variants: Vec<(String, String, Server)> = Vec::new();
@@ -129,34 +129,76 @@ pub async fn implementations(
             }
             _ => {}
         }
-        for (name, url, server) in variants {
-            if !wanted(&name) {
-                continue;
-            }
-            if let Some(m) = d.migrate {
-                m(url.clone()).await.map_err(|e| {
-                    BenchError::new(format!(
-                        "{name}: migrate failed (is the server up? scripts/services.sh): {e}"
-                    ))
-                })?;
-            }
-            out.push(Box::new(FencedImpl {
-                name,
-                url,
-                server,
-                driver: *d,
-                id: id.clone(),
-                _tmp: tmp.clone(),
-                servers: servers.clone(),
-            }));
-        }
+        candidates.extend(
+            variants
+                .into_iter()
+                .map(|(name, url, server)| (name, url, server, *d, tmp.clone())),
+        );
     }
-    for p in peers::peers(servers, &id) {
-        if wanted(p.name()) {
-            out.push(p);
+    let peers = peers::peers(servers, &id);
+    // Chosen by name among all of them (see `selected`).
+    let (keep_fenced, keep_peers): (Vec<bool>, Vec<bool>) = {
+        let names: Vec<&str> = candidates
+            .iter()
+            .map(|c| c.0.as_str())
+            .chain(peers.iter().map(|p| p.name()))
+            .collect();
+        (
+            candidates
+                .iter()
+                .map(|c| selected(only, &names, &c.0))
+                .collect(),
+            peers
+                .iter()
+                .map(|p| selected(only, &names, p.name()))
+                .collect(),
+        )
+    };
+    let mut out: Vec<Box<dyn Implementation>> = Vec::new();
+    for ((name, url, server, d, tmp), keep) in candidates.into_iter().zip(keep_fenced) {
+        if !keep {
+            continue;
         }
+        if let Some(m) = d.migrate {
+            m(url.clone()).await.map_err(|e| {
+                BenchError::new(format!(
+                    "{name}: migrate failed (is the server up? scripts/services.sh): {e}"
+                ))
+            })?;
+        }
+        out.push(Box::new(FencedImpl {
+            name,
+            url,
+            server,
+            driver: d,
+            id: id.clone(),
+            _tmp: tmp,
+            servers: servers.clone(),
+        }));
     }
+    out.extend(
+        peers
+            .into_iter()
+            .zip(keep_peers)
+            .filter_map(|(p, keep)| keep.then_some(p)),
+    );
     Ok(out)
+}
+
+/// Whether `--only` (`only`) selects the implementation `name` of all
+/// `names`: every one when `only` is empty; an entry that is the whole name
+/// of an implementation selects that one alone (`fenced/redis`, not also
+/// `fenced/redis-cluster`); any other entry, every name that contains it
+/// (`redis`, `fenced/mysql`, `peer/`).
+fn selected(only: &[String], names: &[&str], name: &str) -> bool {
+    only.is_empty()
+        || only.iter().any(|o| {
+            if names.contains(&o.as_str()) {
+                o == name
+            } else {
+                name.contains(o.as_str())
+            }
+        })
 }
 
 /// A child process's copy of the `fenced/*` implementation `spec` (its
@@ -512,7 +554,34 @@ impl Locker for ClientLocker {
 
 #[cfg(test)]
 mod tests {
-    use super::with_param;
+    use super::{selected, with_param};
+
+    #[test]
+    fn a_whole_name_selects_that_implementation_alone() {
+        let names = [
+            "fenced/redis",
+            "fenced/redis-cluster",
+            "fenced/mysql-row_lock",
+            "peer/rslock",
+        ];
+        let only = |o: &[&str]| -> Vec<&str> {
+            let o: Vec<String> = o.iter().map(|s| (*s).to_owned()).collect();
+            names
+                .iter()
+                .copied()
+                .filter(|n| selected(&o, &names, n))
+                .collect()
+        };
+        assert_eq!(only(&[]), names);
+        assert_eq!(only(&["fenced/redis"]), ["fenced/redis"]);
+        assert_eq!(only(&["redis"]), ["fenced/redis", "fenced/redis-cluster"]);
+        assert_eq!(
+            only(&["fenced/redis", "peer/"]),
+            ["fenced/redis", "peer/rslock"]
+        );
+        assert_eq!(only(&["fenced/mysql"]), ["fenced/mysql-row_lock"]);
+        assert!(only(&["consul"]).is_empty());
+    }
 
     #[test]
     fn a_parameter_joins_the_query_the_url_has() {

@@ -16,9 +16,10 @@ pub(crate) struct BenchArgs {
     /// Directory for results.jsonl and the SVG plots.
     #[arg(long, default_value = "bench/results")]
     pub(crate) out: PathBuf,
-    /// Only implementations whose name contains one of these (comma-separated),
-    /// e.g. `redis`, `mysql`, `fenced/`, `peer/rslock`, `zookeeper,zk-` (every
-    /// ZooKeeper row). Default: all.
+    /// Only these implementations (comma-separated): a whole name selects
+    /// that one (`fenced/redis`, not also `fenced/redis-cluster`), any other
+    /// string every name that contains it, e.g. `redis`, `mysql`, `fenced/`,
+    /// `zookeeper,zk-` (every ZooKeeper row). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// Only scenarios whose name contains one of these (comma-separated),
