@@ -69,7 +69,7 @@ impl Holds<'_> {
         };
         let refused = |e: &Error| {
             if matches!(e, Error::LeaseLost { .. }) {
-                tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+                tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
                 tracker.forget(&tracked);
             }
         };

@@ -42,7 +42,7 @@ pub(crate) async fn extend_tracked(
     };
     let mut ending = tracker.extending(Some(node.clone()));
     if held.owner != lease.owner {
-        tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: another owner's lease");
+        tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: another owner's lease");
         return Err(lost("the lock belongs to another owner"));
     }
     let Some(s) = sessions.by_id(held.session) else {
@@ -62,7 +62,7 @@ pub(crate) async fn extend_tracked(
             Ok(Some(renewed))
         }
         Err(e) if kind(&e) == Kind::NoNode => {
-            tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+            tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
             drop(ending);
             tracker.forget(&node);
             Err(lost("its node was deleted or expired"))

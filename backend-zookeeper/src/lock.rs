@@ -244,7 +244,7 @@ impl ZkLock {
         let token = lease.token.get() as i64;
         for _ in 0..3 {
             let Some(h) = self.current(lease).await? else {
-                tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
+                tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: the lock is gone");
                 return Err(Error::lease_lost(
                     &lease.key,
                     lease.token,

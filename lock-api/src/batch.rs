@@ -146,7 +146,7 @@ fn verdict(lease: &Lease, renewed: bool, ttl: Duration, sent: Instant) -> Result
     if renewed {
         return Ok(lease.renewed(ttl, sent));
     }
-    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
+    tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
     Err(Error::lease_lost(
         &lease.key,
         lease.token,

@@ -40,9 +40,11 @@ pub fn in_list<'a, D: Dialect>(
 }
 
 /// The error of a renewal the store refused (the lease expired or another
-/// holder has the key), logged once here.
+/// holder has the key). Logged at debug only: the caller decides what it
+/// means (a `LockClient` guard reports "lock lost"; a renewal racing its
+/// own guard's release is no news).
 pub fn extend_refused(lease: &Lease) -> Error {
-    tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
+    tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
     Error::lease_lost(
         &lease.key,
         lease.token,

@@ -406,7 +406,7 @@ impl<S: RowStrategy> DistributedLock for Polled<S> {
         if done.rows_affected() == 1 {
             return Ok(lease.renewed(ttl, sent));
         }
-        tracing::warn!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
+        tracing::debug!(key = %lease.key, token = %lease.token, "extend refused: the lease expired or was taken over");
         let reason = "the row expired or belongs to another holder";
         Err(Error::lease_lost(&lease.key, lease.token, reason))
     }
