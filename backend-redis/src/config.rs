@@ -257,9 +257,9 @@ impl RedisConfig {
         };
         let base = base.as_str();
         if tls && !cfg!(feature = "tls") {
-            return Err(Error::config(
-                "rediss:// needs the `tls` feature of fenced-redis",
-            ));
+            return Err(Error::config(format!(
+                "{scheme}:// needs the `tls` feature of fenced-redis"
+            )));
         }
         let mut prefix = Prefix::new(DEFAULT_PREFIX)?;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;

@@ -53,6 +53,9 @@ struct Shared {
     /// (`min_replicas` ≥ 1; see [`Lane`]), each with the generation it was
     /// opened in.
     lanes: Mutex<Vec<(u64, MultiplexedConnection)>>,
+    /// The same for a Redis Cluster: idle cluster connections for writes
+    /// sent with their `WAIT`.
+    cluster_lanes: Mutex<Vec<ClusterConnection>>,
     config: RedisConfig,
     follow: Option<Follow>,
 }
@@ -86,10 +89,11 @@ pub(crate) enum Link {
         /// subscription unasked when its slot moves, and that push must not
         /// land on a connection where it could be taken for a script's reply.
         subs: ClusterConnection,
-        /// With `min_replicas`: the writes `WAIT` confirms, each sent with
-        /// its `WAIT` (see [`LaneKind::Paired`]), apart from `conn` so that
-        /// a `WAIT` held up by slow replicas holds up no release or read.
-        waits: Option<ClusterConnection>,
+        /// With `min_replicas`: opens the connections for the writes `WAIT`
+        /// confirms, each sent with its `WAIT` on a connection used by one
+        /// write at a time (see [`Lane`]), so that a `WAIT` held up by slow
+        /// replicas holds up no other call.
+        waits: Option<Arc<redis::cluster::ClusterClient>>,
     },
 }
 
@@ -327,6 +331,7 @@ impl Conn {
                 primary: RwLock::new(Primary { link, client }),
                 generation: AtomicU64::new(0),
                 lanes: Mutex::new(Vec::new()),
+                cluster_lanes: Mutex::new(Vec::new()),
                 config,
                 follow,
             }),

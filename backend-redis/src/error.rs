@@ -85,11 +85,23 @@ pub(crate) fn map_with(e: RedisError, topology: Topology) -> Error {
     // A TLS handshake that refused the server's certificate: trying again
     // meets the same certificate. The redis crate gives rustls's reason as
     // text only.
-    if e.is_io_error() && e.to_string().contains("invalid peer certificate") {
-        return Error::config(format!(
-            "the redis server's TLS certificate was refused ({e}): the client must trust the \
-             CA that signed it (end the url with #insecure to skip the check, for tests only)"
-        ));
+    if e.is_io_error() {
+        let text = e.to_string();
+        if text.contains("invalid peer certificate") {
+            return Error::config(format!(
+                "the redis server's TLS certificate was refused ({e}): it must be valid now, \
+                 name the address the client connects to (in a cluster, each node's announced \
+                 address or its address_map target) and be signed by a CA the client trusts \
+                 (SSL_CERT_FILE adds one; a url ending in #insecure skips the check, for tests \
+                 only)"
+            ));
+        }
+        if text.contains("CertificateRequired") {
+            return Error::config(format!(
+                "the redis server asks for a client certificate ({e}), which fenced-redis does \
+                 not send: set `tls-auth-clients no` (or `optional`) on the server"
+            ));
+        }
     }
     // BUSY: a script is running on the server and ours did not run; safe to retry.
     let busy = e.code().is_some_and(|c| c == "BUSY");

@@ -249,9 +249,9 @@ async fn connect_cluster(
     // `[v6]` in a URL, a bare address to connect to and to match the
     // addresses nodes announce.
     let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_owned();
-    // The nodes' TLS settings (`rediss+cluster://`, `#insecure`) are the
-    // placeholder address's; the cluster client takes its TLS mode from
-    // the first node.
+    // The seeds speak TLS as the URL says (`rediss+cluster://`,
+    // `#insecure`); the cluster client takes the TLS mode for the nodes it
+    // discovers from the first seed.
     let node_addr = |host: &str, port: u16| match config.connection.addr() {
         redis::ConnectionAddr::TcpTls {
             insecure,
@@ -300,8 +300,9 @@ async fn connect_cluster(
                 config.display_url
             ))
         })?;
-    // Two connections: the subscriptions apart from the scripts, and a
-    // third for writes `WAIT` confirms (see `Link::Cluster`).
+    // Two connections: the subscriptions apart from the scripts; with
+    // `min_replicas`, the client opens more for writes `WAIT` confirms (see
+    // `Link::Cluster`).
     let paired = config.min_replicas > 0;
     let (conn, subs, waits) = fenced_api::bounded(
         BACKEND,
@@ -310,11 +311,7 @@ async fn connect_cluster(
         async {
             let conn = client.get_async_connection().await.map_err(error::map)?;
             let subs = client.get_async_connection().await.map_err(error::map)?;
-            let waits = match paired {
-                true => Some(client.get_async_connection().await.map_err(error::map)?),
-                false => None,
-            };
-            Ok((conn, subs, waits))
+            Ok((conn, subs, paired.then(|| Arc::new(client.clone()))))
         },
     )
     .await

@@ -401,6 +401,22 @@ async fn on_replica(port: u16, name: &str) -> Option<String> {
         .unwrap()
 }
 
+/// How many `WAIT`s the node at `port` ran (`INFO commandstats`).
+async fn wait_calls(port: u16) -> u64 {
+    let mut c = admin_connection(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// `min_replicas` on a Cluster: each grant and renewal waits for that many
 /// replicas of the shard that serves the key (`WAIT`, sent with the script
 /// in one pipeline). With shard 0's replica stopped, a grant there is
@@ -428,9 +444,12 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
         (k, replica)
     };
 
-    // Every shard: once a grant returns, the shard's replica has it.
+    // Every shard: once a grant returns, the shard's replica has it, and
+    // the shard's primary ran a WAIT for each grant and renewal.
     for i in 0..3 {
         let (k, replica) = shard(i);
+        let primary = cluster.primary(i).port();
+        let waits_before = wait_calls(primary).await;
         for _ in 0..5 {
             let l = lock.try_acquire(&k, &o).await.unwrap().expect("free");
             let state = on_replica(replica, &format!("{{{prefix}/{k}}}:l"))
@@ -440,6 +459,11 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
             let l = lock.extend(&l, o.ttl()).await.unwrap();
             assert_eq!(lock.release(&l).await.unwrap(), ReleaseOutcome::Released);
         }
+        let waits = wait_calls(primary).await - waits_before;
+        assert!(
+            waits >= 10,
+            "{waits} WAITs on shard {i} for 5 grants and 5 renewals"
+        );
     }
 
     let (k0, _) = shard(0);
@@ -468,6 +492,39 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
     // Another shard is not held up.
     let l = lock.try_acquire(&k1, &o).await.unwrap().expect("free");
     lock.release(&l).await.unwrap();
+    // Grants on the stopped shard wait side by side, each on a connection
+    // of its own, not one behind another's WAIT: six take about one
+    // replica timeout (1 s here), in turn they would take at least 6 s.
+    let slow = RedisLock::connect(&format!(
+        "{}&min_replicas=1&replica_timeout=1s",
+        url(&cluster.url(), prefix)
+    ))
+    .await
+    .unwrap();
+    let mut fresh = Vec::new();
+    while fresh.len() < 6 {
+        let k = key("replicated-side");
+        if owner_of(&mut admin, prefix, &k).await.1 == primary0 {
+            fresh.push(k);
+        }
+    }
+    let start = Instant::now();
+    let grants: Vec<_> = fresh
+        .into_iter()
+        .map(|k| {
+            let (slow, o) = (slow.clone(), o.clone());
+            tokio::spawn(async move { slow.try_acquire(&k, &o).await })
+        })
+        .collect();
+    for g in grants {
+        let e = g.await.unwrap().unwrap_err();
+        assert!(short_of_replicas(&e), "{e}");
+    }
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "six grants waiting for replicas took {took:?}: they waited in turn"
+    );
 
     cluster.replicas_of(0)[0].signal("CONT").unwrap();
     let renewed = retrying(Duration::from_secs(10), || lock.extend(&held, o.ttl()))
@@ -566,8 +623,8 @@ async fn rediss_cluster_urls_speak_tls_to_every_node() {
         "connect_timeout=5s&operation_timeout=5s",
         "connect_timeout=1s&operation_timeout=1s",
     );
-    assert!(
-        RedisLock::connect(&plain).await.is_err(),
-        "plain text accepted on the TLS ports"
-    );
+    match RedisLock::connect(&plain).await {
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+        Ok(_) => panic!("plain text accepted on the TLS ports"),
+    }
 }

@@ -97,10 +97,15 @@ impl ClusterSettings {
     /// with `tls`) for the nodes' own settings (credentials, TLS).
     pub(super) fn parse(rest: &str, tls: bool) -> Result<(ClusterSettings, String)> {
         let (userinfo, hosts, path) = split_hosts(rest);
-        let nodes = parse_nodes(hosts, CLUSTER_PORT, "redis+cluster://", "cluster node")?;
+        let scheme = if tls {
+            "rediss+cluster://"
+        } else {
+            "redis+cluster://"
+        };
+        let nodes = parse_nodes(hosts, CLUSTER_PORT, scheme, "cluster node")?;
         if !path.is_empty() && path != "0" {
             return Err(Error::config(format!(
-                "redis+cluster:// takes no path: a Redis Cluster has database 0 only, got `/{path}`"
+                "{scheme} takes no path: a Redis Cluster has database 0 only, got `/{path}`"
             )));
         }
         let node_base = format!(

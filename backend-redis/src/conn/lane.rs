@@ -8,7 +8,7 @@ use redis::{
     aio::{ConnectionLike, MultiplexedConnection},
     cluster_async::ClusterConnection,
     AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
-    ScriptInvocation, ServerErrorKind, Value,
+    RedisResult, ScriptInvocation, ServerErrorKind, Value,
 };
 
 use super::{until_run, Conn, Link};
@@ -32,17 +32,40 @@ impl Conn {
         let ((client, link), generation) =
             self.read_primary(|p| (p.client.clone(), p.link.clone()));
         let Some(client) = client else {
-            return match link {
-                Link::Cluster {
-                    waits: Some(conn), ..
-                } => Ok(Lane {
-                    conn: self.clone(),
-                    kind: LaneKind::Paired { conn, acked: None },
-                }),
-                _ => Err(error::protocol(
+            let Link::Cluster {
+                waits: Some(opener),
+                ..
+            } = link
+            else {
+                return Err(error::protocol(
                     "replicated writes need their own connection, and this client has none",
-                )),
+                ));
             };
+            let idle = self
+                .shared
+                .cluster_lanes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            let conn = match idle {
+                Some(conn) => conn,
+                None => {
+                    self.bounded_by(
+                        config.connect_timeout + config.operation_timeout,
+                        "opening a cluster connection for a replicated write",
+                        opener.get_async_connection(),
+                    )
+                    .await?
+                }
+            };
+            return Ok(Lane {
+                conn: self.clone(),
+                kind: LaneKind::Paired {
+                    conn,
+                    acked: None,
+                    ready: true,
+                },
+            });
         };
         let idle = {
             let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
@@ -114,9 +137,15 @@ impl Conn {
             }
             // Sent with the write; taken once, so a second confirm of the
             // same write cannot pass on a stale count.
-            LaneKind::Paired { acked, .. } => acked.take().ok_or_else(|| {
-                error::protocol(format!("no WAIT reply came with the {what} of `{key}`"))
-            })?,
+            LaneKind::Paired { acked, .. } => match acked.take() {
+                Some(Ok(n)) => n,
+                Some(Err(e)) => return Err(error::map_with(e, self.topology())),
+                None => {
+                    return Err(error::protocol(format!(
+                        "no WAIT reply came with the {what} of `{key}`"
+                    )))
+                }
+            },
         };
         if acked >= i64::from(n) {
             return Ok(());
@@ -206,17 +235,22 @@ enum LaneKind {
         /// No call in flight and none failed: fit for the next write.
         ready: bool,
     },
-    /// A Redis Cluster with `min_replicas`: the write and its `WAIT` go
-    /// out together, as one pipeline, to the node serving the write's slot
-    /// (see [`Paired`]). The cluster connection reconnects by itself, so a
-    /// `WAIT` sent on its own could reach a fresh connection that made no
-    /// write and answer for nothing; in one pipeline both go on one
-    /// connection or neither is answered.
+    /// A Redis Cluster with `min_replicas`: a cluster connection of the
+    /// client's own, used by one write at a time, on which the write and
+    /// its `WAIT` go out together, as one pipeline, to the node serving the
+    /// write's slot (see [`Paired`]). The cluster connection reconnects by
+    /// itself, so a `WAIT` sent on its own could reach a fresh connection
+    /// that made no write and answer for nothing; in one pipeline both go
+    /// on one connection or neither is answered. Every script on it pays
+    /// the `WAIT`, also one that wrote nothing (a busy attempt): the pair
+    /// goes out before the script's answer is known.
     Paired {
         conn: ClusterConnection,
-        /// `WAIT`'s reply to the last write, until [`Conn::confirm`] takes
-        /// it.
-        acked: Option<i64>,
+        /// `WAIT`'s reply to the last write (or its error), until
+        /// [`Conn::confirm`] takes it.
+        acked: Option<RedisResult<i64>>,
+        /// No call in flight and none failed: fit for the next write.
+        ready: bool,
     },
 }
 
@@ -234,7 +268,7 @@ fn wait_cmd(n: u32, timeout: Duration) -> Cmd {
 struct Paired {
     conn: ClusterConnection,
     wait: Cmd,
-    acked: Option<i64>,
+    acked: Option<RedisResult<i64>>,
 }
 
 impl ConnectionLike for Paired {
@@ -268,17 +302,17 @@ impl ConnectionLike for Paired {
                     "a script sent with WAIT: fewer than two replies",
                 )));
             };
-            self.acked = match acked {
-                Value::Int(n) => Some(n),
-                Value::ServerError(e) => return Err(demoted(e.into())),
-                other => {
-                    return Err(RedisError::from((
-                        ErrorKind::UnexpectedReturnType,
-                        "an unexpected reply to WAIT",
-                        format!("{other:?}"),
-                    )))
-                }
-            };
+            // WAIT's failure is the confirmation's, not the script's: a
+            // grant it leaves unconfirmed is given back (`confirm_grant`).
+            self.acked = Some(match acked {
+                Value::Int(n) => Ok(n),
+                Value::ServerError(e) => Err(demoted(e.into())),
+                other => Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "an unexpected reply to WAIT",
+                    format!("{other:?}"),
+                ))),
+            });
             match reply {
                 Value::ServerError(e) => Err(e.into()),
                 reply => Ok(reply),
@@ -317,18 +351,21 @@ impl Lane {
                 *ready = res.is_ok();
                 res
             }
-            LaneKind::Paired { conn, acked } => {
+            LaneKind::Paired { conn, acked, ready } => {
                 let config = self.conn.config();
                 let mut paired = Paired {
                     conn: conn.clone(),
                     wait: wait_cmd(config.min_replicas, config.replica_timeout),
                     acked: None,
                 };
+                *ready = false;
                 let res = self
                     .conn
                     .bounded(what, script.invoke_async(&mut paired))
                     .await;
-                *acked = paired.acked;
+                *ready = res.is_ok();
+                // Only a script that ran has a WAIT reply to confirm.
+                *acked = if res.is_ok() { paired.acked } else { None };
                 res
             }
         }
@@ -337,13 +374,26 @@ impl Lane {
 
 impl Drop for Lane {
     fn drop(&mut self) {
-        if let LaneKind::Own {
-            conn,
-            generation,
-            ready: true,
-        } = &self.kind
-        {
-            self.conn.put_back(*generation, conn.clone());
+        match &self.kind {
+            LaneKind::Own {
+                conn,
+                generation,
+                ready: true,
+            } => self.conn.put_back(*generation, conn.clone()),
+            LaneKind::Paired {
+                conn, ready: true, ..
+            } => {
+                let mut idle = self
+                    .conn
+                    .shared
+                    .cluster_lanes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if idle.len() < MAX_IDLE_LANES {
+                    idle.push(conn.clone());
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -145,7 +145,7 @@ Examples:
 
 Store URLs: sqlite:///path/locks.db (default), mysql://user:pw@host/db?strategy=unique_key|row_lock|optimistic,
   postgres://user:pw@host/db?strategy=lease|advisory, redis://host:6379, rediss://,
-  redis+sentinel://s1:26379,s2/mymaster, redis+cluster://h1:7000,h2:7001,
+  redis+sentinel://s1:26379,s2/mymaster, redis+cluster://h1:7000,h2:7001, rediss+cluster://,
   etcd://h1:2379,h2:2379/prefix, etcds://,
   zk://h1:2181,h2:2181/prefix, zks://, memory:// (this process only).
   etcd and zk need fenced built with the `etcd` / `zookeeper` cargo features.
