@@ -34,7 +34,8 @@ use fenced::{
 };
 use fenced_conformance::services;
 use fenced_faults::private::{
-    EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, RedisOptions, TestCa,
+    EtcdOptions, MariaDbOptions, PrivateEtcd, PrivateMariaDb, PrivateRedis, PrivateRedisCluster,
+    RedisOptions, TestCa,
 };
 use support::{
     bounded, drop_mysql_namespace, etcd_server, hex, mysql_server, redis_server, with_params,
@@ -714,6 +715,32 @@ async fn redis_tls_with_a_test_ca() {
         .await
         .expect_err("plaintext against a TLS-only port");
     one_line(&plain, &e);
+}
+
+/// `rediss+cluster://` with the certificates verified: a TLS-only cluster
+/// (clients, replication, cluster bus) whose nodes' certificate comes from a
+/// test CA. A client trusting that CA (and nothing else) takes and gives back
+/// a lock — on the seed it connects to and on the nodes the seed names — and
+/// one trusting another CA is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_tls_with_a_test_ca() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new("fenced redis cluster test CA").expect("CA");
+    let other = TestCa::new("some other CA").expect("CA");
+    let files = ca.issue_server(dir.path()).expect("server certificate");
+    let other_ca = other.write_ca(dir.path(), "other.pem").expect("other CA");
+    let cluster = PrivateRedisCluster::start_tls(3, 0, files.clone())
+        .await
+        .unwrap_or_else(|e| panic!("a TLS-only redis cluster: {e}"));
+    let url = format!("{}?prefix=fz-cluster-tls", cluster.url());
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let ok = run_tls_child(&url, &files.ca, true);
+    assert!(ok.contains("CHILD-OK"), "{ok}");
+    let err = run_tls_child(&url, &other_ca, false);
+    assert!(
+        err.contains("certificate"),
+        "the wrong-CA failure should say why: {err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
