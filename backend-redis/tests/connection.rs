@@ -270,3 +270,24 @@ async fn rediss_urls_speak_tls() {
         RedisLock::connect(&format!("{plain}?connect_timeout=1s&operation_timeout=1s")).await;
     assert!(refused.is_err(), "plain text accepted on the TLS port");
 }
+
+/// A server that demands a client certificate (Redis's default for TLS),
+/// which fenced never sends: a configuration error that says what to change,
+/// not a retryable one retried until the timeout.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_server_demanding_client_certificates_is_a_configuration_error() {
+    let server = PrivateRedis::start_tls_with_client_certificates()
+        .await
+        .unwrap();
+    let url = server.url().replace(
+        "/#insecure",
+        "/?connect_timeout=2s&operation_timeout=1s#insecure",
+    );
+    match RedisLock::connect(&url).await {
+        Err(e @ Error::Config { .. }) => {
+            assert!(e.to_string().contains("tls-auth-clients"), "{e}")
+        }
+        other => panic!("a server demanding a client certificate: {other:?}"),
+    }
+}

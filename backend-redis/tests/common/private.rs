@@ -56,6 +56,20 @@ impl PrivateRedis {
         Self::start_with(Mode::NoPersistence, options, Some(dir)).await
     }
 
+    /// [`start_tls`](Self::start_tls) for a server that demands a client
+    /// certificate (`--tls-auth-clients yes`).
+    #[cfg(feature = "tls")]
+    pub async fn start_tls_with_client_certificates() -> Result<Self> {
+        let dir = kit::temp_dir("redis-tls")?;
+        let files = kit::TestCa::new("fenced redis test CA")?.issue_server(dir.path())?;
+        let options = RedisOptions {
+            tls: Some(files),
+            tls_client_certificates: true,
+            ..RedisOptions::default()
+        };
+        Self::start_with(Mode::NoPersistence, options, Some(dir)).await
+    }
+
     /// A read-only replica of `primary`.
     pub async fn start_replica_of(primary: &PrivateRedis) -> Result<Self> {
         let options = RedisOptions {

@@ -28,8 +28,11 @@ pub struct RedisOptions {
     /// `--requirepass`: clients must AUTH with this password.
     pub password: Option<String>,
     /// Serve TLS only (`--port 0 --tls-port`), with these files; clients are
-    /// not asked for certificates.
+    /// not asked for certificates unless `tls_client_certificates`.
     pub tls: Option<TlsFiles>,
+    /// With `tls`: demand a client certificate (`--tls-auth-clients yes`,
+    /// Redis's own default).
+    pub tls_client_certificates: bool,
     /// A read-only replica of the server on this port.
     pub replica_of: Option<u16>,
     /// A Redis Cluster node (`cluster-enabled yes`) owning no slots yet,
@@ -150,7 +153,12 @@ impl PrivateRedis {
                 .arg(&tls.key)
                 .arg("--tls-ca-cert-file")
                 .arg(&tls.ca)
-                .args(["--tls-auth-clients", "no"])
+                .arg("--tls-auth-clients")
+                .arg(if self.options.tls_client_certificates {
+                    "yes"
+                } else {
+                    "no"
+                })
                 // Replication and, for a cluster node, the cluster bus
                 // over TLS too: the server listens for nothing else.
                 .args(["--tls-replication", "yes"]);
@@ -172,6 +180,20 @@ impl PrivateRedis {
 
     async fn launch(&self) -> Result<()> {
         self.proc.spawn(self.command()?, "redis-server")?;
+        if self.options.tls_client_certificates {
+            // No client of the kit has a certificate to PING with: up once
+            // the port accepts connections.
+            let port = self.port;
+            return self
+                .proc
+                .wait_until_up("redis-server", || async move {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                })
+                .await;
+        }
         let url = self.admin_url();
         self.proc.wait_until_up("redis-server", || ping(&url)).await
     }
