@@ -83,6 +83,54 @@ where
     }
 }
 
+/// `holder` takes `k`, `waiter` queues for it (as `node`, the shard's
+/// primary, shows), and `holder`'s release hands it over: the waiter gets
+/// it, by message (the re-check interval is 10 s, see [`url`]), with a
+/// higher token, and gives it back.
+async fn hand_over_on_shard(
+    holder: &RedisLock,
+    waiter: &RedisLock,
+    k: &LockKey,
+    node: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+) {
+    let o = opts(Duration::from_secs(30));
+    let wait = o
+        .to_builder()
+        .wait_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let held = holder.try_acquire(k, &o).await.unwrap().expect("free");
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move { waiter.acquire(&k, &wait).await })
+    };
+    // Until the waiter is queued on that shard.
+    let queue = format!("{{{prefix}/{k}}}:q");
+    let start = Instant::now();
+    while common::queue_len(node, &queue).await == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
+    assert_eq!(
+        holder.release(&held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let got = waiting.await.unwrap().unwrap();
+    let took = released.elapsed();
+    // The re-check interval is 10 s: only the message explains this.
+    assert!(
+        took < Duration::from_secs(3),
+        "hand-over of {k} took {took:?}"
+    );
+    assert!(got.token > held.token, "{} > {}", got.token, held.token);
+    assert_eq!(
+        waiter.release(&got).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
 /// A holder on one client, a waiter on another: the release hands the key
 /// over by message, on every shard, and the lock's names live on the shard
 /// that serves the key (and nowhere else).
@@ -97,46 +145,14 @@ async fn every_shard_hands_over_by_message() {
     assert_eq!(keys.len(), 3, "the shared cluster has three shards");
     let holder = RedisLock::connect(&url(&server, &prefix)).await.unwrap();
     let waiter = RedisLock::connect(&url(&server, &prefix)).await.unwrap();
-    let o = opts(Duration::from_secs(30));
-    let wait = o
-        .to_builder()
-        .wait_timeout(Duration::from_secs(8))
-        .build()
-        .unwrap();
     for (shard, k) in &keys {
-        let held = holder.try_acquire(k, &o).await.unwrap().expect("free");
+        let mut node = admin_connection(&format!("redis://{shard}")).await.unwrap();
+        hand_over_on_shard(&holder, &waiter, k, &mut node, &prefix).await;
+        // The state (kept after the release, as the fence) is on that shard.
         let state = format!("{{{prefix}/{k}}}:l");
         assert!(node_has(shard, &state).await, "{state} lives on {shard}");
-        let waiting = {
-            let (waiter, k, wait) = (waiter.clone(), k.clone(), wait.clone());
-            tokio::spawn(async move { waiter.acquire(&k, &wait).await })
-        };
-        // Until the waiter is queued on that shard.
-        let queue = format!("{{{prefix}/{k}}}:q");
-        let mut node = admin_connection(&format!("redis://{shard}")).await.unwrap();
-        let start = Instant::now();
-        while common::queue_len(&mut node, &queue).await == 0 {
-            assert!(start.elapsed() < Duration::from_secs(10), "never queued");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let released = Instant::now();
-        assert_eq!(
-            holder.release(&held).await.unwrap(),
-            ReleaseOutcome::Released
-        );
-        let got = waiting.await.unwrap().unwrap();
-        let took = released.elapsed();
-        // The re-check interval is 10 s: only the message explains this.
-        assert!(
-            took < Duration::from_secs(3),
-            "hand-over on {shard} took {took:?}"
-        );
-        assert!(got.token > held.token, "{} > {}", got.token, held.token);
-        assert_eq!(
-            waiter.release(&got).await.unwrap(),
-            ReleaseOutcome::Released
-        );
     }
+    let o = opts(Duration::from_secs(30));
     // The listing walks every shard.
     let mut held = Vec::new();
     for k in keys.values() {
@@ -568,40 +584,14 @@ async fn rediss_cluster_urls_speak_tls_to_every_node() {
     );
     let holder = RedisLock::connect(&insecure).await.unwrap();
     let waiter = RedisLock::connect(&insecure).await.unwrap();
-    let o = opts(Duration::from_secs(30));
-    let wait = o
-        .to_builder()
-        .wait_timeout(Duration::from_secs(8))
-        .build()
-        .unwrap();
     for k in keys.values() {
-        let held = holder.try_acquire(k, &o).await.unwrap().expect("free");
-        let waiting = {
-            let (waiter, k, wait) = (waiter.clone(), k.clone(), wait.clone());
-            tokio::spawn(async move { waiter.acquire(&k, &wait).await })
-        };
-        let queue = format!("{{{prefix}/{k}}}:q");
         let (_, owner) = owner_of(&mut admin, prefix, k).await;
         let node = cluster
             .nodes()
             .find(|n| format!("127.0.0.1:{}", n.port()) == owner)
             .expect("the owner is a node of the cluster");
         let mut node = node.admin().await.unwrap();
-        let start = Instant::now();
-        while common::queue_len(&mut node, &queue).await == 0 {
-            assert!(start.elapsed() < Duration::from_secs(10), "never queued");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(
-            holder.release(&held).await.unwrap(),
-            ReleaseOutcome::Released
-        );
-        let next = waiting.await.unwrap().unwrap();
-        assert!(next.token > held.token, "{} > {}", next.token, held.token);
-        assert_eq!(
-            waiter.release(&next).await.unwrap(),
-            ReleaseOutcome::Released
-        );
+        hand_over_on_shard(&holder, &waiter, k, &mut node, prefix).await;
     }
 
     // Without `#insecure` the certificate is checked, and refused.
