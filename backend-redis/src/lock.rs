@@ -309,8 +309,11 @@ async fn connect_cluster(
         format!("connecting to {}", config.display_url),
         config.connect_timeout + config.operation_timeout.min(Duration::from_millis(500)),
         async {
-            let conn = client.get_async_connection().await.map_err(error::map)?;
-            let subs = client.get_async_connection().await.map_err(error::map)?;
+            // Side by side: each learns the layout and connects to every
+            // node (a TLS handshake each), within the one bound.
+            let (conn, subs) =
+                tokio::try_join!(client.get_async_connection(), client.get_async_connection())
+                    .map_err(error::map)?;
             Ok((conn, subs, paired.then(|| Arc::new(client.clone()))))
         },
     )
