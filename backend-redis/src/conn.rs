@@ -494,11 +494,29 @@ impl Conn {
     pub(crate) async fn attempt(
         &self,
         lane: &mut Lane,
+        key: &LockKey,
         keys: &Keys,
         opts: &LockOptions,
         owner: &Owner,
         queued: Option<Queued<'_>>,
     ) -> Result<Attempt> {
+        if lane.answers_late() {
+            // A grant (or a hand-over claimed) whose answer its caller did
+            // not wait for: given back.
+            let (conn, key, owner, opts) = (self.clone(), key.clone(), owner.clone(), opts.clone());
+            lane.when_late(Arc::new(move |reply| {
+                let (conn, key, owner, opts) = (conn.clone(), key.clone(), owner.clone(), opts.clone());
+                Box::pin(async move {
+                    if let Ok(Attempt::Granted { token, .. } | Attempt::HandedOver { token }) =
+                        scripts::parse_acquire(reply)
+                    {
+                        tracing::warn!(key = %key, token = %token, "a grant answered after its caller left (dropped or timed out); giving it back");
+                        let lease = granted(&key, owner, token, &opts, Instant::now());
+                        conn.give_back(&lease).await;
+                    }
+                })
+            }));
+        }
         let args = AcquireArgs {
             owner: owner.as_str(),
             label: opts.label().map_or("", Label::as_str),

@@ -376,7 +376,10 @@ impl DistributedLock for RedisLock {
         let conn = &self.inner.conn;
         let mut lane = conn.lane().await?;
         let sent = Instant::now();
-        match conn.attempt(&mut lane, &keys, opts, &owner, None).await? {
+        match conn
+            .attempt(&mut lane, key, &keys, opts, &owner, None)
+            .await?
+        {
             Attempt::Granted { token, .. } => {
                 let lease = granted(key, owner, token, opts, sent);
                 conn.confirm_grant(&mut lane, key, || conn.give_back(&lease))

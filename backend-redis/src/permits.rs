@@ -170,6 +170,26 @@ impl LineStore for RedisPermits {
     ) -> Result<Arrival> {
         let (ms, ttl) = ttl_ms(opts);
         let mut lane = self.inner.conn.lane().await?;
+        if lane.answers_late() {
+            // A permit granted to a caller that left before the answer:
+            // given back.
+            let (this, key, owner) = (self.clone(), key.clone(), owner.clone());
+            lane.when_late(Arc::new(move |reply| {
+                let (this, key, owner) = (this.clone(), key.clone(), owner.clone());
+                Box::pin(async move {
+                    let Value::Array(parts) = reply else { return };
+                    if parts.first().and_then(text).as_deref() != Some("granted") {
+                        return;
+                    }
+                    let Ok(token) = token_of(parts.get(1)) else { return };
+                    tracing::warn!(key = %key, token = %token, "a permit granted after its caller left (dropped or timed out); giving it back");
+                    let lease = Self::lease(&key, &owner, token, ttl, Instant::now());
+                    if let Err(e) = this.give_back(&lease).await {
+                        tracing::warn!(key = %key, token = %token, error = %e, "giving back a permit failed; it lapses after its TTL");
+                    }
+                })
+            }));
+        }
         let sent = Instant::now();
         let reply = self
             .run_on(

@@ -534,7 +534,10 @@ pub(crate) async fn acquire(
         let sent = Instant::now();
         attempts += 1;
         let queued = reg.as_ref().map(|r| r.queued(lease_ms));
-        let pttl = match conn.attempt(&mut lane, &keys, opts, &owner, queued).await? {
+        let pttl = match conn
+            .attempt(&mut lane, key, &keys, opts, &owner, queued)
+            .await?
+        {
             Attempt::Granted { token, .. } => {
                 let lease = granted(key, owner, token, opts, sent);
                 // Given back when too few replicas acknowledged it.

@@ -482,9 +482,38 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
         );
     }
 
+    // The permits script loaded everywhere, and a permit replicated too.
+    let sems = lock.semaphores().expect("redis has semaphores");
     let (k0, _) = shard(0);
+    let permit = fenced_api::Permits::semaphore(2).unwrap();
+    let p = sems
+        .try_acquire_permits(&k0, permit, &o)
+        .await
+        .unwrap()
+        .expect("free");
+    sems.release(&p).await.unwrap();
     let (k1, _) = shard(1);
     let held = lock.try_acquire(&k0, &o).await.unwrap().expect("free");
+    // A client whose grants wait up to 1 s, with six connections for
+    // replicated writes opened (and idle) while every node answers.
+    let slow = RedisLock::connect(&format!(
+        "{}&min_replicas=1&replica_timeout=1s",
+        url(&cluster.url(), prefix)
+    ))
+    .await
+    .unwrap();
+    let warm: Vec<_> = (0..6)
+        .map(|_| {
+            let (slow, o) = (slow.clone(), o.clone());
+            tokio::spawn(async move {
+                let l = slow.try_acquire(&key("replicated-warm"), &o).await;
+                slow.release(&l.unwrap().expect("free")).await.unwrap();
+            })
+        })
+        .collect();
+    for w in warm {
+        w.await.unwrap();
+    }
     cluster.replicas_of(0)[0].signal("STOP").unwrap();
     // A second key on shard 0 (its primary serves its slot).
     let primary0 = format!("127.0.0.1:{}", cluster.primary(0).port());
@@ -511,12 +540,6 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
     // Grants on the stopped shard wait side by side, each on a connection
     // of its own, not one behind another's WAIT: six take about one
     // replica timeout (1 s here), in turn they would take at least 6 s.
-    let slow = RedisLock::connect(&format!(
-        "{}&min_replicas=1&replica_timeout=1s",
-        url(&cluster.url(), prefix)
-    ))
-    .await
-    .unwrap();
     let mut fresh = Vec::new();
     while fresh.len() < 6 {
         let k = key("replicated-side");
@@ -541,6 +564,44 @@ async fn min_replicas_waits_for_the_replicas_of_the_keys_shard() {
         took < Duration::from_secs(4),
         "six grants waiting for replicas took {took:?}: they waited in turn"
     );
+    // A caller that leaves while its grant waits for the replica (its
+    // future dropped): the grant, answered after it left, is given back,
+    // so the key is free long before its 30 s TTL — a lock and a permit.
+    let sems = slow.semaphores().expect("redis has semaphores");
+    let mut on_shard0 = Vec::new();
+    while on_shard0.len() < 2 {
+        let k = key("replicated-left");
+        if owner_of(&mut admin, prefix, &k).await.1 == primary0 {
+            on_shard0.push(k);
+        }
+    }
+    let (left, left_permit) = (on_shard0[0].clone(), on_shard0[1].clone());
+    let gone = tokio::time::timeout(Duration::from_millis(300), slow.try_acquire(&left, &o)).await;
+    assert!(gone.is_err(), "the grant waited for the stopped replica");
+    let permit = fenced_api::Permits::semaphore(2).unwrap();
+    let gone = tokio::time::timeout(
+        Duration::from_millis(300),
+        sems.try_acquire_permits(&left_permit, permit, &o),
+    )
+    .await;
+    assert!(gone.is_err(), "the permit waited for the stopped replica");
+    let start = Instant::now();
+    loop {
+        let lock_free = lock.inspect(&left).await.unwrap().is_none();
+        let permits_free = sems
+            .holders(&left_permit)
+            .await
+            .unwrap()
+            .is_none_or(|h| h.holders.is_empty());
+        if lock_free && permits_free {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "a grant whose caller left was not given back (lock free: {lock_free}, permits free: {permits_free})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     cluster.replicas_of(0)[0].signal("CONT").unwrap();
     let renewed = retrying(Duration::from_secs(10), || lock.extend(&held, o.ttl()))

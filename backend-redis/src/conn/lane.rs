@@ -1,7 +1,9 @@
 //! Where a write runs, and how `WAIT` confirms it (`min_replicas`): see
 //! [`Lane`].
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use futures_util::future::BoxFuture;
 
 use fenced_api::{Error, Lease, LockKey, Result};
 use redis::{
@@ -60,6 +62,7 @@ impl Conn {
             };
             return Ok(Lane {
                 conn: self.clone(),
+                late: None,
                 kind: LaneKind::Paired {
                     conn,
                     acked: None,
@@ -88,6 +91,7 @@ impl Conn {
         };
         Ok(Lane {
             conn: self.clone(),
+            late: None,
             kind: LaneKind::Own {
                 conn,
                 generation,
@@ -100,6 +104,7 @@ impl Conn {
     pub(crate) fn shared_lane(&self) -> Lane {
         Lane {
             conn: self.clone(),
+            late: None,
             kind: LaneKind::Shared(self.manager()),
         }
     }
@@ -224,7 +229,16 @@ impl Conn {
 pub(crate) struct Lane {
     conn: Conn,
     kind: LaneKind,
+    /// See [`Late`]; used on a [`LaneKind::Paired`] lane.
+    late: Option<Late>,
 }
+
+/// What becomes of a script's answer that arrived after its caller left
+/// (its future dropped, or past the operation timeout): on a
+/// [`LaneKind::Paired`] lane the write and its `WAIT` go out on a task of
+/// their own, which hands an answer nobody waits for any more to this (a
+/// grant in it is given back, as [`Conn::confirm_grant`] would have).
+pub(crate) type Late = Arc<dyn Fn(Value) -> BoxFuture<'static, ()> + Send + Sync>;
 
 enum LaneKind {
     Shared(Link),
@@ -269,6 +283,7 @@ struct Paired {
     conn: ClusterConnection,
     wait: Cmd,
     acked: Option<RedisResult<i64>>,
+    late: Option<Late>,
 }
 
 impl ConnectionLike for Paired {
@@ -286,15 +301,38 @@ impl ConnectionLike for Paired {
         }
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone()).add_command(self.wait.clone());
-        Box::pin(async move {
+        // Sent from a task of its own, so that an answer that arrives after
+        // the caller left still reaches someone: `late`.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (conn, late) = (self.conn.clone(), self.late.clone());
+        let spawned = fenced_api::cleanup::spawn(async move {
             // A redirection of the script comes back as an error (the
             // cluster connection looks for them in a pipeline's replies,
             // and rebuilds its slot map), so `until_run` sends both again.
             let replies = until_run(|| {
-                let (mut c, pipe) = (self.conn.clone(), &pipe);
+                let (mut c, pipe) = (conn.clone(), &pipe);
                 async move { c.req_packed_commands(pipe, 0, 2).await }
             })
-            .await?;
+            .await;
+            if let Err(Ok(replies)) = tx.send(replies) {
+                if let (Some(late), Some(reply)) = (late, replies.into_iter().next()) {
+                    late(reply).await;
+                }
+            }
+        });
+        Box::pin(async move {
+            if !spawned {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "no runtime to send a script with its WAIT on",
+                )));
+            }
+            let replies = rx.await.map_err(|_| {
+                RedisError::from((
+                    ErrorKind::Io,
+                    "the task sending a script with its WAIT ended without an answer",
+                ))
+            })??;
             let mut replies = replies.into_iter();
             let (Some(reply), Some(acked)) = (replies.next(), replies.next()) else {
                 return Err(RedisError::from((
@@ -335,6 +373,18 @@ impl ConnectionLike for Paired {
 }
 
 impl Lane {
+    /// Whether a script's answer can arrive after its caller left, to be
+    /// handed to [`when_late`](Self::when_late).
+    pub(crate) fn answers_late(&self) -> bool {
+        matches!(self.kind, LaneKind::Paired { .. })
+    }
+
+    /// What the next [`run`](Self::run)'s answer becomes if it arrives
+    /// after the caller left (see [`Late`]).
+    pub(crate) fn when_late(&mut self, late: Late) {
+        self.late = Some(late);
+    }
+
     /// Runs `script` on this lane within the operation timeout.
     pub(crate) async fn run<T: FromRedisValue>(
         &mut self,
@@ -357,6 +407,7 @@ impl Lane {
                     conn: conn.clone(),
                     wait: wait_cmd(config.min_replicas, config.replica_timeout),
                     acked: None,
+                    late: self.late.take(),
                 };
                 *ready = false;
                 let res = self
