@@ -47,24 +47,23 @@ impl PrivateRedis {
     /// CA that no client trusts (`#insecure` in [`url`](Self::url)).
     #[cfg(feature = "tls")]
     pub async fn start_tls() -> Result<Self> {
-        let dir = kit::temp_dir("redis-tls")?;
-        let files = kit::TestCa::new("fenced redis test CA")?.issue_server(dir.path())?;
-        let options = RedisOptions {
-            tls: Some(files),
-            ..RedisOptions::default()
-        };
-        Self::start_with(Mode::NoPersistence, options, Some(dir)).await
+        Self::start_tls_asking(false).await
     }
 
     /// [`start_tls`](Self::start_tls) for a server that demands a client
     /// certificate (`--tls-auth-clients yes`).
     #[cfg(feature = "tls")]
     pub async fn start_tls_with_client_certificates() -> Result<Self> {
+        Self::start_tls_asking(true).await
+    }
+
+    #[cfg(feature = "tls")]
+    async fn start_tls_asking(client_certificates: bool) -> Result<Self> {
         let dir = kit::temp_dir("redis-tls")?;
         let files = kit::TestCa::new("fenced redis test CA")?.issue_server(dir.path())?;
         let options = RedisOptions {
             tls: Some(files),
-            tls_client_certificates: true,
+            tls_client_certificates: client_certificates,
             ..RedisOptions::default()
         };
         Self::start_with(Mode::NoPersistence, options, Some(dir)).await
