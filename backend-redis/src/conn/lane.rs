@@ -284,6 +284,8 @@ struct Paired {
     wait: Cmd,
     acked: Option<RedisResult<i64>>,
     late: Option<Late>,
+    /// The bound on the task's exchange, which outlives a caller that left.
+    limit: Duration,
 }
 
 impl ConnectionLike for Paired {
@@ -304,16 +306,24 @@ impl ConnectionLike for Paired {
         // Sent from a task of its own, so that an answer that arrives after
         // the caller left still reaches someone: `late`.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (conn, late) = (self.conn.clone(), self.late.clone());
+        let (conn, late, limit) = (self.conn.clone(), self.late.clone(), self.limit);
         let spawned = fenced_api::cleanup::spawn(async move {
             // A redirection of the script comes back as an error (the
             // cluster connection looks for them in a pipeline's replies,
-            // and rebuilds its slot map), so `until_run` sends both again.
-            let replies = until_run(|| {
+            // and rebuilds its slot map), so `until_run` sends both again —
+            // within the operation timeout, also once the caller left.
+            let exchange = until_run(|| {
                 let (mut c, pipe) = (conn.clone(), &pipe);
                 async move { c.req_packed_commands(pipe, 0, 2).await }
-            })
-            .await;
+            });
+            let replies = tokio::time::timeout(limit, exchange)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(RedisError::from((
+                        ErrorKind::Io,
+                        "no answer to a script sent with its WAIT within the operation timeout",
+                    )))
+                });
             if let Err(Ok(replies)) = tx.send(replies) {
                 if let (Some(late), Some(reply)) = (late, replies.into_iter().next()) {
                     late(reply).await;
@@ -408,6 +418,7 @@ impl Lane {
                     wait: wait_cmd(config.min_replicas, config.replica_timeout),
                     acked: None,
                     late: self.late.take(),
+                    limit: config.operation_timeout,
                 };
                 *ready = false;
                 let res = self
