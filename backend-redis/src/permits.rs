@@ -17,6 +17,7 @@
 
 use std::{
     collections::BTreeMap,
+    future::Future,
     sync::{Arc, LazyLock},
     time::Duration,
 };
@@ -126,18 +127,23 @@ impl RedisPermits {
     /// A permit just granted on `lane`, once enough replicas acknowledged it
     /// (`min_replicas`); one that fell short is given back first.
     async fn replicated(&self, lane: &mut Lane, lease: Lease) -> Result<Lease> {
-        let this = self.clone();
-        let back = lease.clone();
-        let give_back = || async move {
-            if let Err(e) = this.give_back(&back).await {
-                tracing::warn!(key = %back.key, token = %back.token, error = %e, "giving back a permit too few replicas acknowledged failed; it lapses after its TTL");
-            }
-        };
         self.inner
             .conn
-            .confirm_grant(lane, &lease.key, give_back)
+            .confirm_grant(lane, &lease.key, || self.given_back(&lease))
             .await?;
         Ok(lease)
+    }
+
+    /// A permit its caller must not keep (too few replicas acknowledged it,
+    /// or its caller left before the answer) given back, its failure
+    /// logged: the permit then lapses after its TTL.
+    fn given_back(&self, lease: &Lease) -> impl Future<Output = ()> + Send + 'static {
+        let (this, lease) = (self.clone(), lease.clone());
+        async move {
+            if let Err(e) = this.give_back(&lease).await {
+                tracing::warn!(key = %lease.key, token = %lease.token, error = %e, "giving back a permit failed; it lapses after its TTL");
+            }
+        }
     }
 
     fn lease(
@@ -184,9 +190,7 @@ impl LineStore for RedisPermits {
                     let Ok(token) = token_of(parts.get(1)) else { return };
                     tracing::warn!(key = %key, token = %token, "a permit granted after its caller left (dropped or timed out); giving it back");
                     let lease = Self::lease(&key, &owner, token, ttl, Instant::now());
-                    if let Err(e) = this.give_back(&lease).await {
-                        tracing::warn!(key = %key, token = %token, error = %e, "giving back a permit failed; it lapses after its TTL");
-                    }
+                    this.given_back(&lease).await;
                 })
             }));
         }

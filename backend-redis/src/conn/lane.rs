@@ -24,8 +24,8 @@ impl Conn {
     /// Where the next write runs: see [`Lane`]. Without `min_replicas` the
     /// shared connection; with it, on one server, an idle connection of
     /// this client's own or, when none is idle, a new one (within the
-    /// connect timeout), and in a Cluster the connection kept for writes
-    /// sent with their `WAIT`.
+    /// connect timeout), and in a Cluster the same with cluster connections,
+    /// on which each write goes out with its `WAIT`.
     pub(crate) async fn lane(&self) -> Result<Lane> {
         let config = &self.shared.config;
         if config.min_replicas == 0 {
@@ -33,43 +33,32 @@ impl Conn {
         }
         let ((client, link), generation) =
             self.read_primary(|p| (p.client.clone(), p.link.clone()));
-        let Some(client) = client else {
-            let Link::Cluster {
-                waits: Some(opener),
-                ..
-            } = link
-            else {
+        let kind = match (client, link) {
+            (Some(client), _) => self.own_lane(&client, generation).await?,
+            (
+                None,
+                Link::Cluster {
+                    waits: Some(opener),
+                    ..
+                },
+            ) => self.paired_lane(&opener).await?,
+            (None, _) => {
                 return Err(error::protocol(
                     "replicated writes need their own connection, and this client has none",
-                ));
-            };
-            let idle = self
-                .shared
-                .cluster_lanes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop();
-            let conn = match idle {
-                Some(conn) => conn,
-                None => {
-                    self.bounded_by(
-                        config.connect_timeout + config.operation_timeout,
-                        "opening a cluster connection for a replicated write",
-                        opener.get_async_connection(),
-                    )
-                    .await?
-                }
-            };
-            return Ok(Lane {
-                conn: self.clone(),
-                late: None,
-                kind: LaneKind::Paired {
-                    conn,
-                    acked: None,
-                    ready: true,
-                },
-            });
+                ))
+            }
         };
+        Ok(Lane {
+            conn: self.clone(),
+            late: None,
+            kind,
+        })
+    }
+
+    /// One server: an idle connection of the primary's generation, or a new
+    /// one.
+    async fn own_lane(&self, client: &redis::Client, generation: u64) -> Result<LaneKind> {
+        let config = &self.shared.config;
         let idle = {
             let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
             // Connections to a former primary are dropped on the way.
@@ -89,14 +78,37 @@ impl Conn {
                 .await?
             }
         };
-        Ok(Lane {
-            conn: self.clone(),
-            late: None,
-            kind: LaneKind::Own {
-                conn,
-                generation,
-                ready: true,
-            },
+        Ok(LaneKind::Own {
+            conn,
+            generation,
+            ready: true,
+        })
+    }
+
+    /// A Cluster: an idle cluster connection, or a new one from `opener`.
+    async fn paired_lane(&self, opener: &redis::cluster::ClusterClient) -> Result<LaneKind> {
+        let config = &self.shared.config;
+        let idle = self
+            .shared
+            .cluster_lanes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => {
+                self.bounded_by(
+                    config.connect_timeout + config.operation_timeout,
+                    "opening a cluster connection for a replicated write",
+                    opener.get_async_connection(),
+                )
+                .await?
+            }
+        };
+        Ok(LaneKind::Paired {
+            conn,
+            acked: None,
+            ready: true,
         })
     }
 
@@ -115,6 +127,18 @@ impl Conn {
         let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
         if generation == self.generation() && lanes.len() < MAX_IDLE_LANES {
             lanes.push((generation, conn));
+        }
+    }
+
+    /// The same for a Cluster's connection, unless enough are idle.
+    fn put_back_paired(&self, conn: ClusterConnection) {
+        let mut idle = self
+            .shared
+            .cluster_lanes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE_LANES {
+            idle.push(conn);
         }
     }
 
@@ -444,17 +468,7 @@ impl Drop for Lane {
             } => self.conn.put_back(*generation, conn.clone()),
             LaneKind::Paired {
                 conn, ready: true, ..
-            } => {
-                let mut idle = self
-                    .conn
-                    .shared
-                    .cluster_lanes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if idle.len() < MAX_IDLE_LANES {
-                    idle.push(conn.clone());
-                }
-            }
+            } => self.conn.put_back_paired(conn.clone()),
             _ => {}
         }
     }
