@@ -21,6 +21,7 @@ use crate::{
 };
 
 mod family;
+mod fencing;
 mod pg;
 mod zk;
 
@@ -67,6 +68,10 @@ enum PeerKind {
     ShedLock,
     /// A semaphore as one Redis counter changed by a script.
     RedisCounterSemaphore,
+    /// The least a Redis lock with a fencing token does (`fencing.rs`).
+    RedisFencing,
+    /// The least a MySQL insert lock with a fencing token does (`fencing.rs`).
+    MySqlFencing,
     /// A semaphore as N MySQL named locks (`GET_LOCK` slots).
     GetLockSlots,
     /// Semaphores and reader-writer locks from PostgreSQL advisory locks:
@@ -95,8 +100,10 @@ pub(crate) fn peers(servers: &Servers, id: &str) -> Vec<Box<dyn Implementation>>
     [
         ("floor/redis-ping", PeerKind::RedisPing),
         ("floor/mysql-select1", PeerKind::MySqlSelect1),
+        ("floor/redis-fencing", PeerKind::RedisFencing),
         ("peer/rslock", PeerKind::Rslock),
         ("peer/mysql-get_lock", PeerKind::GetLock),
+        ("floor/mysql-fencing", PeerKind::MySqlFencing),
         ("peer/naive-insert", PeerKind::NaiveInsert),
         ("peer/naive-row-lock", PeerKind::RowLock),
         #[cfg(feature = "etcd")]
@@ -152,13 +159,29 @@ impl Implementation for Peer {
             | PeerKind::EtcdGet
             | PeerKind::ZkExists
             | PeerKind::PgSelect1
-            | PeerKind::PgCommit => Kind::Floor,
+            | PeerKind::PgCommit
+            | PeerKind::RedisFencing
+            | PeerKind::MySqlFencing => Kind::Floor,
             _ => Kind::Peer,
         }
     }
 
     fn note(&self) -> &str {
         match self.kind {
+            PeerKind::RedisFencing => {
+                "the least a Redis lock with a fencing token does: acquire = one script (GET \
+                 the state, TIME, and when free SET token|expiry|owner PX, the token max(last \
+                 + 1, server µs)); release = one script (GET, TIME, owner, token and expiry \
+                 checked, SET back free keeping the token); one connection; 2 round trips per \
+                 cycle; no queue, no re-entry, no label"
+            }
+            PeerKind::MySqlFencing => {
+                "the least a MySQL insert lock with a fencing token does: acquire = INSERT … \
+                 SELECT … FROM DUAL (the AUTO_INCREMENT id is the token; the bulk form keeps \
+                 ids in order), expiry on the server's clock; release = DELETE by key, token \
+                 and owner while current; one connection; 2 statements, 2 durable commits per \
+                 cycle; no takeover of an expired row, no label, no reaper index"
+            }
             PeerKind::PgSelect1 => {
                 "acquire: SELECT 1; release: SELECT 1 (prepared once, then one round trip \
                  each, one connection): the two-round-trip floor, nothing written"
@@ -214,9 +237,10 @@ impl Implementation for Peer {
 
     fn server(&self) -> Server {
         match self.kind {
-            PeerKind::RedisPing | PeerKind::Rslock | PeerKind::RedisCounterSemaphore => {
-                Server::Redis
-            }
+            PeerKind::RedisPing
+            | PeerKind::Rslock
+            | PeerKind::RedisCounterSemaphore
+            | PeerKind::RedisFencing => Server::Redis,
             PeerKind::EtcdGet | PeerKind::EtcdLock => Server::Etcd,
             PeerKind::ZkExists | PeerKind::ZkLock => Server::ZooKeeper,
             PeerKind::PgSelect1
@@ -236,7 +260,9 @@ impl Implementation for Peer {
             | PeerKind::EtcdGet
             | PeerKind::ZkExists
             | PeerKind::PgSelect1
-            | PeerKind::PgCommit => s.without_exclusion(),
+            | PeerKind::PgCommit
+            | PeerKind::RedisFencing
+            | PeerKind::MySqlFencing => s.without_exclusion(),
             // One open transaction per connection: it cannot hold thousands
             // of rows as separate locks. sqlx's guard owns its connection (one
             // lock per connection); the raw pair would hold every lock as an
@@ -292,6 +318,9 @@ impl Implementation for Peer {
             | PeerKind::SqlxAdvisory
             | PeerKind::ShedLock
             | PeerKind::PgAdvisoryFamily => pg::locker(self.kind, &self.servers, &self.id).await?,
+            PeerKind::RedisFencing | PeerKind::MySqlFencing => {
+                fencing::locker(self.kind, &self.servers, &self.id).await?
+            }
             PeerKind::RedisCounterSemaphore => {
                 let client = redis::Client::open(self.servers.redis.as_str())?;
                 Box::new(family::RedisCounter {
@@ -356,7 +385,10 @@ impl Implementation for Peer {
         match self.kind {
             PeerKind::NaiveInsert => drop_tables(&self.servers, &[&self.naive_table()]).await,
             PeerKind::RowLock => drop_tables(&self.servers, &[&self.rows_table()]).await,
-            PeerKind::Rslock | PeerKind::RedisCounterSemaphore => {
+            PeerKind::MySqlFencing => {
+                drop_tables(&self.servers, &[&fencing::mysql_table(&self.id)]).await
+            }
+            PeerKind::Rslock | PeerKind::RedisCounterSemaphore | PeerKind::RedisFencing => {
                 redis_delete(&self.servers.redis, &format!("{{fb{}}}:*", self.id)).await
             }
             #[cfg(feature = "etcd")]

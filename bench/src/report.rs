@@ -278,6 +278,35 @@ fn targets(results: &[CellResult]) -> String {
             verdict(x.zip(y).map(|(x, y)| x >= y))
         );
     }
+    // Where a fenced row trails a peer that hands out no token: the
+    // fencing floor (the token, owner check and expiry alone, see
+    // `peers/fencing.rs`) splits the gap into what those cost on the server
+    // and what fenced costs on top of them. A reference, not a target.
+    let fencing = [
+        ("fenced/redis", "floor/redis-fencing", "peer/rslock"),
+        (
+            "fenced/mysql-unique_key",
+            "floor/mysql-fencing",
+            "peer/naive-insert",
+        ),
+        (
+            "fenced/mysql-optimistic",
+            "floor/mysql-fencing",
+            "peer/naive-insert",
+        ),
+    ];
+    for (a, f, p) in fencing {
+        if let (Some(x), Some(fl)) = (rate(a, u), rate(f, u)) {
+            let peer = rate(p, u)
+                .map(|y| format!("; {p} {y:.0} /s = {:.2}× the floor", y / fl))
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "| reference: uncontended {a} against {f} (a token, an owner check and an expiry, nothing else) | {x:.0} /s = {:.2}× {f} {fl:.0} /s{peer} | reference |",
+                x / fl
+            );
+        }
+    }
     // Against the Lock RPC measured in this run; the 460/s only
     // when the peer did not run (e.g. `--only fenced/`).
     let (e, rpc) = (rate("fenced/etcd", u), rate("peer/etcd-lock", u));
@@ -726,6 +755,41 @@ mod tests {
             "{summary}"
         );
         assert!(summary.contains(" | 1.50 / 3.00 | "), "{summary}");
+    }
+
+    /// The fencing floors split a fenced row's gap to a peer without a
+    /// token: a reference line with both ratios, only when the floor ran.
+    #[test]
+    fn fencing_floor_reference_lines() {
+        let s = Profile::Smoke
+            .scenarios()
+            .into_iter()
+            .find(|s| s.name == "uncontended")
+            .expect("an uncontended cell");
+        let mut results = Vec::new();
+        for (name, kind, rate) in [
+            ("fenced/redis", Kind::Fenced, 6000.0),
+            ("floor/redis-fencing", Kind::Floor, 7500.0),
+            ("peer/rslock", Kind::Peer, 9000.0),
+            ("fenced/mysql-unique_key", Kind::Fenced, 2000.0),
+            ("peer/naive-insert", Kind::Peer, 2500.0),
+        ] {
+            let mut r = CellResult::empty(name, kind, &s);
+            r.acq_per_s = rate;
+            results.push(r);
+        }
+        let t = targets(&results);
+        let redis = t
+            .lines()
+            .find(|l| l.contains("fenced/redis against floor/redis-fencing"))
+            .unwrap_or_else(|| panic!("no fencing floor line in\n{t}"));
+        assert!(
+            redis.contains("6000 /s = 0.80× floor/redis-fencing 7500 /s; peer/rslock 9000 /s = 1.20× the floor")
+                && redis.ends_with("| reference |"),
+            "{redis}"
+        );
+        // floor/mysql-fencing did not run: no MySQL reference line.
+        assert!(!t.contains("floor/mysql-fencing"), "{t}");
     }
 
     /// The ZooKeeper targets: against the recipe measured in the same run,
