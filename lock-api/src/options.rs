@@ -54,8 +54,9 @@ impl Owner {
             // a v4 UUID still carries 122 random bits.
             bytes = uuid::Uuid::new_v4().into_bytes();
         }
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        Owner(Arc::from(hex))
+        Owner(Arc::from(
+            uuid::Uuid::from_bytes(bytes).simple().to_string(),
+        ))
     }
 
     /// The owner as a string.
@@ -447,6 +448,16 @@ mod tests {
         assert_eq!(o.owner_or_random().as_str(), "node-1");
         let r = LockOptions::default();
         assert_ne!(r.owner_or_random(), r.owner_or_random());
+        // 128 bits as 32 lowercase hex digits.
+        let random = r.owner_or_random();
+        assert!(
+            random.as_str().len() == 32
+                && random
+                    .as_str()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{random}"
+        );
     }
 
     #[test]
