@@ -140,7 +140,7 @@ const HANDOFF_CELL_SECS: f64 = 12.0;
 pub enum Profile {
     /// A tiny subset (about 10 s for every implementation): what CI runs.
     Smoke,
-    /// The whole matrix (under 10 minutes with every backend).
+    /// The whole matrix (about an hour with every backend on 2 cores).
     Full,
 }
 

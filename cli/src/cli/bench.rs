@@ -10,7 +10,7 @@ use super::{print, say, EXIT_CONFIG, EXIT_STORE};
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// Run the tiny smoke subset (about 10 s) instead of the full matrix (under 10 min).
+    /// Run the tiny smoke subset (about 10 s) instead of the full matrix (about an hour on 2 cores).
     #[arg(long)]
     pub(crate) smoke: bool,
     /// Directory for results.jsonl and the SVG plots.
