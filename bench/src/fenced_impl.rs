@@ -451,10 +451,7 @@ impl Locker for FencedLocker {
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let lease = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let lease = crate::runner::take_held(&mut self.held, key)?;
         let released = match (&self.semaphores, self.permit_cell) {
             (Some(sems), true) => sems.release(&lease).await?,
             _ => self.store.release(&lease).await?,
@@ -485,10 +482,7 @@ impl Locker for ClientLocker {
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let g = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let g = crate::runner::take_held(&mut self.held, key)?;
         g.release().await.map_err(Into::into)
     }
 

@@ -31,6 +31,16 @@ pub(crate) use zk::delete_tree as zk_delete_tree;
 /// The naive lock retries a taken key after this fixed sleep, as the
 /// textbook INSERT/DELETE lock does.
 const NAIVE_RETRY: Duration = Duration::from_millis(100);
+/// Before a taken key's next try, the textbook loop's fixed pause: false,
+/// without sleeping, when the pause would end after `give_up`.
+async fn pause_before_retry(give_up: Instant) -> bool {
+    if Instant::now() + NAIVE_RETRY > give_up {
+        return false;
+    }
+    tokio::time::sleep(NAIVE_RETRY).await;
+    true
+}
+
 /// The most locks etcd's Lock RPC, ZooKeeper's recipe and MariaDB's
 /// `GET_LOCK` are asked to hold in a many-keys cell.
 const SLOW_PEER_MANY_KEYS: usize = 10_000;
@@ -498,10 +508,7 @@ impl Locker for RslockLocker {
         Ok(false)
     }
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let lock = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let lock = crate::runner::take_held(&mut self.held, key)?;
         self.manager.unlock(&lock).await;
         Ok(())
     }
@@ -569,10 +576,9 @@ impl Locker for SqlLocker {
                         Err(e) if is_deadlock(&e) => {}
                         Err(e) => return Err(e.into()),
                     }
-                    if Instant::now() + NAIVE_RETRY > give_up {
+                    if !pause_before_retry(give_up).await {
                         return Ok(false);
                     }
-                    tokio::time::sleep(NAIVE_RETRY).await;
                 }
             }
             PeerKind::RowLock => loop {
@@ -820,10 +826,7 @@ mod etcd {
         }
 
         async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-            let lock_key = self
-                .held
-                .remove(key)
-                .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+            let lock_key = crate::runner::take_held(&mut self.held, key)?;
             self.client.unlock(lock_key).await.map_err(err)?;
             Ok(())
         }

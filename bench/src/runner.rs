@@ -108,6 +108,19 @@ pub trait Locker: Send {
     }
 }
 
+/// Takes `key`'s entry out of a locker's held locks, for its release.
+///
+/// # Errors
+///
+/// When `key` is not held (a release without its acquire).
+pub(crate) fn take_held<T>(
+    held: &mut std::collections::HashMap<String, T>,
+    key: &str,
+) -> Result<T, BenchError> {
+    held.remove(key)
+        .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))
+}
+
 /// How a family scenario's task takes its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

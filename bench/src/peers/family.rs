@@ -135,10 +135,7 @@ impl Locker for GetLockSlots {
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let name = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let name = crate::runner::take_held(&mut self.held, key)?;
         let row = sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(&name)
             .fetch_one(&mut self.conn)

@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use sqlx::{Connection, MySqlConnection};
 use tokio::time::Instant;
 
-use super::{exec, PeerKind, NAIVE_RETRY, PEER_TTL};
+use super::{exec, PeerKind, PEER_TTL};
 use crate::{runner::Locker, stats::Servers, BenchError};
 
 /// How long a free key's state (its last token) is kept, as fenced keeps it.
@@ -169,18 +169,14 @@ impl Locker for RedisFencing {
                     )))
                 }
             }
-            if Instant::now() + NAIVE_RETRY > give_up {
+            if !super::pause_before_retry(give_up).await {
                 return Ok(false);
             }
-            tokio::time::sleep(NAIVE_RETRY).await;
         }
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let token = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let token = crate::runner::take_held(&mut self.held, key)?;
         let released: i64 = self
             .release
             .key(format!("{}{key}", self.prefix))
@@ -225,18 +221,14 @@ impl Locker for MySqlFencing {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
                 Err(e) => return Err(e.into()),
             }
-            if Instant::now() + NAIVE_RETRY > give_up {
+            if !super::pause_before_retry(give_up).await {
                 return Ok(false);
             }
-            tokio::time::sleep(NAIVE_RETRY).await;
         }
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let token = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let token = crate::runner::take_held(&mut self.held, key)?;
         let done = sqlx::query(sqlx::AssertSqlSafe(self.delete.clone()))
             .bind(key)
             .bind(token)

@@ -14,7 +14,7 @@ use sqlx::{
 };
 use tokio::time::Instant;
 
-use super::{PeerKind, NAIVE_RETRY, PEER_TTL};
+use super::{PeerKind, PEER_TTL};
 use crate::{runner::Locker, stats::Servers, BenchError};
 
 async fn connect(servers: &Servers) -> Result<PgConnection, BenchError> {
@@ -239,10 +239,7 @@ impl Locker for RawAdvisory {
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let k = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let k = crate::runner::take_held(&mut self.held, key)?;
         let conn = self.conn().await?;
         let row = sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(k)
@@ -355,10 +352,7 @@ impl Locker for AdvisoryFamily {
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let (k, shared) = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let (k, shared) = crate::runner::take_held(&mut self.held, key)?;
         let sql = if shared {
             "SELECT pg_advisory_unlock_shared($1)"
         } else {
@@ -523,10 +517,9 @@ impl Locker for ShedLock {
             if self.run(&update, key).await? == 1 {
                 return Ok(true);
             }
-            if Instant::now() + NAIVE_RETRY > give_up {
+            if !super::pause_before_retry(give_up).await {
                 return Ok(false);
             }
-            tokio::time::sleep(NAIVE_RETRY).await;
         }
     }
 

@@ -129,10 +129,7 @@ impl Locker for RecipeLocker {
     }
 
     async fn release(&mut self, key: &str) -> Result<(), BenchError> {
-        let lock = self
-            .held
-            .remove(key)
-            .ok_or_else(|| BenchError::new(format!("release of `{key}`, which is not held")))?;
+        let lock = crate::runner::take_held(&mut self.held, key)?;
         let path = lock.lock_path().to_owned();
         drop(lock);
         let (stat, watcher) = self
